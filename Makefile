@@ -10,7 +10,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean
+.PHONY: help install labels test smoke bench-labels clean train bench-train
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -40,6 +40,12 @@ test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke
 
 bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tokens/s, real pair
 	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
+
+train: $(STAMP) ## train + export both heads on runs/labels/humaneval (ARGS="--labels DIR"); table + ROC PNG
+	$(PY) -m pipeline.train_all $(ARGS)
+
+bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass
+	$(PY) -m pipeline.bench $(ARGS)
 
 clean: ## remove generated outputs (keeps .venv and the model cache)
 	rm -rf runs checkpoints lightning_logs

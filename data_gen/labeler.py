@@ -165,9 +165,10 @@ class Labeler:
     def _label_original(self, prompts, ids, mask, u):
         b, width = ids.shape
         lens = mask.sum(-1)
-        m = min(self.s.max_new_tokens, int(lens.max()) - 1)
-        if m < 1:
-            raise ValueError("original-prefix rows need prompts of at least 2 tokens")
+        if width < 2:  # a one-token prompt has no original-prefix rows; keep the shapes valid
+            pad = torch.full((b, 1), self.pad, dtype=ids.dtype, device=ids.device)
+            ids, mask, width = torch.cat([pad, ids], 1), torch.cat([torch.zeros_like(pad), mask], 1), 2
+        m = max(1, min(self.s.max_new_tokens, int(lens.max()) - 1))
         pos = _positions(mask)
         # candidate slot k replaces the token at padded index a = width - m + k, read from context < a
         a = torch.arange(width - m, width, device=ids.device).expand(b, m)
@@ -178,7 +179,8 @@ class Labeler:
         cache = self.draft.new_cache()
         h_d, cache = self.draft.forward(ids, mask, pos, cache)
         logq = self.warp(self.draft.logits(h_d[:, width - m - 1 : width - 1]))
-        y = lm.sample_from_logprobs(logq, u[:, 1, :m])
+        # uniforms indexed by distance from the prompt's end, so a row's draw does not depend on the batch's m
+        y = lm.sample_from_logprobs(logq, u[:, 1, :m].flip(-1))
         feats = self._candidate_pass(cache, mask, y, a, pos.gather(1, a))
         stats = lm.token_stats(logq, logp, y)
         return self._rows(prompts, stats, y, feats, valid, valid, a - (width - lens).unsqueeze(1))

@@ -6,6 +6,7 @@ Outputs stay under ``runs/smoke/`` (ignored): the tiny models, the prompts, and 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -36,7 +37,22 @@ def stage_labels(root: Path) -> None:
     assert manifest["splits"]["train"]["rows"] > 0
 
 
-STAGES = [("labels", stage_labels)]
+def stage_train(root: Path) -> None:
+    from heads.export import load_head
+    from pipeline import train_all
+
+    results = train_all.main([
+        "--labels", str(root / "labels"), "--out", str(root / "train"), "--checkpoints", str(root / "checkpoints"),
+        "--heads-dir", str(root / "heads"), "--max-epochs", "3", "--quiet",
+    ])
+    draft = json.loads((root / "labels" / "manifest.json").read_text())["models"]["draft"]
+    for r in results:
+        head, meta = load_head(r.export, draft=draft)
+        assert meta["head"]["init_args"]["hidden_size"] == draft["hidden_size"]
+    assert (root / "train" / "roc.png").exists()
+
+
+STAGES = [("labels", stage_labels), ("train", stage_train)]
 
 
 def main() -> int:

@@ -1,0 +1,107 @@
+"""Export to safetensors and back: identical outputs, metadata, and one clear error for every bad file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from heads import build_head
+from heads.export import HeadFileError, export_head, load_head, read_metadata
+
+DRAFT = {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "abc123", "hidden_size": 16, "vocab_size": 57}
+OTHER = {**DRAFT, "name": "other", "fingerprint": "def456"}
+
+
+def _export(tmp_path, head, draft=DRAFT):
+    return export_head(
+        head, tmp_path / "head.safetensors", draft=draft, vocab_size=57,
+        label={"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}, role="stop",
+        threshold={"name": "h", "value": 0.3, "rule": "stop when P(reject) > h"}, metrics={"val/head/auroc": 0.8},
+    )
+
+
+@pytest.mark.parametrize("name,kw", [("sprinter", {}), ("resnet", {"depth": 3})])
+def test_round_trip_gives_identical_outputs(tmp_path, name, kw):
+    torch.manual_seed(0)
+    head = build_head(name, hidden_size=16, **kw)
+    for p in head.parameters():  # non-trivial weights (the ResNet's blocks start at zero)
+        torch.nn.init.normal_(p, std=0.3)
+    path = _export(tmp_path, head)
+    loaded, meta = load_head(path, draft=DRAFT, hidden_size=16)
+    x = torch.randn(10, 16)
+    assert torch.equal(head(x), loaded(x))
+    assert meta["head"] == {"type": name, "init_args": {"hidden_size": 16, **kw}}
+    assert meta["draft"] == {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "abc123"}
+    assert meta["threshold"]["value"] == 0.3 and meta["label"]["w_rej"] == 6.0
+    assert meta["hidden_size"] == 16 and meta["vocab_size"] == 57
+
+
+def test_metadata_values_are_strings_with_schema_version(tmp_path):
+    from safetensors import safe_open
+
+    path = _export(tmp_path, build_head("sprinter", hidden_size=16))
+    with safe_open(str(path), framework="pt") as f:
+        raw = f.metadata()
+    assert raw["schema_version"] == "1"
+    assert all(isinstance(v, str) for v in raw.values())
+
+
+def test_hidden_size_mismatch(tmp_path):
+    path = _export(tmp_path, build_head("sprinter", hidden_size=16))
+    with pytest.raises(ValueError, match="hidden size 16, the draft has 896"):
+        load_head(path, hidden_size=896)
+    with pytest.raises(HeadFileError, match="hidden size"):
+        load_head(path, draft={**DRAFT, "hidden_size": 32})
+
+
+def test_draft_identity_mismatch(tmp_path):
+    path = _export(tmp_path, build_head("sprinter", hidden_size=16))
+    with pytest.raises(ValueError, match="trained for draft 'tiny-draft'"):
+        load_head(path, draft=OTHER)
+
+
+def test_not_a_safetensors_file(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00\x01 this is not a safetensors file")
+    with pytest.raises(HeadFileError, match="not a readable safetensors file"):
+        load_head(bad)
+
+
+def test_plain_safetensors_without_metadata(tmp_path):
+    path = tmp_path / "plain.safetensors"
+    save_file({"linear.weight": torch.zeros(1, 16), "linear.bias": torch.zeros(1)}, str(path))
+    with pytest.raises(HeadFileError, match="schema version"):
+        load_head(path)
+
+
+def _rewrite(tmp_path, src, meta_edit=None, tensors_edit=None, version="1"):
+    from safetensors import safe_open
+
+    with safe_open(str(src), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = json.loads(f.metadata()["specheads"])
+    if meta_edit:
+        meta_edit(meta)
+    if tensors_edit:
+        tensors_edit(tensors)
+    out = tmp_path / "edited.safetensors"
+    save_file(tensors, str(out), metadata={"schema_version": version, "specheads": json.dumps(meta)})
+    return out
+
+
+def test_malformed_metadata_and_weights(tmp_path):
+    src = _export(tmp_path, build_head("resnet", hidden_size=16, depth=1))
+    with pytest.raises(HeadFileError, match="schema version"):
+        load_head(_rewrite(tmp_path, src, version="99"))
+    with pytest.raises(HeadFileError, match="lacks threshold"):
+        load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m.pop("threshold")))
+    with pytest.raises(HeadFileError, match="known: resnet, sprinter"):
+        load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m["head"].update(type="mlp")))
+    with pytest.raises(HeadFileError, match="do not fit"):
+        load_head(_rewrite(tmp_path, src, tensors_edit=lambda t: t.pop("out.bias")))
+    with pytest.raises(HeadFileError, match="do not fit"):
+        load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m["head"]["init_args"].update(depth=2)))
+    assert read_metadata(src)["role"] == "stop"

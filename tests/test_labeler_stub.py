@@ -1,0 +1,118 @@
+"""Every stored number checked exactly on stub models with hand-written logits (see stubs.py)."""
+
+import math
+
+import pytest
+import torch
+
+from data_gen.labeler import Labeler, Prompt, Sampling
+from stubs import StubLM, shift_table
+
+V = 16
+PAD, EOS = 0, 15  # EOS never has mass in these tables, so responses run to max_new_tokens
+
+
+def labeler(q_probs, p_probs, **kw):
+    kw.setdefault("sampling", Sampling(max_new_tokens=8))
+    return Labeler(
+        StubLM(shift_table(V, q_probs)), StubLM(shift_table(V, p_probs)),
+        seed=0, eos_token_ids=[EOS], pad_token_id=PAD, **kw,
+    )
+
+
+def forced(category, response=(3, 4, 5, 6, 7, 8), prompt=(1, 2), pid=0):
+    return Prompt(pid, list(prompt), category, list(response))
+
+
+def check_one_hot_features(rows):
+    assert torch.equal(rows["hidden"].float(), torch.nn.functional.one_hot(rows["token_id"].long(), V).float())
+
+
+@pytest.mark.parametrize("category", ["target", "draft", "interleaved", "original"])
+def test_all_accept_when_draft_equals_target(category):
+    probs = {1: 0.5, 2: 0.5}
+    rows = labeler(probs, probs).label([forced(category)], "cpu")
+    assert rows["acceptance"].tolist() == [1.0] * len(rows["acceptance"])
+    assert rows["ratio"].tolist() == [1.0] * len(rows["ratio"])
+    assert rows["tv"].abs().max().item() < 1e-6
+    check_one_hot_features(rows)
+
+
+def test_none_accept_on_disjoint_supports():
+    rows = labeler({1: 1.0}, {2: 1.0}).label([forced("target")], "cpu")
+    assert rows["acceptance"].tolist() == [0.0] * 6
+    assert all(math.isinf(r) for r in rows["ratio"].tolist())
+    assert rows["tv"].tolist() == [1.0] * 6
+    assert not rows["greedy_match"].any()
+
+
+def test_partial_acceptance_numbers_in_the_clean_prefix():
+    """q(prev+1) = q(prev+2) = 1/2, p(prev+1) = 1/4, p(prev+2) = 3/4: every number follows from the token."""
+    rows = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("target")], "cpu")
+    x = [3, 4, 5, 6, 7, 8]
+    prev = [2] + x[:-1]  # the candidate at response index i reads the clean prefix X<i
+    h_p = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    for i, tok in enumerate(rows["token_id"].tolist()):
+        step = tok - prev[i]
+        assert step in (1, 2)
+        assert rows["position"][i].item() == 2 + i
+        assert rows["logp_draft"][i].item() == pytest.approx(math.log(0.5), abs=1e-6)
+        assert rows["logp_target"][i].item() == pytest.approx(math.log(0.25 if step == 1 else 0.75), abs=1e-6)
+        assert rows["acceptance"][i].item() == pytest.approx(0.5 if step == 1 else 1.0, abs=1e-6)
+        assert rows["ratio"][i].item() == pytest.approx(2.0 if step == 1 else 2 / 3, rel=1e-6)
+    assert rows["entropy_draft"].tolist() == pytest.approx([math.log(2)] * 6, abs=1e-6)
+    assert rows["entropy_target"].tolist() == pytest.approx([h_p] * 6, abs=1e-6)
+    assert rows["tv"].tolist() == pytest.approx([0.25] * 6, abs=1e-6)
+    assert rows["loss_mask"].all()
+    check_one_hot_features(rows)
+
+
+def test_original_rows_sit_inside_the_prompt():
+    prompt = (1, 2, 3, 4, 5)
+    rows = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("original", prompt=prompt)], "cpu")
+    assert rows["position"].tolist() == [1, 2, 3, 4]  # every prompt token after the first, context prompt<j
+    for j, tok in zip(rows["position"].tolist(), rows["token_id"].tolist()):
+        assert tok - prompt[j - 1] in (1, 2)
+    assert set(rows["category"]) == {"original"}
+    check_one_hot_features(rows)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_interleaved_mask_and_label_context(mixed):
+    """Rows from target tokens carry no loss; labels read X<i by default, Z<i with mixed_context_labels."""
+    x = list(range(3, 3 + 14))[:12]
+    lab = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}, sampling=Sampling(max_new_tokens=12),
+                  mixing_ratio=0.5, mixed_context_labels=mixed)
+    rows = lab.label([forced("interleaved", response=x)], "cpu")
+    z = rows["token_id"].tolist()
+    mask = rows["loss_mask"].tolist()
+    assert 0 < sum(mask) < len(mask)
+    for i, (tok, m) in enumerate(zip(z, mask)):
+        if not m:
+            assert tok == x[i]  # a target token sits where the mask is off
+        prev = ([2] + (z if mixed else x))[i]
+        step = (tok - prev) % V
+        expected_p = {1: 0.25, 2: 0.75}.get(step, 0.0)
+        assert math.exp(rows["logp_target"][i].item()) == pytest.approx(expected_p, abs=1e-6)
+    check_one_hot_features(rows)
+
+
+def test_draft_category_is_all_draft_tokens():
+    rows = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("draft")], "cpu")
+    assert rows["loss_mask"].all() and set(rows["category"]) == {"draft"}
+
+
+def test_sampled_response_stops_at_eos_and_keeps_it():
+    # the target always moves to EOS from token 12: prompt ends at 10, so X = 11, 12, EOS(15)... use shift 1 then EOS
+    table = shift_table(V, {1: 1.0})
+    table[12] = -1e4
+    table[12, EOS] = 0.0
+    lab = Labeler(StubLM(table), StubLM(table), Sampling(max_new_tokens=8), seed=0, eos_token_ids=[EOS], pad_token_id=PAD)
+    rows = lab.label([Prompt(0, [9, 10], "target")], "cpu")
+    assert rows["token_id"].tolist() == [11, 12, EOS]
+    assert rows["position"].tolist() == [2, 3, 4]
+
+
+def test_one_category_per_batch():
+    with pytest.raises(ValueError, match="one category"):
+        labeler({1: 1.0}, {1: 1.0}).label([forced("target"), forced("draft", pid=1)], "cpu")

@@ -1,0 +1,230 @@
+"""The labeling stage end to end on tiny random-init Llama models: invariances, resume, manifest, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from data_gen import shards
+from data_gen.__main__ import main as cli_main
+from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
+from data_gen.run import run_labels
+from data_gen.tiny import make_tokenizer
+
+CATEGORIES = ["original", "draft", "target", "interleaved"]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    draft, target = (AutoModelForCausalLM.from_pretrained(p).eval() for p in tiny_pair)
+    return draft, target
+
+
+def make_labeler(models, **kw):
+    draft, target = models
+    tok = make_tokenizer()
+    return Labeler(HFCausalLM(draft), HFCausalLM(target), kw.pop("sampling", Sampling(max_new_tokens=7)), seed=3,
+                   eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, **kw)
+
+
+PROMPTS = ["def f ( x ) :", "for i in range ( n ) : print i", "x", "return a + b * c if a > b else c"]
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+@pytest.mark.parametrize("mixed", [False, True])
+def test_left_padding_never_changes_a_label(models, category, mixed):
+    tok = make_tokenizer()
+    prompts = [Prompt(i, tok(t)["input_ids"], category) for i, t in enumerate(PROMPTS)]
+    lab = make_labeler(models, mixed_context_labels=mixed, mixing_ratio=0.4)
+    batch = lab.label(prompts, "cpu")
+    for p in prompts:
+        alone = lab.label([p], "cpu")
+        sel = batch["prompt_id"] == p.prompt_id
+        for k in ("token_id", "position", "loss_mask", "greedy_match"):
+            assert torch.equal(batch[k][sel], alone[k]), k
+        for k in ("logp_draft", "logp_target", "acceptance", "entropy_draft", "tv", "js", "hidden"):
+            torch.testing.assert_close(batch[k][sel].float(), alone[k].float(), atol=2e-3, rtol=1e-3)
+
+
+def test_candidate_pass_equals_one_forward_per_candidate(models):
+    """The 4D-mask pass gives Y_i the hidden state of the draft run on (prompt, X<i, Y_i)."""
+    draft, _ = models
+    tok = make_tokenizer()
+    prompt = tok("def f ( x ) :")["input_ids"]
+    response = tok("return x + 1 if x", add_special_tokens=False)["input_ids"]
+    rows = make_labeler(models, sampling=Sampling(max_new_tokens=len(response))).label(
+        [Prompt(0, prompt, "target", response)], "cpu")
+    for i, y in enumerate(rows["token_id"].tolist()):
+        ids = torch.tensor([prompt + response[:i] + [y]])
+        with torch.no_grad():
+            h = draft.model(input_ids=ids).last_hidden_state[0, -1]
+        torch.testing.assert_close(rows["hidden"][i].float(), h.half().float(), atol=2e-3, rtol=1e-3)
+
+
+def _rows(out):
+    return {s: shards.load_split(out, s).to_pandas() for s in shards.SPLITS}
+
+
+def test_run_writes_manifest_and_splits_by_prompt(label_config, tmp_path):
+    manifest = run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert manifest["schema_version"] == shards.SCHEMA_VERSION
+    assert manifest["models"]["draft"]["hidden_size"] == 32
+    assert manifest["models"]["draft"]["vocab_size"] == manifest["models"]["target"]["vocab_size"]
+    rows = _rows(out)
+    ids = [set(rows[s]["prompt_id"]) for s in shards.SPLITS]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    for s in shards.SPLITS:
+        assert manifest["splits"][s]["rows"] == len(rows[s])
+    train = rows["train"]
+    assert set(train["category"]) == set(CATEGORIES)
+    assert len(train["hidden"][0]) == 32
+    assert np.all(train["acceptance"].between(0, 1))
+    # teacher-forced labeling records itself in the manifest
+    forced = run_labels(label_config(response_source="dataset", output_dir=str(tmp_path / "forced")), quiet=True)
+    assert forced["response_source"] == "dataset"
+
+
+def test_same_seed_same_rows_and_rerun_is_a_no_op(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    again = run_labels(label_config(output_dir=str(tmp_path / "again")), quiet=True)
+    a, b = _rows(tmp_path / "labels"), _rows(tmp_path / "again")
+    for s in shards.SPLITS:
+        assert a[s].drop(columns="hidden").equals(b[s].drop(columns="hidden"))
+    before = sorted(p.stat().st_mtime_ns for p in (tmp_path / "labels").rglob("*.arrow"))
+    assert run_labels(label_config(), quiet=True)["splits"] == again["splits"]
+    assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "labels").rglob("*.arrow")) == before
+
+
+KILL_AFTER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import pytorch_lightning as pl
+    from data_gen.labeler import Sampling
+    from data_gen.models import ModelSpec
+    from data_gen.prompts import PromptConfig
+    from data_gen.run import LabelConfig, run_labels
+
+    class Die(pl.Callback):
+        def on_predict_batch_end(self, trainer, *args, **kwargs):
+            if trainer.predict_loop.batch_progress.current.completed >= 2:
+                open(sys.argv[4] + "/.half.tmp123", "w").write("left by a killed writer")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    cfg = LabelConfig(draft=ModelSpec(path=sys.argv[1], name="tiny-draft"),
+                      target=ModelSpec(path=sys.argv[2], name="tiny-target"),
+                      prompts=PromptConfig(source=sys.argv[3], response_field="answer"),
+                      sampling=Sampling(max_new_tokens=6), output_dir=sys.argv[4], batch_size=3,
+                      accelerator="cpu", devices=1)
+    run_labels(cfg, callbacks=[Die()], quiet=True)
+    """
+)
+
+
+def test_resume_after_kill_9_gives_the_uninterrupted_rows(label_config, tiny_pair, prompt_file, tmp_path):
+    killed = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER, str(tiny_pair[0]), str(tiny_pair[1]), str(prompt_file),
+                           str(killed)], capture_output=True, cwd=os.getcwd())
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "manifest.json").exists()
+    n_done = len(list(killed.rglob("*.arrow")))
+    assert 2 <= n_done < 10
+    run_labels(label_config(output_dir=str(killed)), quiet=True)
+    assert not list(killed.rglob(".*.tmp*"))
+    run_labels(label_config(), quiet=True)
+    resumed, clean = _rows(killed), _rows(tmp_path / "labels")
+    for s in shards.SPLITS:
+        assert len(resumed[s]) == len(clean[s])
+        assert resumed[s].drop(columns="hidden").equals(clean[s].drop(columns="hidden"))
+
+
+def test_ctrl_c_stops_cleanly_and_resumes(label_config, tmp_path):
+    import pytorch_lightning as pl
+
+    class CtrlC(pl.Callback):
+        def on_predict_batch_end(self, trainer, *args, **kwargs):
+            if trainer.predict_loop.batch_progress.current.completed >= 3:
+                raise KeyboardInterrupt
+
+    with pytest.raises((RuntimeError, SystemExit)):
+        run_labels(label_config(), callbacks=[CtrlC()], quiet=True)
+    out = tmp_path / "labels"
+    assert not (out / "manifest.json").exists()
+    manifest = run_labels(label_config(), quiet=True)
+    fresh = run_labels(label_config(output_dir=str(tmp_path / "fresh")), quiet=True)
+    assert manifest["splits"] == fresh["splits"]
+
+
+def test_resume_with_other_settings_is_refused(label_config):
+    run_labels(label_config(), quiet=True)
+    from data_gen.models import LabelingError
+
+    with pytest.raises(LabelingError, match="other settings.*seed"):
+        run_labels(label_config(seed=5), quiet=True)
+    run_labels(label_config(seed=5, overwrite=True), quiet=True)
+
+
+# ------------------------------------------------------------------ bad input
+def _cli(label_config, capsys, *extra, **overrides):
+    cfg = label_config(**overrides)
+    args = ["--draft.path", cfg.draft.path, "--target.path", cfg.target.path, "--prompts.source", cfg.prompts.source,
+            "--prompts.response_field", "answer", "--output_dir", cfg.output_dir, "--sampling.max_new_tokens", "6",
+            "--accelerator", "cpu", "--devices", "1", *extra]
+    rc = cli_main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == err[-1]  # one line names the problem (progress bars aside)
+    return rc, errors
+
+
+def test_missing_model_path(label_config, capsys, tmp_path):
+    rc, err = _cli(label_config, capsys, "--draft.path", str(tmp_path / "nope"))
+    assert rc == 2 and err[-1] == f"error: model path not found: {tmp_path / 'nope'}"
+    assert not (tmp_path / "labels" / "manifest.json").exists()
+
+
+def test_vocabulary_mismatch(label_config, capsys, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer()
+    other = tmp_path / "other"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok) + 8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(other)
+    tok.save_pretrained(other)
+    rc, err = _cli(label_config, capsys, "--target.path", str(other))
+    assert rc == 2 and "vocabularies differ" in err[-1] and len(err) == 1
+
+
+def test_empty_prompt_file(label_config, capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    rc, err = _cli(label_config, capsys, "--prompts.source", str(empty))
+    assert rc == 2 and err == [f"error: prompt file is empty: {empty}"]
+
+
+def test_missing_text_field(label_config, capsys):
+    rc, err = _cli(label_config, capsys, "--prompts.text_field", "question")
+    assert rc == 2 and "no field 'question'" in err[-1] and len(err) == 1
+
+
+def test_prompt_longer_than_the_context_window(label_config, capsys, tmp_path):
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": " ".join(["x"] * 600), "answer": "y"}) + "\n")
+    rc, err = _cli(label_config, capsys, "--prompts.source", str(long))
+    assert rc == 2 and "exceeds the context window of 512 tokens" in err[-1]
+    assert not (tmp_path / "labels" / "manifest.json").exists()
+
+
+def test_unwritable_output_folder(label_config, capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc, err = _cli(label_config, capsys, "--output_dir", str(blocker / "labels"))
+    assert rc == 2 and err[-1].startswith(f"error: output folder {blocker / 'labels'} is not writable")
