@@ -323,7 +323,8 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
 
 def print_summary(manifest: dict, out: Path) -> None:
     print(f"labels in {out} (response source: {manifest['response_source']}, label context: {manifest['label_context']})")
-    print(f"{'split':<6} {'prompts':>8} {'rows':>8} {'loss rows':>10} {'mean acceptance':>16}")
+    print(f"{'split':<6} {'prompts':>8} {'rows':>8} {'loss rows':>10} {'mean acceptance':>16} {'mean 1-TV':>10}")
     for split, s in manifest["splits"].items():
-        acc = f"{s['mean_acceptance']:.4f}" if s["mean_acceptance"] is not None else "-"
-        print(f"{split:<6} {s['prompts']:>8} {s['rows']:>8} {s['loss_rows']:>10} {acc:>16}")
+        acc, tv = (f"{s[k]:.4f}" if s.get(k) is not None else "-" for k in ("mean_acceptance", "mean_1_minus_tv"))
+        print(f"{split:<6} {s['prompts']:>8} {s['rows']:>8} {s['loss_rows']:>10} {acc:>16} {tv:>10}")
+    print(f"took {manifest['seconds']:.0f} s")

@@ -110,8 +110,9 @@ def split_summary(out_dir: Path, split: str) -> dict:
     """Row counts and mean acceptance of one split, read from its shards."""
     paths = shard_paths(out_dir, split)
     if not paths:
-        return {"shards": 0, "rows": 0, "loss_rows": 0, "prompts": 0, "mean_acceptance": None, "categories": {}}
-    ds = load_split(out_dir, split).select_columns(["prompt_id", "category", "loss_mask", "acceptance"])
+        return {"shards": 0, "rows": 0, "loss_rows": 0, "prompts": 0, "mean_acceptance": None, "mean_1_minus_tv": None,
+                "categories": {}}
+    ds = load_split(out_dir, split).select_columns(["prompt_id", "category", "loss_mask", "acceptance", "tv"])
     cols = ds.with_format("numpy")[:]
     mask = cols["loss_mask"].astype(bool)
     cats, counts = np.unique(cols["category"][mask].astype(str), return_counts=True)
@@ -121,5 +122,6 @@ def split_summary(out_dir: Path, split: str) -> dict:
         "loss_rows": int(mask.sum()),
         "prompts": int(len(np.unique(cols["prompt_id"]))),
         "mean_acceptance": float(cols["acceptance"][mask].mean()) if mask.any() else None,
+        "mean_1_minus_tv": float(1 - cols["tv"][mask].mean()) if mask.any() else None,
         "categories": {str(c): int(n) for c, n in zip(cats, counts)},
     }

@@ -228,3 +228,22 @@ def test_unwritable_output_folder(label_config, capsys, tmp_path):
     blocker.write_text("")
     rc, err = _cli(label_config, capsys, "--output_dir", str(blocker / "labels"))
     assert rc == 2 and err[-1].startswith(f"error: output folder {blocker / 'labels'} is not writable")
+
+
+def test_categories_in_equal_shares_per_split(label_config):
+    from data_gen.run import build_records
+
+    cfg = label_config()
+    records = build_records(cfg, make_tokenizer(), context=512)
+    for split in shards.SPLITS:
+        cats = [r["prompt"].category for r in records if r["split"] == split]
+        counts = [cats.count(c) for c in CATEGORIES]
+        assert max(counts) - min(counts) <= 1, (split, counts)
+
+
+def test_chat_template_wraps_the_prompt():
+    from data_gen.prompts import tokenize_prompt
+
+    tok = make_tokenizer()
+    assert tokenize_prompt(tok, "def f", chat_template=True) == tok("def f :", add_special_tokens=False)["input_ids"]
+    assert tokenize_prompt(tok, "def f", chat_template=False) == tok("def f")["input_ids"]
