@@ -1,0 +1,128 @@
+"""Export a trained head to safetensors with everything a runtime needs in the header; load it back.
+
+The header's metadata (string → string) holds ``schema_version`` and one JSON blob under ``specheads``::
+
+    head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
+    draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …}
+    hidden_size, vocab_size
+    label:      {"kind": "sprinter", "lam": 1.0} or {"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}
+    role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
+    threshold:  {"name": "tau" | "h", "value": …, "rule": …}
+    metrics:    validation (and test) metrics of the exported weights
+
+Loading never unpickles: ``safe_open`` reads the header and the raw tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from heads.registry import HEADS, build_head
+
+SCHEMA_VERSION = "1"
+META_KEY = "specheads"
+DIGEST_KEYS = ("sha256", "fingerprint", "revision")
+REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics")
+
+
+class HeadFileError(ValueError):
+    """A head file that is malformed or does not fit the given draft model."""
+
+
+def draft_identity(draft: dict) -> dict:
+    """The identity of a draft model from a manifest's ``models.draft`` entry: name, source and its digest."""
+    return {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
+
+
+def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
+                threshold: dict, metrics: dict) -> Path:
+    """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
+    if getattr(head, "head_type", None) not in HEADS:
+        raise HeadFileError(f"{type(head).__name__} is not a registered head type; known: {', '.join(sorted(HEADS))}")
+    meta = {
+        "head": {"type": head.head_type, "init_args": dict(head.config)},
+        "draft": draft_identity(draft),
+        "hidden_size": int(head.config["hidden_size"]),
+        "vocab_size": int(vocab_size),
+        "label": label,
+        "role": role,
+        "threshold": threshold,
+        "metrics": {k: float(v) if isinstance(v, (int, float)) else v for k, v in metrics.items()},
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    save_file(tensors, str(path), metadata={"schema_version": SCHEMA_VERSION, META_KEY: json.dumps(meta)})
+    return path
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The JSON metadata of a head file (checked for the schema version and the required keys)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error type for a bad header
+        raise HeadFileError(f"{path}: not a readable safetensors file ({e})") from e
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise HeadFileError(f"{path}: head schema version {raw.get('schema_version')!r}, expected {SCHEMA_VERSION!r}")
+    try:
+        meta = json.loads(raw[META_KEY])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise HeadFileError(f"{path}: missing or malformed {META_KEY!r} metadata ({e})") from e
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise HeadFileError(f"{path}: metadata lacks {', '.join(missing)}")
+    return meta
+
+
+def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | None = None, path="head file") -> None:
+    """Refuse a head trained for another draft: hidden size, then the digest (or the source if no digest)."""
+    if hidden_size is not None and int(hidden_size) != meta["hidden_size"]:
+        raise HeadFileError(f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {hidden_size}")
+    if draft is None:
+        return
+    if draft.get("hidden_size") is not None and int(draft["hidden_size"]) != meta["hidden_size"]:
+        raise HeadFileError(
+            f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {draft['hidden_size']}"
+        )
+    mine, theirs = meta["draft"], draft_identity(draft)
+    keys = [k for k in DIGEST_KEYS if k in mine and k in theirs]
+    keys = keys or [k for k in ("source",) if k in mine and k in theirs]
+    if not keys:
+        raise HeadFileError(f"{path}: cannot compare draft identities {mine} and {theirs}")
+    for k in keys:
+        if mine[k] != theirs[k]:
+            raise HeadFileError(
+                f"{path}: head was trained for draft {mine.get('name')!r} ({k} {mine[k]}), "
+                f"not for {theirs.get('name')!r} ({k} {theirs[k]})"
+            )
+
+
+def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:
+    """Rebuild a head from its file alone; return ``(module in eval mode, metadata)``.
+
+    ``draft`` (a manifest ``models.draft`` entry or a ``draft_identity``) and ``hidden_size`` are checked when
+    given. Every problem raises one ``HeadFileError`` (a ``ValueError``).
+    """
+    meta = read_metadata(path)
+    check_draft(meta, draft=draft, hidden_size=hidden_size, path=path)
+    spec = meta["head"]
+    try:
+        head = build_head(spec["type"], **spec["init_args"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise HeadFileError(f"{path}: cannot build head {spec}: {e}") from e
+    with safe_open(str(path), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        head.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise HeadFileError(f"{path}: weights do not fit head {spec}: {e}") from e
+    if head.config["hidden_size"] != meta["hidden_size"]:
+        raise HeadFileError(f"{path}: head init_args disagree with hidden_size {meta['hidden_size']}")
+    return head.eval(), meta

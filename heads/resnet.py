@@ -1,0 +1,54 @@
+"""SpecDec++ acceptance head: D residual blocks x + SiLU(Linear(x)), then Linear(d, 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from heads.registry import register
+
+
+class ResidualBlock(nn.Module):
+    """x + SiLU(W x + b); W and b start at zero, so a fresh block is the identity (as Medusa's ResBlock)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+@register("resnet")
+class ResNetHead(nn.Module):
+    """(D+1)-layer ResNet with SiLU (SpecDec++ §4.3); every block has its own weights."""
+
+    def __init__(self, hidden_size: int, depth: int = 3):
+        """
+        Args:
+            hidden_size: size d of the draft's last hidden state.
+            depth: number D of residual blocks, 0 to 4 (D = 0 is a linear head).
+        """
+        super().__init__()
+        if hidden_size < 1:
+            raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+        if not 0 <= depth <= 4:
+            raise ValueError(f"depth must be in 0..4, got {depth}")
+        self.config = {"hidden_size": hidden_size, "depth": depth}
+        # one block object per layer (never [block] * depth, which would share the weights)
+        self.blocks = nn.ModuleList([ResidualBlock(hidden_size) for _ in range(depth)])
+        self.out = nn.Linear(hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d) hidden states → (...) logits of acceptance."""
+        x = hidden
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x).squeeze(-1)
+
+    @torch.no_grad()
+    def predict_proba(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.forward(hidden))

@@ -1,0 +1,47 @@
+"""``python -m pipeline fit|validate|test|predict --config configs/train/….yaml`` (LightningCLI)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+
+import heads  # noqa: F401  (registers the head types, so short class names resolve)
+from pipeline.data import LabelDataModule
+from pipeline.module import HeadModule
+
+
+def default_loggers(root: str) -> list:
+    """CSV always; TensorBoard too when it is installed."""
+    loggers = [CSVLogger(root, name="csv")]
+    if importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None:
+        loggers.append(TensorBoardLogger(root, name="tb"))
+    return loggers
+
+
+class HeadCLI(LightningCLI):
+    """LightningCLI for heads: the head's input size is linked from the data; early stopping and checkpoints
+    are configured under ``early_stopping`` and ``checkpoint``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(HeadModule, LabelDataModule, *args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.hidden_size", "model.head.init_args.hidden_size", apply_on="instantiate")
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.set_defaults({"early_stopping.monitor": "val/loss", "early_stopping.patience": 5})
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/loss", "checkpoint.dirpath": "checkpoints/head",
+                             "checkpoint.filename": "best", "checkpoint.save_last": False})
+
+    def _instantiate_trainer(self, config, callbacks):
+        if config.get("logger") in (None, True):
+            config["logger"] = default_loggers(config.get("default_root_dir") or "runs/train")
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def main(args: list[str] | None = None, run: bool = True) -> HeadCLI:
+    return HeadCLI(args=args, run=run)

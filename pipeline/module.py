@@ -1,0 +1,83 @@
+"""HeadModule: one LightningModule that trains any registered head with the weighted BCE."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from pipeline.loss import binary_kl, weighted_bce
+from pipeline.metrics import SplitMetrics
+
+EVAL_SPLITS = ("val", "test")
+
+
+class HeadModule(pl.LightningModule):
+    """Trains ``head`` (injected, a plain ``nn.Module`` returning logits) on the label the data module chose."""
+
+    def __init__(self, head: nn.Module, w_acc: float = 1.0, w_rej: float = 1.0, lr: float = 1e-3,
+                 weight_decay: float = 0.0, threshold: float = 0.5):
+        """
+        Args:
+            head: the head, e.g. ``{class_path: heads.resnet.ResNetHead, init_args: {depth: 3}}``; its
+                ``hidden_size`` is linked from ``data.hidden_size``.
+            w_acc: weight of the accept term −P·log P̂.
+            w_rej: weight of the reject term −(1−P)·log(1−P̂) (SpecDec++: 1, 3, 6 or 12).
+            lr: Adam learning rate.
+            weight_decay: Adam weight decay.
+            threshold: decision threshold τ on P̂ for η_TP and η_FP.
+        """
+        super().__init__()
+        if w_acc <= 0 or w_rej <= 0:
+            raise ValueError(f"w_acc and w_rej must be positive, got {w_acc}, {w_rej}")
+        self.save_hyperparameters(ignore=["head"])
+        self.head = head
+        self.w_acc, self.w_rej, self.lr, self.weight_decay = w_acc, w_rej, lr, weight_decay
+        self.threshold = threshold
+        # held-out splits only (training rows log the loss): exact AUROC/AP would keep every training score, and
+        # binned ones cost more than the step itself. Keys are suffixed: ModuleDict refuses "train".
+        self.metrics = nn.ModuleDict({f"{split}_metrics": SplitMetrics() for split in EVAL_SPLITS})
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden)
+
+    def _step(self, batch: dict, split: str) -> torch.Tensor:
+        logits = self.head(batch["hidden"])
+        loss = weighted_bce(logits, batch["target"], self.w_acc, self.w_rej)
+        if split in EVAL_SPLITS:
+            z = logits.detach()
+            metrics = self.metrics[f"{split}_metrics"]
+            metrics.update(batch, torch.sigmoid(z), binary_kl(batch["target"], z), self.threshold)
+        n = len(logits)
+        self.log(f"{split}/loss", loss, prog_bar=split != "test", on_step=False, on_epoch=True, batch_size=n)
+        return loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
+        probs = torch.sigmoid(self.head(batch["hidden"]))
+        return {"probs": probs, **{k: v for k, v in batch.items() if k != "hidden"}}
+
+    def _log_split(self, split: str) -> None:
+        m = self.metrics[f"{split}_metrics"]
+        if m.kl.update_count == 0:
+            return
+        values = m.compute()
+        self.log_dict({f"{split}/{k}": v for k, v in values.items()})
+        m.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_split("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_split("test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.head.parameters(), lr=self.lr, weight_decay=self.weight_decay)

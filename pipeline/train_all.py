@@ -1,0 +1,209 @@
+"""``make train``: train the SPRINTER verifier and the SpecDec++ head, pick thresholds, export, report.
+
+    python -m pipeline.train_all --labels runs/labels/humaneval
+    python -m pipeline.train_all --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
+
+For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (Youden's J) →
+validate and test with that threshold → export to ``<heads_dir>/<config>.safetensors`` → ROC curves (PNG) of the
+head and the training-free scores on the held-out test rows. One table compares them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_curve
+
+from heads.export import export_head
+from pipeline.cli import HeadCLI
+from pipeline.metrics import BASELINES
+
+DEFAULT_CONFIGS = ("configs/train/sprinter_lam1.yaml", "configs/train/specdecpp_d3_w6.yaml")
+SWEEP_DEPTHS = (0, 1, 2, 3, 4)
+SWEEP_W_REJ = (1.0, 3.0, 6.0, 12.0)
+
+
+@dataclass
+class RunResult:
+    name: str
+    label: dict
+    threshold: dict
+    val: dict
+    test: dict
+    export: Path | None = None
+    curves: dict = field(default_factory=dict)
+
+
+def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
+    """The threshold on P̂ that maximises TPR − FPR on these rows (0.5 when only one class is present)."""
+    if binary.min() == binary.max():
+        return 0.5
+    fpr, tpr, thr = roc_curve(binary, probs)
+    best = int(np.argmax(tpr - fpr))
+    return float(np.clip(thr[best], 0.0, 1.0))
+
+
+def _predict(trainer, model, loader) -> dict[str, np.ndarray]:
+    outs = trainer.predict(model, dataloaders=loader)
+    return {k: torch.cat([o[k] for o in outs]).float().numpy() for k in outs[0]}
+
+
+def _scalars(metrics: dict, split: str) -> dict:
+    return {k[len(split) + 1 :]: float(v) for k, v in metrics.items() if k.startswith(f"{split}/")}
+
+
+def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir: Path | None,
+              extra: list[str] = (), quiet: bool = False, name: str | None = None) -> RunResult:
+    """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None)."""
+    name = name or Path(config).stem
+    args = ["--config", config, "--data.labels", labels, "--trainer.default_root_dir", str(out / name),
+            "--checkpoint.dirpath", str(checkpoints / name), *extra]
+    if quiet:
+        args += ["--trainer.enable_progress_bar", "false"]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI reads only ``args``, not this driver's own flags
+    try:
+        cli = HeadCLI(args=args, run=False)
+    finally:
+        sys.argv = argv
+    trainer, model, dm = cli.trainer, cli.model, cli.datamodule
+    trainer.fit(model, datamodule=dm)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if best:
+        model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["state_dict"])
+    model.eval()
+
+    val_pred = _predict(trainer, model, dm.val_dataloader())
+    tau = youden_threshold(val_pred["binary"], val_pred["probs"])
+    model.threshold = tau
+    soft = dm.label == "soft"
+    if soft:
+        label = {"kind": "soft", "w_acc": model.w_acc, "w_rej": model.w_rej}
+    else:
+        label = {"kind": "sprinter", "lam": dm.lam}
+    threshold = (
+        {"name": "h", "value": 1.0 - tau, "rule": "stop drafting when P(reject) = 1 - P_hat > h (per token; "
+         "SpecDec++ applies it to 1 - prod P_hat over the drafted tokens)"}
+        if soft else {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
+    )
+    val = _scalars(trainer.validate(model, datamodule=dm, verbose=False)[0], "val")
+    test = _scalars(trainer.test(model, datamodule=dm, verbose=False)[0], "test")
+    result = RunResult(name, label, threshold, val, test)
+
+    test_pred = _predict(trainer, model, dm.test_dataloader())
+    result.curves = {"head": (test_pred["binary"], test_pred["probs"])}
+    result.curves.update({b: (test_pred["binary"], test_pred[b]) for b in BASELINES})
+    if heads_dir is not None:
+        result.export = export_head(
+            model.head, heads_dir / f"{name}.safetensors", draft=dm.draft,
+            vocab_size=int(dm.draft["vocab_size"]), label=label, role="stop" if soft else "verifier",
+            threshold=threshold, metrics={**{f"val/{k}": v for k, v in val.items()},
+                                          **{f"test/{k}": v for k, v in test.items()}},
+        )
+    return result
+
+
+def plot_roc(results: list[RunResult], path: Path) -> Path:
+    """One panel per run: ROC of the head and of each training-free score on the test rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.5), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for scorer, (y, s) in r.curves.items():
+            if y.min() == y.max():
+                continue
+            fpr, tpr, _ = roc_curve(y, s)
+            auc = r.test.get(f"{scorer}/auroc", float("nan"))
+            ax.plot(fpr, tpr, label=f"{scorer} (AUROC {auc:.3f})")
+        ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+        ax.set(title=f"{r.name} ({_label_text(r.label)})", xlabel="false-positive rate η_FP",
+               ylabel="true-positive rate η_TP")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _label_text(label: dict) -> str:
+    return f"1[q/p ≤ {label['lam']}]" if label["kind"] == "sprinter" else f"soft, w_rej={label['w_rej']:g}"
+
+
+def table(results: list[RunResult]) -> str:
+    """Held-out test metrics: each head next to the training-free scores on the same rows and labels."""
+    cols = (f"{'run':<22}{'label':<20}{'scorer':<14}{'AUROC':>7}{'AP':>7}{'ECE':>7}{'KL':>7}{'η_TP':>7}{'η_FP':>7}"
+            f"{'thr':>12}{'ΔAUROC':>8}")
+    lines = [cols, "-" * len(cols)]
+    for r in results:
+        t = r.test
+        best_free = max(t.get(f"{b}/auroc", float("nan")) for b in BASELINES)
+        thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
+        lines.append(f"{r.name:<22}{_label_text(r.label):<20}{'head':<14}{t['head/auroc']:>7.3f}{t['head/ap']:>7.3f}"
+                     f"{t['head/ece']:>7.3f}{t['head/kl']:>7.3f}{t['head/eta_tp']:>7.3f}{t['head/eta_fp']:>7.3f}"
+                     f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
+        for b in BASELINES:
+            lines.append(f"{'':<22}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
+    lines.append("ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
+    p.add_argument("--labels", default="runs/labels/humaneval", help="labeled dataset folder (data_gen output)")
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="LightningCLI configs to train")
+    p.add_argument("--out", default="runs/train", help="logs, ROC curves and the metrics table")
+    p.add_argument("--checkpoints", default="checkpoints", help="Lightning checkpoints, one folder per config")
+    p.add_argument("--heads-dir", default="checkpoints/heads", help="exported .safetensors heads")
+    p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
+    p.add_argument("--sweep", action="store_true", help="SpecDec++ head over D × w_rej instead of --configs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[RunResult]:
+    a = parse_args(argv)
+    out, ckpt = Path(a.out), Path(a.checkpoints)
+    extra = [] if a.max_epochs is None else ["--trainer.max_epochs", str(a.max_epochs)]
+    if a.quiet:
+        logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+    if a.sweep:
+        runs = [(DEFAULT_CONFIGS[1], f"sweep_d{d}_w{w:g}",
+                 ["--model.head.init_args.depth", str(d), "--model.w_rej", str(w)])
+                for d in SWEEP_DEPTHS for w in SWEEP_W_REJ]
+        out = out / "sweep"
+        heads_dir = None
+    else:
+        runs = [(c, Path(c).stem, []) for c in a.configs]
+        heads_dir = Path(a.heads_dir)
+    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n) for c, n, x in runs]
+    report = table(results)
+    print(report)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.txt").write_text(report + "\n")
+    (out / "metrics.json").write_text(json.dumps(
+        [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
+          "export": str(r.export) if r.export else None} for r in results], indent=2) + "\n")
+    png = plot_roc(results, out / "roc.png") if not a.sweep else None
+    for r in results:
+        if r.export:
+            print(f"exported {r.export}")
+    print(f"table: {out / 'metrics.txt'}" + (f"; ROC curves: {png}" if png else ""))
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except FileNotFoundError as e:  # no labels yet: one line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
