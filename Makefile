@@ -5,12 +5,13 @@ PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 MODELS  := $(VENV)/.models-installed
 LABELS_CONFIG ?= configs/labels/humaneval.yaml
+EVAL_CONFIG ?= configs/eval/humaneval.yaml
 ARGS    ?=
 
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean train bench-train
+.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -46,6 +47,12 @@ train: $(STAMP) ## train + export both heads on runs/labels/humaneval (ARGS="--l
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass
 	$(PY) -m pipeline.bench $(ARGS)
+
+eval: $(MODELS) ## every policy + HF peer on the real pair with the exported heads; report under runs/eval/humaneval
+	$(PY) -m evaluation --config $(EVAL_CONFIG) $(ARGS)
+
+bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes on this device (JSON)
+	$(PY) -m evaluation.bench_timing $(ARGS)
 
 clean: ## remove generated outputs (keeps .venv and the model cache)
 	rm -rf runs checkpoints lightning_logs

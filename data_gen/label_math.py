@@ -125,3 +125,15 @@ def assign_categories(n_prompts: int, categories: tuple[str, ...], generator: to
     for rank, idx in enumerate(order):
         out[idx] = categories[rank % len(categories)]
     return out
+
+
+def residual_distribution(logp_target: torch.Tensor, logp_draft: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of norm((p − q)+), where speculative sampling resamples after a rejection.
+
+    Where p ≤ q everywhere (no residual mass, which exact arithmetic never rejects into) it falls back to p.
+    """
+    p, q = logp_target.double().exp(), logp_draft.double().exp()
+    residual = (p - q).clamp_(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(torch.float64).tiny), p)
+    return residual.log().to(logp_target.dtype)

@@ -52,7 +52,38 @@ def stage_train(root: Path) -> None:
     assert (root / "train" / "roc.png").exists()
 
 
-STAGES = [("labels", stage_labels), ("train", stage_train)]
+def stage_eval(root: Path) -> None:
+    """Every policy and the HF peer on the tiny pair with the smoke-trained heads; report under ``eval/``."""
+    from evaluation.config import EvalConfig, HFPeer, Mode, Sweep
+    from evaluation.run import run_eval
+
+    heads = root / "heads"
+    cfg = EvalConfig(
+        draft=ModelSpec(path=str(root / "models" / "draft"), name="tiny-draft"),
+        target=ModelSpec(path=str(root / "models" / "target"), name="tiny-target"),
+        prompts=PromptConfig(source=str(root / "prompts.jsonl"), response_field="answer", limit=3),
+        modes=[Mode("sample", 1.0), Mode("greedy", 0.0, families=["target_only", "sd", "hf_assisted"])],
+        policies=[
+            Sweep("target_only"), Sweep("draft_only"), Sweep("sd", grid={"k": [2, 4]}),
+            Sweep("specdecpp", fixed={"head": str(heads / "specdecpp_d3_w6.safetensors")}, grid={"h": [None, 0.5]}),
+            Sweep("sprinter", fixed={"head": str(heads / "sprinter_lam1.safetensors")}, grid={"tau": [None, 0.5]}),
+            Sweep("hf_heuristic"), Sweep("confidence"), Sweep("svip", grid={"h": [0.5]}),
+            Sweep("fuzzy", grid={"T": [0.5]}),
+        ],
+        max_new_tokens=6, sweep_prompts=2, hf_peer=HFPeer(confidence_thresholds=[0.6]),
+        train_dir=str(root / "train"), output_dir=str(root / "eval"), device="cpu",
+    )
+    out = run_eval(cfg, quiet=True)
+    report = json.loads((out / "report.json").read_text())
+    families = {row["family"] for m in report["modes"].values() for row in m["table"]}
+    missing = {"target_only", "draft_only", "sd", "specdecpp", "sprinter", "hf_heuristic", "confidence", "svip",
+               "fuzzy", "hf_assisted"} - families
+    assert not missing, f"policies missing from the report: {missing}"
+    for f in ("report.md", "pareto.png", "speedup.png", "quality.png", "roc.png"):
+        assert (out / f).exists(), f
+
+
+STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval)]
 
 
 def main() -> int:

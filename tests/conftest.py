@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from data_gen.labeler import Sampling
 from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
 from data_gen.run import LabelConfig
 from data_gen.tiny import make_pair, write_prompts
+
+
+# Tiny models run fastest on one thread, and one thread per test process keeps the suite's time steady when
+# something else (a labeling run) holds the cores. Subprocesses started by tests inherit the setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -247,3 +247,14 @@ def test_chat_template_wraps_the_prompt():
     tok = make_tokenizer()
     assert tokenize_prompt(tok, "def f", chat_template=True) == tok("def f :", add_special_tokens=False)["input_ids"]
     assert tokenize_prompt(tok, "def f", chat_template=False) == tok("def f")["input_ids"]
+
+
+@pytest.mark.parametrize("path", sorted(__import__("pathlib").Path("configs/labels").glob("*.yaml")), ids=str)
+def test_every_label_config_parses_through_the_cli(path):
+    from data_gen.__main__ import parser
+    from data_gen.run import LabelConfig
+
+    p = parser()
+    ns = p.instantiate(p.parse_args(["--config", str(path)]))
+    cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
+    assert cfg.draft.display_name and cfg.target.display_name

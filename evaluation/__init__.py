@@ -1,0 +1,5 @@
+"""Evaluation stage: the speculative decoder and its policies (``build_policy``), loading exported heads."""
+
+from evaluation.decoder import DecodeResult, DecodeStats, ModelPair, Policy, build_policy
+
+__all__ = ["DecodeResult", "DecodeStats", "ModelPair", "Policy", "build_policy"]

@@ -1,0 +1,182 @@
+"""``make bench-timing``: per-forward times of model shapes on this device, for Eq. 5.1 latency predictions.
+
+    python -m evaluation.bench_timing                                  # Qwen2.5 0.5B draft + 1.5B target shapes
+    python -m evaluation.bench_timing --model draft=~/.cache/specheads/converted/<id> --model tiny=qwen2.5-0.5b
+    python -m evaluation.bench_timing --out runs/bench/timing-h100.json
+
+Weights are random (timing does not depend on their values), so only a shape is needed: a built-in name, a
+``config.json`` or a checkpoint folder holding one. For each model it times, with a KV cache:
+
+- ``prefill``: one forward over ``--prefill`` prompt tokens;
+- ``decode``: one forward of one token after a cache of each ``--cache`` length (the draft step, and the target's
+  cost per call in Eq. 5.1);
+- ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call).
+
+CUDA runs in bfloat16 with synchronized timers; the CPU in float32. The JSON keeps every figure, so
+``evaluation`` can predict this device's latency from acceptance traces measured elsewhere (``timing:``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
+BUILTIN = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=64, tie_word_embeddings=False),
+}
+DEFAULT_MODELS = ("draft=qwen2.5-0.5b", "target=qwen2.5-1.5b")
+
+
+def model_config(source: str):
+    """A transformers config from a built-in name, a config.json, or a folder holding one."""
+    from transformers import AutoConfig, Qwen2Config
+
+    if source in BUILTIN:
+        return Qwen2Config(**BUILTIN[source], max_position_embeddings=32768)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {source!r} is neither a built-in shape ({', '.join(BUILTIN)}) nor a config.json")
+    raw = json.loads(path.read_text())
+    raw.pop("quantization_config", None)
+    model_type = raw.pop("model_type", None) or "qwen2"
+    return AutoConfig.for_model(model_type, **raw)
+
+
+def build(config, device: torch.device, dtype: torch.dtype):
+    """A random-init causal LM of this shape on ``device`` (cheap init: values do not matter for timing)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights(), torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():  # finite values: uninitialised memory could hold NaNs/denormals (slow on CPU)
+            p.normal_(0.0, 0.02, generator=g)
+    return model.eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn, device: torch.device, repeats: int) -> dict:
+    fn()  # warm-up (allocator, kernels)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
+
+
+@torch.no_grad()
+def bench_model(model, device: torch.device, prefill: int, caches: list[int], verify: int, repeats: int) -> dict:
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (1, n), generator=g).to(device)
+
+    out = {"prefill": {"tokens": prefill, **_time(lambda: model(ids(prefill), use_cache=True), device, repeats)}}
+
+    def cached(length: int):
+        cache = DynamicCache(config=model.config)
+        model(ids(length), past_key_values=cache, use_cache=True)
+        return cache
+
+    def step(cache, length: int, n: int):
+        def fn():
+            model(ids(n), past_key_values=cache, use_cache=True)
+            cache.crop(-n)  # back to the same cache length for the next repeat
+        return fn
+
+    out["decode"] = {}
+    for length in caches:
+        cache = cached(length)
+        out["decode"][str(length)] = _time(step(cache, length, 1), device, repeats)
+    cache = cached(caches[0])
+    out["verify"] = {"tokens": verify, "cache": caches[0], **_time(step(cache, caches[0], verify), device, repeats)}
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
+    p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",
+                   help=f"a model to time (repeatable); SHAPE: {', '.join(BUILTIN)}, a config.json or a checkpoint "
+                        f"folder; default: {' '.join(DEFAULT_MODELS)}")
+    p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill forward")
+    p.add_argument("--cache", type=int, nargs="+", default=[256, 1024], help="KV-cache lengths of the decode step")
+    p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
+    return p.parse_args(argv)
+
+
+def table(result: dict) -> str:
+    caches = sorted({int(c) for m in result["models"] for c in m["decode"]})
+    head = f"{'model':<10}{'shape':<30}{'params':>9}{'prefill':>10}" + "".join(f"{f'step@{c}':>11}" for c in caches)
+    head += f"{'verify':>10}"
+    lines = [f"device: {result['device']} ({result['dtype']}); times in ms (median)", head, "-" * len(head)]
+    for m in result["models"]:
+        row = f"{m['name']:<10}{m['shape'][-29:]:<30}{m['params'] / 1e6:>8.0f}M{m['prefill']['median_s'] * 1e3:>10.1f}"
+        row += "".join(f"{m['decode'][str(c)]['median_s'] * 1e3:>11.2f}" if str(c) in m["decode"] else f"{'':>11}"
+                       for c in caches)
+        lines.append(row + f"{m['verify']['median_s'] * 1e3:>10.2f}")
+    lines.append(f"prefill: {result['prefill']} tokens; step@L: one token after a cache of L; "
+                 f"verify: {result['verify']} tokens after a cache of {caches[0]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'}, " \
+        f"{torch.get_num_threads()} threads)"
+    result = {"device": name, "device_type": device.type, "dtype": str(dtype).removeprefix("torch."),
+              "torch": torch.__version__, "prefill": a.prefill, "verify": a.verify, "models": []}
+    for spec in a.model or DEFAULT_MODELS:
+        label, _, shape = spec.partition("=")
+        if not shape:
+            label, shape = Path(spec).name, spec
+        model = build(model_config(shape), device, dtype)
+        entry = {"name": label, "shape": shape, "params": sum(p.numel() for p in model.parameters()),
+                 **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats)}
+        result["models"].append(entry)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(table(result))
+    out = Path(a.out or f"runs/bench/timing-{device.type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,163 @@
+"""Settings of one evaluation run (``python -m evaluation --config configs/eval/humaneval.yaml``)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from data_gen.labeler import Sampling
+from data_gen.models import ModelSpec
+from data_gen.prompts import PromptConfig
+
+FAMILIES = ("target_only", "draft_only", "sd", "specdecpp", "sprinter", "hf_heuristic", "confidence", "svip", "fuzzy")
+"""Policy names of ``evaluation.decoder.build_policy``."""
+APPROXIMATE = ("sprinter", "fuzzy", "draft_only")
+"""Policies whose output distribution differs from the target's: their setting is chosen under a quality floor."""
+HF_FAMILY = "hf_assisted"
+"""Runs of Hugging Face's ``target.generate(assistant_model=draft)`` (the external peer)."""
+
+
+class EvalError(RuntimeError):
+    """A problem with the user's input, reported as one clear line."""
+
+
+@dataclass
+class Mode:
+    """One sampling setting under which the policies are compared."""
+
+    name: str
+    """Short name used in run keys and the report (``sample``, ``greedy``)."""
+    temperature: float = 1.0
+    """Softmax temperature (0 = greedy)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 = off)."""
+    families: list[str] | None = None
+    """Policy families (and ``hf_assisted``) run in this mode; None = every configured one."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.families or ()) - set(FAMILIES) - {HF_FAMILY})
+        if unknown:
+            raise EvalError(f"mode {self.name!r}: unknown families {unknown}; known: {', '.join(FAMILIES)}, {HF_FAMILY}")
+
+    def sampling(self, max_new_tokens: int) -> Sampling:
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                        max_new_tokens=max_new_tokens)
+
+    def runs(self, family: str) -> bool:
+        return self.families is None or family in self.families
+
+
+@dataclass
+class Sweep:
+    """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
+
+    family: str
+    """A ``build_policy`` name (see ``FAMILIES``)."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``."""
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    """Keyword arguments swept, e.g. ``{k: [2, 4, 6]}``; ``null`` means the policy's default (a head file's own
+    threshold). With more than one setting the lowest-latency one represents the family in the table."""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise EvalError(f"unknown policy family {self.family!r}; known: {', '.join(FAMILIES)}")
+        empty = [k for k, v in self.grid.items() if not isinstance(v, list) or not v]
+        if empty:
+            raise EvalError(f"{self.family}: grid entries {empty} must be non-empty lists")
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every swept combination, as keyword arguments (without ``fixed``)."""
+        keys = list(self.grid)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.grid[k] for k in keys))]
+
+
+@dataclass
+class HFPeer:
+    """Hugging Face assisted generation on the same prompts."""
+
+    enabled: bool = True
+    """Run it at all."""
+    defaults: bool = True
+    """One run with the draft's generation-config defaults (20 assistant tokens, confidence threshold 0.4)."""
+    confidence_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.6])
+    """One run per ``assistant_confidence_threshold`` (other settings at their defaults)."""
+    same_k_as_sd: bool = True
+    """One run with a constant schedule of K = the best fixed-K SD's K and no confidence stop (the like-for-like
+    comparison of our SD with HF's)."""
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one evaluation run: the pair, the prompts, the sampling modes, the policies and their grids."""
+
+    draft: ModelSpec
+    """The draft model (the heads read its last hidden state); same entry as the labeling config."""
+    target: ModelSpec
+    """The target model; same entry as the labeling config."""
+    policies: list[Sweep]
+    """The policy families and their grids."""
+    prompts: PromptConfig = field(default_factory=lambda: PromptConfig(limit=20))
+    """Where the prompts come from (``humaneval`` enables pass@1; ``limit`` keeps the CPU run short)."""
+    modes: list[Mode] = field(default_factory=lambda: [Mode("sample", 1.0)])
+    """Sampling settings; every family runs in every mode unless the mode lists its families."""
+    max_new_tokens: int = 128
+    """Response length cap of every run."""
+    sweep_prompts: int | None = None
+    """Sweeps (more than one setting) run on the first this many prompts only; the chosen setting then runs on
+    all prompts. None = sweep on every prompt."""
+    select_by: Literal["measured", "predicted"] = "measured"
+    """Choose K, h, τ by measured latency (s/token), or by Eq. 5.1's latency with the fitted (or ``timing``'s)
+    per-forward times."""
+    max_pass_drop: float = 0.03
+    """Approximate policies (SPRINTER, Fuzzy SD) are chosen among settings whose pass@1 is at most this far below
+    the chosen SD's (ignored when pass@1 is unavailable)."""
+    hf_peer: HFPeer = field(default_factory=HFPeer)
+    """The external peer."""
+    train_dir: str | None = "runs/train"
+    """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
+    timing: str | None = None
+    """A ``bench_timing`` JSON; latencies are also predicted with its per-forward times (e.g. a GPU's)."""
+    timing_draft: str = "draft"
+    """Name of the draft's entry in ``timing``."""
+    timing_target: str = "target"
+    """Name of the target's entry in ``timing``."""
+    exec_timeout: float = 10.0
+    """Seconds each HumanEval program may run."""
+    output_dir: str = "runs/eval/humaneval"
+    """Folder for ``results.jsonl`` (resumed), ``report.md``, ``report.json`` and the PNGs."""
+    seed: int = 0
+    """Seed of each prompt's generator (the same for every policy: common random numbers)."""
+    dtype: str = "float32"
+    """Model dtype: float32, bfloat16 or float16."""
+    device: str = "auto"
+    """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
+    warmup: bool = True
+    """One untimed short generation per mode before the timed runs."""
+    overwrite: bool = False
+    """Delete an existing run in ``output_dir`` instead of resuming it."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise EvalError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if not self.modes:
+            raise EvalError("at least one mode is needed")
+        names = [m.name for m in self.modes]
+        if len(set(names)) != len(names):
+            raise EvalError(f"mode names must be unique, got {names}")
+        fams = [s.family for s in self.policies]
+        if len(set(fams)) != len(fams):
+            raise EvalError(f"each family appears once in `policies`, got {fams}")
+        if self.sweep_prompts is not None and self.sweep_prompts < 1:
+            raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
+
+    def settings(self) -> dict:
+        """What a resumed run must share with the results already on disk."""
+        return {
+            "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
+            "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
+            "seed": self.seed, "dtype": self.dtype,
+        }

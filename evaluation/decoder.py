@@ -1,0 +1,348 @@
+"""The speculative decoder: one generation state (two KV-cached models) and the policies' registry.
+
+A policy is one class with ``name`` and ``generate(pair, prompt_ids, generator)``; it drives a ``Decoding``,
+which owns the sequence, both models' caches and the bookkeeping, and offers the steps every policy is made of:
+the draft's next distribution, a round of drafting under a stop rule, and the target's verification of a round
+(exact speculative sampling, or a policy's own acceptance rule). See ``evaluation/DESIGN.md``.
+
+Counting (SpecDec++ §3, Eq. 5.1): every forward pass of a model is one call (a prefill too). A round drafts
+candidates and ends with one target call, which keeps the accepted prefix of the candidates and adds one target
+token (the resample at the first rejection, or the bonus when all are accepted); ``discarded`` counts the
+candidates thrown away. A round never drafts past ``max_new_tokens`` (its target token must still fit) and stops
+drafting at an EOS candidate, so no generated token is ever cut off afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from data_gen.label_math import residual_distribution, sample_from_logprobs, warp_logits
+from data_gen.labeler import Sampling
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+@dataclass
+class DecodeStats:
+    """What one generation cost; the rates are SpecDec++'s Eq. 5.1 quantities."""
+
+    wall_s: float
+    """Wall time of the whole generation (CUDA synchronized when on GPU)."""
+    new_tokens: int
+    """N: tokens generated (excluding the prompt)."""
+    target_calls: int
+    """N_target: target forward passes (the prefill counts as one)."""
+    draft_calls: int
+    """N_draft: draft forward passes (the prefill counts as one)."""
+    discarded: int
+    """N_discarded: draft tokens proposed and thrown away."""
+    accepted_lengths: list[int] = field(default_factory=list)
+    """Per verification round, how many draft tokens were kept."""
+
+    @property
+    def verification_rate(self) -> float:
+        """N_target / N."""
+        return self.target_calls / self.new_tokens if self.new_tokens else 0.0
+
+    @property
+    def discard_rate(self) -> float:
+        """N_discarded / N."""
+        return self.discarded / self.new_tokens if self.new_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    """Generated ids only: ends after an EOS id (included) or at ``max_new_tokens``."""
+    stats: DecodeStats
+
+
+@dataclass
+class ModelPair:
+    """The two models of speculative decoding, sharing one vocabulary and one sampling setting."""
+
+    draft: PreTrainedModel
+    target: PreTrainedModel
+    eos_token_ids: list[int]
+    """Generation stops after any of these ids (empty: only at ``max_new_tokens``)."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
+
+    def __post_init__(self) -> None:
+        vocab = {name: _vocab_size(m) for name, m in (("draft", self.draft), ("target", self.target))}
+        if vocab["draft"] != vocab["target"]:
+            raise ValueError(f"draft and target vocabularies differ ({vocab}); speculative decoding needs one")
+        self.eos_token_ids = [int(t) for t in self.eos_token_ids]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+
+def _vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+class Policy(Protocol):
+    name: str
+
+    def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult: ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# registry
+
+POLICIES: dict[str, type] = {}
+
+
+def register(name: str):
+    """Class decorator: make a policy buildable by ``name`` with ``build_policy(name, **kwargs)``."""
+
+    def wrap(cls: type) -> type:
+        if name in POLICIES and POLICIES[name] is not cls:
+            raise ValueError(f"policy {name!r} is already registered by {POLICIES[name].__qualname__}")
+        POLICIES[name] = cls
+        cls.name = name
+        return cls
+
+    return wrap
+
+
+def build_policy(name: str, **kwargs) -> Policy:
+    """Build a registered policy, e.g. ``build_policy("sd", k=4)``; an unknown name lists the known ones."""
+    import evaluation.policies  # noqa: F401  (registers every policy)
+
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name](**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one model with its KV cache
+
+
+class CachedLM:
+    """A causal LM and its KV cache over ``ids`` (the tokens it has read so far).
+
+    ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
+    (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
+    The hidden state is the base model's output after the final norm, what the LM head reads.
+    """
+
+    def __init__(self, model, sampling: Sampling):
+        from transformers import DynamicCache, PretrainedConfig
+
+        self.base = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.sampling = sampling
+        config = getattr(model, "config", None)
+        self.cache = DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+        self.device = next(model.parameters()).device
+        self.ids: list[int] = []
+        self.calls = 0
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # after all of ``ids``
+        self.last_logits: torch.Tensor | None = None
+        """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
+
+    def _crop(self, n: int) -> None:
+        if n < len(self.ids):
+            remove = self.cache.get_seq_length() - n
+            if remove > 0:
+                self.cache.crop(-remove)
+            del self.ids[n:]
+            self._last = self.last_logits = None
+
+    @torch.no_grad()
+    def advance(self, seq: list[int], rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read ``seq``; return hidden states of the tokens read now (T, d) and the warped log-probs (rows, V)
+        of the next token after each of the last ``rows`` prefixes of ``seq`` (the last row: after all of it).
+
+        With ``rows == 1`` and ``seq`` already read, the last forward's outputs come back without a new call.
+        """
+        common = 0
+        for a, b in zip(self.ids, seq):
+            if a != b:
+                break
+            common += 1
+        if rows == 1 and common == len(seq) == len(self.ids) and self._last is not None:
+            hidden, logprobs, self.last_logits = self._last
+            return hidden, logprobs
+        self._crop(min(common, len(seq) - rows))
+        new = seq[len(self.ids):]
+        x = torch.tensor([new], dtype=torch.long, device=self.device)
+        start = len(self.ids)
+        positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
+        out = self.base(input_ids=x, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]
+        s = self.sampling
+        logits = self.head(hidden[-rows:])
+        logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
+        self.ids.extend(new)
+        self.calls += 1
+        self.last_logits = logits[-1]
+        self._last = (hidden[-1:], logprobs[-1:], self.last_logits)
+        return hidden, logprobs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one generation
+
+
+class StopRule(Protocol):
+    """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
+
+    ``logq`` is the distribution the candidate was sampled from; ``scores`` the draft's confidence distribution
+    there: softmax(logits / temperature) before top-k/top-p, read at temperature 1 under greedy decoding (where
+    the sampled distribution is a one-hot and would make confidence and entropy rules vacuous).
+    """
+
+    def reset(self) -> None: ...
+
+    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool: ...
+
+
+AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
+"""(dec, p, q, token) -> keep the candidate? ``p`` and ``q`` are the two models' log-probs at its position."""
+RejectRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(p, q) -> log-probs that the replacement token is drawn from."""
+
+
+def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
+    """Speculative sampling: keep y with probability min(1, p(y)/q(y))."""
+    ratio = torch.exp((logp[token] - logq[token]).clamp(max=0)).item()
+    return dec.uniform() < ratio
+
+
+class Decoding:
+    """The state of one generation: the sequence, the two cached models, the random source and the counts."""
+
+    def __init__(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator):
+        if not prompt_ids:
+            raise ValueError("the prompt must hold at least one token")
+        self.pair = pair
+        self.generator = generator
+        self.seq = [int(t) for t in prompt_ids]
+        self.n_prompt = len(self.seq)
+        self.max_new_tokens = pair.sampling.max_new_tokens
+        self.eos = set(pair.eos_token_ids)
+        self.draft = CachedLM(pair.draft, pair.sampling)
+        self.target = CachedLM(pair.target, pair.sampling)
+        self.discarded = 0
+        self.accepted_lengths: list[int] = []
+        self._cuda = pair.device.type == "cuda"
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    # -- state ------------------------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq[self.n_prompt:]
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.seq) + self.n_prompt
+
+    @property
+    def done(self) -> bool:
+        return self.remaining <= 0 or (len(self.seq) > self.n_prompt and self.seq[-1] in self.eos)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append generated tokens (never past max_new_tokens, never after an EOS)."""
+        for t in tokens:
+            if self.done:
+                raise RuntimeError("a policy generated past the end of the sequence")
+            self.seq.append(int(t))
+
+    # -- randomness (every draw comes from the generator) -------------------------------------------------------
+    def uniform(self) -> float:
+        return torch.rand((), generator=self.generator, device=self.generator.device).item()
+
+    def sample(self, logprobs: torch.Tensor) -> int:
+        u = torch.rand((), generator=self.generator, device=self.generator.device).to(logprobs.device)
+        return int(sample_from_logprobs(logprobs, u))
+
+    # -- steps --------------------------------------------------------------------------------------------------
+    def draft_dist(self, candidates: list[int] = ()) -> torch.Tensor:
+        """q(· | seq + candidates), the draft's next-token log-probs (V,)."""
+        return self.draft.advance(self.seq + list(candidates))[1][-1]
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probs of a model's confidence distribution (see ``StopRule``) from its raw logits."""
+        temperature = self.pair.sampling.temperature or 1.0
+        return (logits.float() / temperature).log_softmax(-1)
+
+    def draft_feature(self, candidates: list[int]) -> torch.Tensor:
+        """The draft's hidden state of the last candidate, read at its own position (d,)."""
+        return self.draft.advance(self.seq + list(candidates))[0][-1]
+
+    def target_dist(self, candidates: list[int] = (), rows: int = 1) -> torch.Tensor:
+        """p at the last ``rows`` positions of seq + candidates, (rows, V); one target call."""
+        return self.target.advance(self.seq + list(candidates), rows=rows)[1]
+
+    def draft_round(self, max_k: int, stop: StopRule | None = None) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft up to ``max_k`` candidates (fewer when ``stop`` says so, at an EOS, or where the round's target
+        token would not fit); return them and the draft distributions they were sampled from."""
+        if stop is not None:
+            stop.reset()
+        candidates: list[int] = []
+        logqs: list[torch.Tensor] = []
+        cap = min(max_k, self.remaining - 1)
+        while len(candidates) < cap:
+            logq = self.draft_dist(candidates)
+            y = self.sample(logq)
+            candidates.append(y)
+            logqs.append(logq)
+            if y in self.eos or len(candidates) == cap:
+                break
+            if stop is not None and stop(self, candidates, logq, self.scores(self.draft.last_logits)):
+                break
+        return candidates, logqs
+
+    def verify(self, candidates: list[int], logqs: list[torch.Tensor], accept: AcceptRule = exact_accept,
+               on_reject: RejectRule = residual_distribution) -> int:
+        """One target call over the candidates: keep them up to the first rejection, then add one target token
+        (drawn from ``on_reject(p, q)`` at the rejection, or from p after the last candidate); return the number
+        of candidates kept. With the defaults this is exact speculative sampling (seed 001)."""
+        logps = self.target_dist(candidates, rows=len(candidates) + 1)
+        n = 0
+        while n < len(candidates) and accept(self, logps[n], logqs[n], candidates[n]):
+            n += 1
+        new = candidates[:n]
+        if n < len(candidates):
+            new.append(self.sample(on_reject(logps[n], logqs[n])))
+        elif not (candidates and candidates[-1] in self.eos):
+            new.append(self.sample(logps[n]))  # bonus token
+        self.record_round(n, len(candidates) - n)
+        self.extend(new)
+        return n
+
+    def record_round(self, kept: int, discarded: int) -> None:
+        self.accepted_lengths.append(kept)
+        self.discarded += discarded
+
+    # -- the end --------------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.pair.device)
+
+    def result(self) -> DecodeResult:
+        self._sync()
+        stats = DecodeStats(
+            wall_s=time.perf_counter() - self._t0,
+            new_tokens=len(self.tokens),
+            target_calls=self.target.calls,
+            draft_calls=self.draft.calls,
+            discarded=self.discarded,
+            accepted_lengths=list(self.accepted_lengths),
+        )
+        return DecodeResult(tokens=list(self.tokens), stats=stats)

@@ -1,0 +1,77 @@
+"""The latency model of SpecDec++ Eq. 5.1: T_total ≈ t_draft·N_draft + t_target·N_target.
+
+SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with
+them (or with per-forward times measured on another device by ``bench_timing``) the latency of any run can be
+predicted from its counts alone, so CPU-measured acceptance traces transfer to a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class LatencyFit:
+    """Per-forward times (seconds) fitted from runs, with the fit's quality."""
+
+    t_draft: float
+    """Seconds per draft forward (one token with KV cache)."""
+    t_target: float
+    """Seconds per target forward (a verification of a few tokens costs about one decode step)."""
+    intercept: float
+    """Per-run overhead (prefill beyond one forward, Python bookkeeping); 0 when fitted without one."""
+    r2: float
+    """Coefficient of determination of the fit over the runs."""
+    n_runs: int
+    """Runs the fit used."""
+
+    def predict(self, n_draft, n_target, runs: int | np.ndarray = 1):
+        """Eq. 5.1 (plus ``intercept`` per run)."""
+        return self.t_draft * np.asarray(n_draft) + self.t_target * np.asarray(n_target) + self.intercept * np.asarray(runs)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit:
+    """Least-squares fit of ``wall_s`` on (``n_draft``, ``n_target``) with non-negative coefficients.
+
+    Ordinary least squares first (sklearn's ``LinearRegression``); a coefficient that comes out negative (e.g. no
+    run used the draft) is pinned to 0 and the rest refitted.
+    """
+    from sklearn.linear_model import LinearRegression
+    from sklearn.metrics import r2_score
+
+    x = np.column_stack([np.asarray(n_draft, float), np.asarray(n_target, float)])
+    y = np.asarray(wall_s, float)
+    if len(y) < 2:
+        raise ValueError(f"need at least 2 runs to fit the latency model, got {len(y)}")
+    reg = LinearRegression(fit_intercept=intercept, positive=True).fit(x, y)
+    pred = reg.predict(x)
+    r2 = float(r2_score(y, pred)) if np.ptp(y) > 0 else 1.0
+    return LatencyFit(t_draft=float(reg.coef_[0]), t_target=float(reg.coef_[1]),
+                      intercept=float(reg.intercept_) if intercept else 0.0, r2=r2, n_runs=len(y))
+
+
+def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | None:
+    """Fit on every run whose counts are known (our decoder's, not the HF peer's); None with fewer than 3."""
+    rows = [r["stats"] for r in records if r["stats"].get("draft_calls") is not None
+            and r["stats"].get("target_calls") is not None]
+    if len(rows) < 3:
+        return None
+    return fit_latency([s["draft_calls"] for s in rows], [s["target_calls"] for s in rows],
+                       [s["wall_s"] for s in rows], intercept=intercept)
+
+
+def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> LatencyFit:
+    """Per-forward times from a ``bench_timing`` JSON (decode step at the shortest cache length measured)."""
+    def step(name: str) -> float:
+        models = {m["name"]: m for m in timing["models"]}
+        if name not in models:
+            raise KeyError(f"timing file has no model {name!r}; it has {sorted(models)}")
+        decode = models[name]["decode"]
+        return float(decode[min(decode, key=int)]["median_s"])
+
+    return LatencyFit(t_draft=step(draft), t_target=step(target), intercept=0.0, r2=float("nan"), n_runs=0)

@@ -1,0 +1,36 @@
+"""Fuzzy Speculative Decoding (seed 002, §4): approximate, training-free.
+
+A candidate is kept while the divergence between the target's and the draft's distributions at its position is
+below T (JS divergence, the paper's best); at the first position where it is not, the token is drawn from the
+target's own distribution p there (not the residual). A round of k candidates ends as in SD: with that target
+token, or a bonus token from p when all k are kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from data_gen.label_math import js_divergence
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
+
+
+@register("fuzzy")
+class FuzzySD:
+    def __init__(self, T: float, k: int = 5):
+        if T < 0 or k < 1:
+            raise ValueError(f"need T >= 0 and k >= 1, got {T}, {k}")
+        self.T, self.k = T, k
+
+    def accept(self, dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
+        return js_divergence(logp, logq).item() < self.T
+
+    @staticmethod
+    def target_sample(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+        return logp
+
+    def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
+        dec = Decoding(pair, prompt_ids, generator)
+        while not dec.done:
+            candidates, logqs = dec.draft_round(self.k)
+            dec.verify(candidates, logqs, accept=self.accept, on_reject=self.target_sample)
+        return dec.result()

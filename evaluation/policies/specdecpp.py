@@ -1,0 +1,50 @@
+"""SpecDec++ (seed 003, §4, Eq. 4.1): a trained acceptance head decides when a round stops drafting; exact.
+
+After each candidate Y_i the draft reads it (its hidden state e_i at Y_i's own position; the same forward gives
+q for Y_{i+1}), and the round stops when the predicted probability that some candidate is rejected,
+1 − ∏_{i ≤ k} sigmoid(f(e_i)), exceeds h, or at max_k candidates. Verification is exact speculative sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from evaluation.decoder import Decoding, ModelPair, register
+from evaluation.policies.exported import ExportedHead
+from evaluation.policies.speculative import SpeculativePolicy
+
+
+class HeadStop:
+    """SpecDec++'s stop rule over the current round's candidates."""
+
+    def __init__(self, head: ExportedHead, h: float):
+        self.head, self.h = head, h
+        self.log_all_accepted = 0.0
+
+    def reset(self) -> None:
+        self.log_all_accepted = 0.0
+
+    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
+        logit = self.head.logit(dec.draft_feature(candidates))
+        self.log_all_accepted += -math.log1p(math.exp(-logit)) if logit > -30 else logit  # log sigmoid
+        return 1.0 - math.exp(self.log_all_accepted) > self.h
+
+
+@register("specdecpp")
+class SpecDecPP(SpeculativePolicy):
+    def __init__(self, head: str | Path, h: float | None = None, max_k: int = 20):
+        self.head = ExportedHead(head, role="stop")
+        self.h = self.head.threshold if h is None else float(h)
+        if not 0 <= self.h <= 1 or max_k < 1:
+            raise ValueError(f"need 0 <= h <= 1 and max_k >= 1, got {self.h}, {max_k}")
+        self.max_k = max_k
+
+    def round_length(self) -> int:
+        return self.max_k
+
+    def stop_rule(self, pair: ModelPair) -> HeadStop:
+        self.head.check(pair.draft)
+        return HeadStop(self.head, self.h)

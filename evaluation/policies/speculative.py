@@ -1,0 +1,72 @@
+"""Exact speculative sampling with a candidate length chosen per round (Leviathan et al.; Chen et al.; seed 001).
+
+Every policy here is exact: only how many candidates a round drafts differs, and the target's verification
+(``Decoding.verify``: keep y with probability min(1, p(y)/q(y)), resample from norm((p − q)+) at the first
+rejection, a bonus token from p when all are kept) makes the output distributed as the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule, register
+
+
+class SpeculativePolicy:
+    """Rounds of ``draft_round`` + exact ``verify``; subclasses choose the round's length and stop rule."""
+
+    def round_length(self) -> int:
+        raise NotImplementedError
+
+    def stop_rule(self, pair: ModelPair) -> StopRule | None:
+        return None
+
+    def observe(self, kept: int, drafted: int) -> None:
+        """Called after each round (adaptive schedules update here)."""
+
+    def start(self) -> None:
+        """Called at the start of a generation (adaptive schedules reset here)."""
+
+    def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
+        self.start()
+        stop = self.stop_rule(pair)
+        dec = Decoding(pair, prompt_ids, generator)
+        while not dec.done:
+            candidates, logqs = dec.draft_round(self.round_length(), stop)
+            kept = dec.verify(candidates, logqs)
+            self.observe(kept, len(candidates))
+        return dec.result()
+
+
+@register("sd")
+class FixedK(SpeculativePolicy):
+    """Speculative sampling with K candidates per round (SpecDec++ sweeps K = 2, 4, …, 14)."""
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        self.k = k
+
+    def round_length(self) -> int:
+        return self.k
+
+
+@register("hf_heuristic")
+class HFHeuristic(SpeculativePolicy):
+    """Hugging Face's "heuristic" schedule (transformers ``AssistedCandidateGenerator``): start at K0, then
+    K += 2 after a round whose candidates were all kept, K = max(1, K − 1) otherwise."""
+
+    def __init__(self, k0: int = 5):
+        if k0 < 1:
+            raise ValueError(f"k0 must be at least 1, got {k0}")
+        self.k0 = k0
+        self.k = k0
+
+    def start(self) -> None:
+        self.k = self.k0
+
+    def round_length(self) -> int:
+        return self.k
+
+    def observe(self, kept: int, drafted: int) -> None:
+        self.k = self.k + 2 if kept == drafted else max(1, self.k - 1)

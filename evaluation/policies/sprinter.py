@@ -1,0 +1,92 @@
+"""SPRINTER (seed 000, Algorithm 2): sequential approximate verification by a small trained verifier.
+
+The draft proposes one token at a time and reads it (the verifier's feature is the draft's hidden state of the
+token at its own position; that forward also gives q for the next token). While the verifier accepts, drafting
+goes on with no target call. At the first token it rejects, the target runs once on the pending tokens and
+checks that last token only: keep it with probability min(1, p/q), else draw from norm((p − q)+). The tokens the
+verifier accepted are never checked, so the output follows (1 − η_FP)·p + η_FP·q (Theorem 1), and a draft token
+is kept with probability 1 − (1 − η_FP)·TV(p, q) (Theorem 7).
+
+Counts: a round ends with the target call (``accepted_lengths`` gets the tokens kept, ``discarded`` the rejected
+token when it is resampled); a last round the verifier accepts to the end of the sequence has no target call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from data_gen.label_math import residual_distribution
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept, register
+from evaluation.policies.exported import ExportedHead
+
+
+class Verifier(Protocol):
+    """Accept the last token of ``ids`` (the draft's hidden state of it: ``hidden``)?"""
+
+    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator) -> bool: ...
+
+
+class HeadVerifier:
+    """An exported SPRINTER head: accept when sigmoid(logit) ≥ τ."""
+
+    def __init__(self, head: ExportedHead, tau: float):
+        self.head, self.tau = head, tau
+
+    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator) -> bool:
+        return torch.sigmoid(torch.tensor(self.head.logit(hidden))).item() >= self.tau
+
+
+@register("sprinter")
+class Sprinter:
+    def __init__(self, head: str | Path | None = None, tau: float | None = None, verifier: Verifier | None = None):
+        """
+        Args:
+            head: path of an exported verifier head (role "verifier").
+            tau: acceptance threshold on sigmoid(logit); None takes the one chosen at export.
+            verifier: any ``Verifier`` instead of a head file (tests use verifiers of known error rates).
+        """
+        if (head is None) == (verifier is None):
+            raise ValueError("give exactly one of head and verifier")
+        self.head = None
+        if head is not None:
+            self.head = ExportedHead(head, role="verifier")
+            tau = self.head.threshold if tau is None else float(tau)
+            if not 0 <= tau <= 1:
+                raise ValueError(f"tau must be in [0, 1], got {tau}")
+            verifier = HeadVerifier(self.head, tau)
+        self.tau = tau
+        self.verifier = verifier
+
+    def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
+        if self.head is not None:
+            self.head.check(pair.draft)
+        dec = Decoding(pair, prompt_ids, generator)
+        while not dec.done:
+            pending: list[int] = []  # accepted by the verifier, not seen by the target
+            rejected = None
+            while len(pending) < dec.remaining:
+                logq = dec.draft_dist(pending)
+                y = dec.sample(logq)
+                hidden = dec.draft_feature(pending + [y])
+                if not self.verifier(hidden, dec.seq + pending + [y], generator):
+                    rejected = (y, logq)
+                    break
+                pending.append(y)
+                if y in dec.eos:
+                    break
+            if rejected is None:  # the verifier accepted up to the end of the sequence
+                dec.record_round(len(pending), 0)
+                dec.extend(pending)
+                continue
+            y, logq = rejected
+            logp = dec.target_dist(pending)[-1]  # one target call: p at the rejected token's position
+            if exact_accept(dec, logp, logq, y):
+                dec.record_round(len(pending) + 1, 0)
+                dec.extend(pending + [y])
+            else:
+                dec.record_round(len(pending), 1)
+                dec.extend(pending + [dec.sample(residual_distribution(logp, logq))])
+        return dec.result()

@@ -1,0 +1,69 @@
+"""Training-free stop rules on the draft's own distribution; verification is exact speculative sampling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from data_gen.label_math import entropy
+from evaluation.decoder import Decoding, ModelPair, register
+from evaluation.policies.speculative import SpeculativePolicy
+
+
+class ConfidenceStop:
+    """Stop after a candidate y whose own draft probability (``scores``) is below the threshold."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def reset(self) -> None:
+        pass
+
+    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
+        return scores[candidates[-1]].exp().item() < self.threshold
+
+
+class EntropyStop:
+    """SVIP (seed 004, Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``scores`` > h."""
+
+    def __init__(self, h: float):
+        self.h = h
+
+    def reset(self) -> None:
+        pass
+
+    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
+        return math.sqrt(max(entropy(scores).item(), 0.0)) > self.h
+
+
+@register("confidence")
+class Confidence(SpeculativePolicy):
+    """Stop drafting on low draft confidence (as transformers' ``assistant_confidence_threshold``), ≤ max_k."""
+
+    def __init__(self, threshold: float = 0.4, max_k: int = 20):
+        if not 0 <= threshold <= 1 or max_k < 1:
+            raise ValueError(f"need 0 <= threshold <= 1 and max_k >= 1, got {threshold}, {max_k}")
+        self.threshold, self.max_k = threshold, max_k
+
+    def round_length(self) -> int:
+        return self.max_k
+
+    def stop_rule(self, pair: ModelPair) -> ConfidenceStop:
+        return ConfidenceStop(self.threshold)
+
+
+@register("svip")
+class SVIP(SpeculativePolicy):
+    """SVIP's entropy stop rule (seed 004), at most max_k candidates per round."""
+
+    def __init__(self, h: float, max_k: int = 20):
+        if h < 0 or max_k < 1:
+            raise ValueError(f"need h >= 0 and max_k >= 1, got {h}, {max_k}")
+        self.h, self.max_k = h, max_k
+
+    def round_length(self) -> int:
+        return self.max_k
+
+    def stop_rule(self, pair: ModelPair) -> EntropyStop:
+        return EntropyStop(self.h)

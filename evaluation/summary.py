@@ -1,0 +1,168 @@
+"""From per-run records to per-policy figures: totals, rates, per-prompt speedups, and the choice of K, h, τ.
+
+Shared by the run (which must know the chosen settings to finish them on every prompt) and the report, so both
+choose the same way: lowest latency per generated token over the sweep prompts, measured or predicted by
+Eq. 5.1, with approximate policies limited to settings whose pass@1 stays within ``max_pass_drop`` of SD's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from evaluation.config import APPROXIMATE, HF_FAMILY
+from evaluation.latency import LatencyFit
+
+
+@dataclass
+class Totals:
+    """Sums over a set of prompts of one (mode, run)."""
+
+    run: str
+    family: str
+    params: dict
+    prompts: list[int]
+    wall_s: float
+    new_tokens: int
+    target_calls: int | None
+    draft_calls: int | None
+    discarded: int | None
+    accepted_lengths: list[int] | None
+    passed: list[bool | None]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def s_per_token(self) -> float:
+        return self.wall_s / self.new_tokens if self.new_tokens else float("inf")
+
+    @property
+    def verification_rate(self) -> float | None:
+        return None if self.target_calls is None or not self.new_tokens else self.target_calls / self.new_tokens
+
+    @property
+    def discard_rate(self) -> float | None:
+        return None if self.discarded is None or not self.new_tokens else self.discarded / self.new_tokens
+
+    @property
+    def mean_accepted(self) -> float | None:
+        return float(np.mean(self.accepted_lengths)) if self.accepted_lengths else None
+
+    @property
+    def pass_at_1(self) -> float | None:
+        known = [p for p in self.passed if p is not None]
+        return sum(known) / len(known) if known else None
+
+    def predicted_s_per_token(self, fit: LatencyFit | None) -> float | None:
+        if fit is None or self.draft_calls is None or self.target_calls is None or not self.new_tokens:
+            return None
+        return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts))) / self.new_tokens
+
+
+def _sum(values):
+    return None if any(v is None for v in values) else sum(values)
+
+
+def index(records: list[dict]) -> dict[tuple[str, str], dict[int, dict]]:
+    """(mode, run) → {prompt: record}."""
+    out: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in records:
+        out.setdefault((r["mode"], r["run"]), {})[int(r["prompt"])] = r
+    return out
+
+
+def totals(by_prompt: dict[int, dict], prompts: list[int] | None = None) -> Totals | None:
+    """Totals over ``prompts`` (all recorded ones when None); None when one of them is missing."""
+    ids = sorted(by_prompt) if prompts is None else list(prompts)
+    if not ids or any(p not in by_prompt for p in ids):
+        return None
+    recs = [by_prompt[p] for p in ids]
+    stats = [r["stats"] for r in recs]
+    lengths = [s.get("accepted_lengths") for s in stats]
+    return Totals(
+        run=recs[0]["run"], family=recs[0]["family"], params=recs[0]["params"], prompts=ids,
+        wall_s=sum(s["wall_s"] for s in stats), new_tokens=sum(s["new_tokens"] for s in stats),
+        target_calls=_sum([s.get("target_calls") for s in stats]), draft_calls=_sum([s.get("draft_calls") for s in stats]),
+        discarded=_sum([s.get("discarded") for s in stats]),
+        accepted_lengths=None if any(v is None for v in lengths) else [a for v in lengths for a in v],
+        passed=[r.get("passed") for r in recs],
+    )
+
+
+def per_prompt_speedup(run: dict[int, dict], base: dict[int, dict]) -> dict[int, float]:
+    """Per prompt: tokens/s of ``run`` over tokens/s of ``base`` (prompts both finished, with tokens)."""
+    out = {}
+    for p, r in run.items():
+        b = base.get(p)
+        if b is None or not r["stats"]["new_tokens"] or not b["stats"]["new_tokens"]:
+            continue
+        rate = r["stats"]["new_tokens"] / r["stats"]["wall_s"]
+        base_rate = b["stats"]["new_tokens"] / b["stats"]["wall_s"]
+        out[p] = rate / base_rate
+    return out
+
+
+def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
+    """Seconds per generated token, measured or predicted (falls back to measured without a fit)."""
+    if select_by == "predicted":
+        pred = t.predicted_s_per_token(fit)
+        if pred is not None:
+            return pred
+    return t.s_per_token
+
+
+def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[int], select_by: str,
+           fit: LatencyFit | None, max_pass_drop: float) -> dict[str, str]:
+    """family → the run label chosen for it in ``mode`` (SD first: its pass@1 is the approximate policies' floor).
+
+    Only settings finished on every sweep prompt compete.
+    """
+    idx = index(records)
+    chosen: dict[str, str] = {}
+    order = sorted(families, key=lambda f: f != "sd")
+    sd_pass = None
+    for fam in order:
+        cands = []
+        for (m, run), by_prompt in idx.items():
+            if m != mode or next(iter(by_prompt.values()))["family"] != fam:
+                continue
+            t = totals(by_prompt, sweep_ids)
+            if t is not None:
+                cands.append(t)
+        if not cands:
+            continue
+        if fam in APPROXIMATE and sd_pass is not None:
+            ok = [t for t in cands if t.pass_at_1 is None or t.pass_at_1 >= sd_pass - max_pass_drop - 1e-12]
+            cands = ok or cands
+        best = min(cands, key=lambda t: (latency(t, select_by, fit), t.run))
+        chosen[fam] = best.run
+        if fam == "sd":
+            sd_pass = best.pass_at_1
+    return chosen
+
+
+def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None:
+    """K of the chosen fixed-K SD run in ``mode``."""
+    run = chosen.get("sd")
+    for r in records:
+        if r["mode"] == mode and r["run"] == run:
+            return int(r["params"]["k"])
+    return None
+
+
+def is_peer(family: str) -> bool:
+    return family == HF_FAMILY
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, std, and quartiles of per-prompt values."""
+    if not values:
+        return {"mean": math.nan, "std": math.nan, "q25": math.nan, "median": math.nan, "q75": math.nan, "n": 0}
+    a = np.asarray(values, float)
+    return {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+            "q25": float(np.quantile(a, 0.25)), "median": float(np.median(a)), "q75": float(np.quantile(a, 0.75)),
+            "n": len(a)}

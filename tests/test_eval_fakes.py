@@ -1,0 +1,94 @@
+"""A fake engine for the evaluation harness: policies with known counts and a wall time from Eq. 5.1.
+
+Every policy "generates" ``max_new_tokens`` ids; its counts follow from its setting, and its wall time is
+exactly ``T_DRAFT · N_draft + T_TARGET · N_target``, so the best K, h and τ are known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from data_gen.labeler import Sampling
+from evaluation.run import Engine
+
+T_DRAFT, T_TARGET = 0.01, 0.05
+ACCEPT = 3  # tokens each SD round accepts (when K ≥ 3)
+
+
+@dataclass
+class FakeStats:
+    wall_s: float
+    new_tokens: int
+    target_calls: int
+    draft_calls: int
+    discarded: int
+    accepted_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class FakeResult:
+    tokens: list[int]
+    stats: FakeStats
+
+
+@dataclass
+class FakePair:
+    sampling: Sampling
+    device: str = "cpu"
+
+
+class FakePolicy:
+    def __init__(self, name: str, calls: list, **kw):
+        self.name, self.kw, self.calls = name, kw, calls
+
+    def generate(self, pair, prompt_ids, generator):
+        self.calls.append((self.name, dict(self.kw), tuple(prompt_ids)))
+        n = pair.sampling.max_new_tokens
+        k = {"sd": self.kw.get("k"), "specdecpp": 4, "sprinter": 8, "fuzzy": 6, "hf_heuristic": 5,
+             "confidence": 4, "svip": 4}.get(self.name)
+        if self.name == "target_only":
+            nt, nd, disc, lens = n, 0, 0, []
+        elif self.name == "draft_only":
+            nt, nd, disc, lens = 0, n, 0, []
+        else:
+            acc = min(k, ACCEPT if self.name != "sprinter" else 7)
+            rounds = math.ceil(n / (acc + 1))
+            nt, nd, disc, lens = rounds, rounds * k, rounds * (k - acc), [acc] * rounds
+        wall = T_DRAFT * nd + T_TARGET * nt
+        tokens = [(i + len(prompt_ids)) % 7 + 3 for i in range(n)]
+        return FakeResult(tokens, FakeStats(wall, n, nt, nd, disc, lens))
+
+
+class FakeTokenizer:
+    def __call__(self, text, **kw):
+        return {"input_ids": [len(w) for w in text.split()]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bool = True) -> Engine:
+    calls = [] if calls is None else calls
+
+    def build(name, **kw):
+        if fail_after is not None and len(calls) >= fail_after:
+            raise KeyboardInterrupt("simulated interrupt")
+        return FakePolicy(name, calls, **kw)
+
+    def hf_generate(ids, sampling, seed, settings):
+        calls.append(("hf", dict(settings), tuple(ids)))
+        n = sampling.max_new_tokens
+        return [3] * n, {"wall_s": 0.03 * n, "new_tokens": n, "target_calls": n // 2, "draft_calls": n,
+                         "discarded": None, "accepted_lengths": None}
+
+    return Engine(tokenizer=FakeTokenizer(), make_pair=lambda s: FakePair(s), build_policy=build,
+                  hf_generate=hf_generate if hf else None)
+
+
+def write_prompt_file(path, n: int = 4):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": " ".join(["def"] * (i + 2)), "answer": "w3 w4 w5"}) + "\n")
+    return path
