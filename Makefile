@@ -42,8 +42,11 @@ test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke
 bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tokens/s, real pair
 	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
 
-train: $(STAMP) ## train + export both heads on runs/labels/humaneval (ARGS="--labels DIR"); table + ROC PNG
-	$(PY) -m pipeline.train_all $(ARGS)
+TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.yaml \
+                 configs/train/sprinter_lam1.5.yaml configs/train/specdecpp_d3_w6.yaml
+
+train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6) on runs/labels/humaneval; table + ROC PNG
+	$(PY) -m pipeline.train_all --configs $(TRAIN_CONFIGS) $(ARGS)
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass
 	$(PY) -m pipeline.bench $(ARGS)
