@@ -7,7 +7,7 @@ import sys
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from data_gen.models import LabelingError
-from data_gen.run import LabelConfig, run_labels
+from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
 
 def parser() -> ArgumentParser:
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         ns = p.instantiate(p.parse_args(argv))
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
         run_labels(cfg)
+    except LabelingInterrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return 130
     except LabelingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,8 @@ from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
 from data_gen.models import DTYPES, LabelingError, ModelSpec, load_model
 from data_gen.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 
-log = logging.getLogger(__name__)
+class LabelingInterrupted(LabelingError):
+    """The run stopped (Ctrl-C) before every batch was written; the same command resumes it."""
 
 
 @dataclass
@@ -293,7 +293,10 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
         return {}
     missing = [b["key"] for b in batches if not (out / f"{b['key']}.arrow").exists()]
     if missing:
-        raise RuntimeError(f"{len(missing)} batches have no shard (first: {missing[0]}); run again to resume")
+        raise LabelingInterrupted(
+            f"stopped with {len(missing)} of {len(batches)} batches left (first: {missing[0]}); "
+            "run the same command again to resume"
+        )
     manifest = {
         "schema_version": shards.SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
