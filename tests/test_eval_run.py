@@ -97,8 +97,9 @@ def test_unknown_family_lists_known():
         Sweep("medusa")
 
 
-def test_eval_config_parses_and_repeats_the_labeling_pair():
-    cfg, report_only = parse(["--config", "configs/eval/humaneval.yaml"])
+@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml"])
+def test_eval_config_parses_and_repeats_the_labeling_pair(path):
+    cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
     assert {s.family for s in cfg.policies} >= {"target_only", "draft_only", "sd", "specdecpp", "sprinter",
                                                  "hf_heuristic", "confidence", "svip", "fuzzy"}
