@@ -102,15 +102,6 @@ def export_stub_head(path, head: nn.Module, vocab: int, role: str, value: float)
     )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Thousands of tiny generations: thread start-up would cost more than the arithmetic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def stop_head(tmp_path_factory):
     """A SpecDec++ stop head whose predicted acceptance differs between tokens (random, not trained)."""

@@ -23,14 +23,6 @@ from heads.sprinter import SprinterHead
 PROMPTS = [[1, 10, 11, 12], [1, 30, 5]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def models(tiny_pair):
     draft_dir, target_dir = tiny_pair

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from data_gen.labeler import Sampling
+from evaluation.decoder import DecodeStats
 from evaluation.run import Engine
 
 T_DRAFT, T_TARGET = 0.01, 0.05
@@ -18,19 +19,9 @@ ACCEPT = 3  # tokens each SD round accepts (when K ≥ 3)
 
 
 @dataclass
-class FakeStats:
-    wall_s: float
-    new_tokens: int
-    target_calls: int
-    draft_calls: int
-    discarded: int
-    accepted_lengths: list[int] = field(default_factory=list)
-
-
-@dataclass
 class FakeResult:
     tokens: list[int]
-    stats: FakeStats
+    stats: DecodeStats
 
 
 @dataclass
@@ -58,7 +49,7 @@ class FakePolicy:
             nt, nd, disc, lens = rounds, rounds * k, rounds * (k - acc), [acc] * rounds
         wall = T_DRAFT * nd + T_TARGET * nt
         tokens = [(i + len(prompt_ids)) % 7 + 3 for i in range(n)]
-        return FakeResult(tokens, FakeStats(wall, n, nt, nd, disc, lens))
+        return FakeResult(tokens, DecodeStats(wall, n, nt, nd, disc, lens))
 
 
 class FakeTokenizer:
