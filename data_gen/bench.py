@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         pad_token_id=pad,
         mixing_ratio=cfg.mixing_ratio,
         mixed_context_labels=cfg.mixed_context_labels,
-        hidden_dtype=next(draft.parameters()).dtype,
+        mask_dtype=next(draft.parameters()).dtype,
     )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     stats = defaultdict(lambda: [0, 0.0, 0, 0.0])  # category -> gen tokens, gen s, labeled rows, label s

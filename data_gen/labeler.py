@@ -132,12 +132,12 @@ class Labeler:
         pad_token_id: int,
         mixing_ratio: float = 0.15,
         mixed_context_labels: bool = False,
-        hidden_dtype=torch.float32,
+        mask_dtype=torch.float32,
     ):
         self.draft, self.target, self.s = draft, target, sampling
         self.seed, self.eos, self.pad = seed, torch.tensor(eos_token_ids), pad_token_id
         self.mixing_ratio, self.mixed_context_labels = mixing_ratio, mixed_context_labels
-        self.hidden_dtype = hidden_dtype
+        self.mask_dtype = mask_dtype
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return lm.warp_logits(logits, self.s.temperature, self.s.top_k, self.s.top_p)
@@ -277,7 +277,7 @@ class Labeler:
         see_cache = (keys.view(1, 1, -1) < cand_index.unsqueeze(-1)) & key_mask.bool().unsqueeze(1)
         see_self = torch.eye(m, dtype=torch.bool, device=cand.device).expand(b, m, m)
         allowed = torch.cat([see_cache, see_self], dim=-1)
-        h, _ = self.draft.forward(cand, _float_mask(allowed, self.hidden_dtype), cand_pos, cache)
+        h, _ = self.draft.forward(cand, _float_mask(allowed, self.mask_dtype), cand_pos, cache)
         return h
 
     def _rows(self, prompts, stats, tokens, feats, valid, loss_mask, positions):

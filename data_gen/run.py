@@ -127,7 +127,7 @@ class LabelingModule(pl.LightningModule):
 
     def on_predict_start(self) -> None:
         dtype = next(self.draft.parameters()).dtype
-        self.labeler = Labeler(HFCausalLM(self.draft), HFCausalLM(self.target), hidden_dtype=dtype, **self.labeler_kwargs)
+        self.labeler = Labeler(HFCausalLM(self.draft), HFCausalLM(self.target), mask_dtype=dtype, **self.labeler_kwargs)
 
     def predict_step(self, batch, batch_idx):
         return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": self.labeler.label(batch["prompts"], self.device)}
