@@ -27,6 +27,7 @@ from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
 from data_gen.models import DTYPES, LabelingError, ModelSpec, load_model
 from data_gen.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 
+
 class LabelingInterrupted(LabelingError):
     """The run stopped (Ctrl-C) before every batch was written; the same command resumes it."""
 

@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from data_gen.labeler import Sampling
 from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
-from data_gen.run import LabelConfig, run_labels
-from data_gen.tiny import make_pair, write_prompts
+from data_gen.run import run_labels
+from data_gen.tiny import label_config, make_pair, write_prompts
 
 ROOT = Path("runs/smoke")
 
@@ -24,14 +23,7 @@ ROOT = Path("runs/smoke")
 def stage_labels(root: Path) -> None:
     draft, target = make_pair(root / "models")
     prompts = write_prompts(root / "prompts.jsonl", n=24)
-    cfg = LabelConfig(
-        draft=ModelSpec(path=str(draft), name="tiny-draft"),
-        target=ModelSpec(path=str(target), name="tiny-target"),
-        prompts=PromptConfig(source=str(prompts), response_field="answer"),
-        sampling=Sampling(max_new_tokens=12),
-        output_dir=str(root / "labels"),
-        batch_size=4,
-    )
+    cfg = label_config(draft, target, prompts, root / "labels")
     manifest = run_labels(cfg)
     assert (root / "labels" / "manifest.json").exists()
     assert manifest["splits"]["train"]["rows"] > 0

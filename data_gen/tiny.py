@@ -81,3 +81,23 @@ def write_prompts(path: str | Path, n: int = 12, seed: int = 0, field: str = "pr
             answer = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (6,), generator=g)]
             f.write(json.dumps({field: " ".join(words), "answer": " ".join(answer), "task_id": i}) + "\n")
     return path
+
+
+def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12, batch_size: int = 4, **overrides):
+    """A CPU ``LabelConfig`` for a tiny pair and a prompt file from ``write_prompts`` (its answers in ``answer``)."""
+    from data_gen.labeler import Sampling
+    from data_gen.models import ModelSpec
+    from data_gen.prompts import PromptConfig
+    from data_gen.run import LabelConfig
+
+    kw = dict(
+        draft=ModelSpec(path=str(draft), name="tiny-draft"),
+        target=ModelSpec(path=str(target), name="tiny-target"),
+        prompts=PromptConfig(source=str(prompts), response_field="answer"),
+        sampling=Sampling(max_new_tokens=max_new_tokens),
+        output_dir=str(output_dir),
+        batch_size=batch_size,
+        accelerator="cpu",
+        devices=1,
+    )
+    return LabelConfig(**{**kw, **overrides})

@@ -23,6 +23,7 @@ import torch
 
 from data_gen.label_math import residual_distribution, sample_from_logprobs, warp_logits
 from data_gen.labeler import Sampling
+from heads.registry import Registry
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -102,29 +103,16 @@ class Policy(Protocol):
 # ---------------------------------------------------------------------------------------------------------------
 # registry
 
-POLICIES: dict[str, type] = {}
-
-
-def register(name: str):
-    """Class decorator: make a policy buildable by ``name`` with ``build_policy(name, **kwargs)``."""
-
-    def wrap(cls: type) -> type:
-        if name in POLICIES and POLICIES[name] is not cls:
-            raise ValueError(f"policy {name!r} is already registered by {POLICIES[name].__qualname__}")
-        POLICIES[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
+POLICIES = Registry("policy", attr="name")
+register = POLICIES.register
+"""Class decorator: make a policy buildable by ``name`` with ``build_policy(name, **kwargs)``."""
 
 
 def build_policy(name: str, **kwargs) -> Policy:
     """Build a registered policy, e.g. ``build_policy("sd", k=4)``; an unknown name lists the known ones."""
     import evaluation.policies  # noqa: F401  (registers every policy)
 
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    return POLICIES[name](**kwargs)
+    return POLICIES.get_class(name)(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -175,6 +175,13 @@ def goals(cfg: EvalConfig, summary: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- plots
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _plt():
     import matplotlib
 
@@ -208,10 +215,7 @@ def plot_pareto(summary: dict, path: Path) -> Path:
         ax.set(title=f"{name}: lower-left is better", xlabel="discard rate N_discarded / N",
                ylabel="verification rate N_target / N")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_speedup(summary: dict, path: Path) -> Path:
@@ -231,10 +235,7 @@ def plot_speedup(summary: dict, path: Path) -> Path:
         ax.set_xticks(list(xs), [r["run"] for r in rows], rotation=30, ha="right", fontsize=8)
         ax.set(title=f"{name}: speedup over target-only (bars: mean per prompt ± std)", ylabel="speedup")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_quality(summary: dict, path: Path) -> Path:
@@ -266,10 +267,7 @@ def plot_quality(summary: dict, path: Path) -> Path:
                 ax.plot(r["speedup_vs_target"], y(r), "*", ms=12, label=r["run"])
         ax.set(title=f"{name}: quality vs speed", xlabel="speedup over target-only (measured)", ylabel=metric)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------- text

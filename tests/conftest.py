@@ -7,12 +7,9 @@ import os
 import pytest
 import torch
 
-from data_gen.labeler import Sampling
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from data_gen import tiny
 from data_gen.run import LabelConfig
 from data_gen.tiny import make_pair, write_prompts
-
 
 # Tiny models run fastest on one thread, and one thread per test process keeps the suite's time steady when
 # something else (a labeling run) holds the cores. Subprocesses started by tests inherit the setting.
@@ -37,17 +34,7 @@ def label_config(tiny_pair, prompt_file, tmp_path):
 
     def make(**overrides) -> LabelConfig:
         draft, target = tiny_pair
-        kw = dict(
-            draft=ModelSpec(path=str(draft), name="tiny-draft"),
-            target=ModelSpec(path=str(target), name="tiny-target"),
-            prompts=PromptConfig(source=str(prompt_file), response_field="answer"),
-            sampling=Sampling(max_new_tokens=6),
-            output_dir=str(tmp_path / "labels"),
-            batch_size=3,
-            accelerator="cpu",
-            devices=1,
-        )
-        kw.update(overrides)
-        return LabelConfig(**kw)
+        kw = {"output_dir": tmp_path / "labels", "max_new_tokens": 6, "batch_size": 3, **overrides}
+        return tiny.label_config(draft, target, prompt_file, **kw)
 
     return make

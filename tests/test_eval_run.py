@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+from test_eval_fakes import fake_engine, write_prompt_file
 
 from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
@@ -13,7 +14,6 @@ from evaluation.__main__ import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep
 from evaluation.results import ResultStore
 from evaluation.run import run_eval
-from test_eval_fakes import fake_engine, write_prompt_file
 
 
 def make_cfg(tmp_path, **kw) -> EvalConfig:

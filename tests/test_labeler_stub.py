@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from stubs import StubLM, shift_table
 
 from data_gen.labeler import Labeler, Prompt, Sampling
-from stubs import StubLM, shift_table
 
 V = 16
 PAD, EOS = 0, 15  # EOS never has mass in these tables, so responses run to max_new_tokens
