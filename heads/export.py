@@ -5,6 +5,7 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
     draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …}
     hidden_size, vocab_size
+    inputs:     what the head reads: the hidden state, and the draft scores named in init_args (with definitions)
     label:      {"kind": "sprinter", "lam": 1.0} or {"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}
     role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}
@@ -22,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from heads.features import SCORES
 from heads.registry import HEADS, build_head
 
 SCHEMA_VERSION = "1"
@@ -48,6 +50,8 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "head": {"type": head.head_type, "init_args": dict(head.config)},
         "draft": draft_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
+        "inputs": {"hidden": "draft last-layer hidden state (after the final norm) at the token's own position",
+                   "scores": {n: SCORES[n] for n in head.config.get("scores", [])}},
         "vocab_size": int(vocab_size),
         "label": label,
         "role": role,

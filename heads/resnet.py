@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from heads.features import add_scores, score_term
 from heads.registry import register
 
 
@@ -26,29 +27,33 @@ class ResidualBlock(nn.Module):
 class ResNetHead(nn.Module):
     """(D+1)-layer ResNet with SiLU (SpecDec++ §4.3); every block has its own weights."""
 
-    def __init__(self, hidden_size: int, depth: int = 3):
+    def __init__(self, hidden_size: int, depth: int = 3, scores: list[str] = ()):
         """
         Args:
             hidden_size: size d of the draft's last hidden state.
             depth: number D of residual blocks, 0 to 4 (D = 0 is a linear head).
+            scores: draft scores whose weighted sum is added to the logit (``heads.features``); none: the paper's
+                head.
         """
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be positive, got {hidden_size}")
         if not 0 <= depth <= 4:
             raise ValueError(f"depth must be in 0..4, got {depth}")
-        self.config = {"hidden_size": hidden_size, "depth": depth}
+        self.score_term = score_term(scores)
+        self.scores = self.score_term.names if self.score_term else []
+        self.config = {"hidden_size": hidden_size, "depth": depth, "scores": self.scores}
         # one block object per layer (never [block] * depth, which would share the weights)
         self.blocks = nn.ModuleList([ResidualBlock(hidden_size) for _ in range(depth)])
         self.out = nn.Linear(hidden_size, 1)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., d) hidden states → (...) logits of acceptance."""
+    def forward(self, hidden: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d) hidden states [and (..., k) draft scores] → (...) logits of acceptance."""
         x = hidden
         for block in self.blocks:
             x = block(x)
-        return self.out(x).squeeze(-1)
+        return add_scores(self.out(x).squeeze(-1), self.score_term, scores)
 
     @torch.no_grad()
-    def predict_proba(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.forward(hidden))
+    def predict_proba(self, hidden: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.sigmoid(self.forward(hidden, scores))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from heads.features import add_scores, score_term
 from heads.registry import register
 
 
@@ -12,21 +13,25 @@ from heads.registry import register
 class SprinterHead(nn.Module):
     """Logit of "accept the draft token" from its hidden state; the verifier is sigmoid(logit) ≥ τ."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, scores: list[str] = ()):
         """
         Args:
             hidden_size: size d of the draft's last hidden state.
+            scores: draft scores whose weighted sum is added to the logit (``heads.features``); none: the paper's
+                verifier.
         """
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be positive, got {hidden_size}")
-        self.config = {"hidden_size": hidden_size}
         self.linear = nn.Linear(hidden_size, 1)
+        self.score_term = score_term(scores)
+        self.scores = self.score_term.names if self.score_term else []
+        self.config = {"hidden_size": hidden_size, "scores": self.scores}
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., d) hidden states → (...) logits."""
-        return self.linear(hidden).squeeze(-1)
+    def forward(self, hidden: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d) hidden states [and (..., k) draft scores] → (...) logits."""
+        return add_scores(self.linear(hidden).squeeze(-1), self.score_term, scores)
 
     @torch.no_grad()
-    def predict_proba(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.forward(hidden))
+    def predict_proba(self, hidden: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.sigmoid(self.forward(hidden, scores))

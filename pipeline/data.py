@@ -49,8 +49,9 @@ class LabelRows(Dataset):
             self.binary = (acceptance > 0.5).float()
         else:
             self.target = self.binary = lm.sprinter_label(ratio, lam).float()
-        self.p_draft = col("logp_draft").exp()  # draft probability of its own token
-        self.conf_entropy = (-col("entropy_draft")).exp()  # exp(−H_draft): monotone in −entropy (SVIP)
+        self.logp_draft, self.entropy_draft = col("logp_draft"), col("entropy_draft")  # heads' draft scores
+        self.p_draft = self.logp_draft.exp()  # draft probability of its own token
+        self.conf_entropy = (-self.entropy_draft).exp()  # exp(−H_draft): monotone in −entropy (SVIP)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -73,6 +74,8 @@ class LabelRows(Dataset):
             "binary": self.binary[pos_t],
             "p_draft": self.p_draft[pos_t],
             "conf_entropy": self.conf_entropy[pos_t],
+            "logp_draft": self.logp_draft[pos_t],
+            "entropy_draft": self.entropy_draft[pos_t],
         }
 
 

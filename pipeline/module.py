@@ -6,6 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from heads.features import draft_scores
 from pipeline.loss import binary_kl, weighted_bce
 from pipeline.metrics import SplitMetrics
 
@@ -16,7 +17,7 @@ class HeadModule(pl.LightningModule):
     """Trains ``head`` (injected, a plain ``nn.Module`` returning logits) on the label the data module chose."""
 
     def __init__(self, head: nn.Module, w_acc: float = 1.0, w_rej: float = 1.0, lr: float = 1e-3,
-                 weight_decay: float = 0.0, threshold: float = 0.5):
+                 weight_decay: float = 0.0, scores_lr: float | None = None, threshold: float = 0.5):
         """
         Args:
             head: the head, e.g. ``{class_path: heads.resnet.ResNetHead, init_args: {depth: 3}}``; its
@@ -24,7 +25,9 @@ class HeadModule(pl.LightningModule):
             w_acc: weight of the accept term −P·log P̂.
             w_rej: weight of the reject term −(1−P)·log(1−P̂) (SpecDec++: 1, 3, 6 or 12).
             lr: Adam learning rate.
-            weight_decay: Adam weight decay.
+            weight_decay: Adam weight decay (L2) of the hidden-state part of the head.
+            scores_lr: learning rate of the draft-score weights of a head that reads them (``head.scores``;
+                default ``lr``); they get no weight decay.
             threshold: decision threshold τ on P̂ for η_TP and η_FP.
         """
         super().__init__()
@@ -33,16 +36,21 @@ class HeadModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["head"])
         self.head = head
         self.w_acc, self.w_rej, self.lr, self.weight_decay = w_acc, w_rej, lr, weight_decay
+        self.scores_lr = lr if scores_lr is None else scores_lr
         self.threshold = threshold
         # held-out splits only (training rows log the loss): exact AUROC/AP would keep every training score, and
         # binned ones cost more than the step itself. Keys are suffixed: ModuleDict refuses "train".
         self.metrics = nn.ModuleDict({f"{split}_metrics": SplitMetrics() for split in EVAL_SPLITS})
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden)
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Logits of a batch: the hidden states, and the draft scores the head reads (``head.scores``)."""
+        names = getattr(self.head, "scores", [])
+        if not names:
+            return self.head(batch["hidden"])
+        return self.head(batch["hidden"], draft_scores(names, batch["logp_draft"], batch["entropy_draft"]))
 
     def _step(self, batch: dict, split: str) -> torch.Tensor:
-        logits = self.head(batch["hidden"])
+        logits = self(batch)
         loss = weighted_bce(logits, batch["target"], self.w_acc, self.w_rej)
         if split in EVAL_SPLITS:
             z = logits.detach()
@@ -62,7 +70,7 @@ class HeadModule(pl.LightningModule):
         self._step(batch, "test")
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
-        probs = torch.sigmoid(self.head(batch["hidden"]))
+        probs = torch.sigmoid(self(batch))
         return {"probs": probs, **{k: v for k, v in batch.items() if k != "hidden"}}
 
     def _log_split(self, split: str) -> None:
@@ -80,4 +88,9 @@ class HeadModule(pl.LightningModule):
         self._log_split("test")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.head.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        term = getattr(self.head, "score_term", None)
+        own = {id(p) for p in term.parameters()} if term is not None else set()
+        groups = [{"params": [p for p in self.head.parameters() if id(p) not in own]}]
+        if own:
+            groups.append({"params": list(term.parameters()), "lr": self.scores_lr, "weight_decay": 0.0})
+        return torch.optim.Adam(groups, lr=self.lr, weight_decay=self.weight_decay)

@@ -141,18 +141,18 @@ def _label_text(label: dict) -> str:
 
 def table(results: list[RunResult]) -> str:
     """Held-out test metrics: each head next to the training-free scores on the same rows and labels."""
-    cols = (f"{'run':<22}{'label':<20}{'scorer':<14}{'AUROC':>7}{'AP':>7}{'ECE':>7}{'KL':>7}{'η_TP':>7}{'η_FP':>7}"
+    cols = (f"{'run':<26}{'label':<20}{'scorer':<14}{'AUROC':>7}{'AP':>7}{'ECE':>7}{'KL':>7}{'η_TP':>7}{'η_FP':>7}"
             f"{'thr':>12}{'ΔAUROC':>8}")
     lines = [cols, "-" * len(cols)]
     for r in results:
         t = r.test
         best_free = max(t.get(f"{b}/auroc", float("nan")) for b in BASELINES)
         thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
-        lines.append(f"{r.name:<22}{_label_text(r.label):<20}{'head':<14}{t['head/auroc']:>7.3f}{t['head/ap']:>7.3f}"
+        lines.append(f"{r.name:<26}{_label_text(r.label):<20}{'head':<14}{t['head/auroc']:>7.3f}{t['head/ap']:>7.3f}"
                      f"{t['head/ece']:>7.3f}{t['head/kl']:>7.3f}{t['head/eta_tp']:>7.3f}{t['head/eta_fp']:>7.3f}"
                      f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
         for b in BASELINES:
-            lines.append(f"{'':<22}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
+            lines.append(f"{'':<26}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
     lines.append("ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.")
     return "\n".join(lines)
 

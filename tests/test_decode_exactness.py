@@ -151,7 +151,7 @@ class RateVerifier:
         self.q, self.p = draft_table.softmax(-1), target_table.softmax(-1)
         self.eta_tp, self.eta_fp = eta_tp, eta_fp
 
-    def __call__(self, hidden, ids, generator) -> bool:
+    def __call__(self, hidden, ids, generator, scores) -> bool:
         prev, token = ids[-2], ids[-1]
         rate = self.eta_tp if self.q[prev, token] <= self.p[prev, token] else self.eta_fp
         return torch.rand((), generator=generator).item() < rate

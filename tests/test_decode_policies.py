@@ -170,6 +170,37 @@ def test_head_checks(models, heads):
         ModelPair(models[0], _resized(models[1]), eos_token_ids=[])
 
 
+def _score_only_head(cls, hidden: int, cut: float, **kw):
+    """A head whose logit is 1000·(q(y) − cut): sigmoid ≈ 1[q(y) > cut], the hidden state ignored."""
+    head = cls(hidden_size=hidden, scores=["p_draft"], **kw)
+    linear = head.linear if cls is SprinterHead else head.out
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.bias.fill_(-1000 * cut)
+        head.score_term.linear.weight.fill_(1000.0)
+    return head
+
+
+def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path):
+    """A stop head and a verifier that only read q(y) make the same decisions as the confidence rule."""
+    hidden, cut = models[0].config.hidden_size, 0.3
+    stop = _export(tmp_path / "stop.safetensors", _score_only_head(ResNetHead, hidden, cut, depth=1), "stop", 0.5)
+    verifier = _export(tmp_path / "ver.safetensors", _score_only_head(SprinterHead, hidden, cut), "verifier", 0.5)
+    pair = pair_with(models, temperature=1.0, max_new_tokens=16)
+    for prompt in PROMPTS:
+        ours = generate(build_policy("specdecpp", head=stop, h=0.5), pair, prompt)
+        rule = generate(build_policy("confidence", threshold=cut), pair, prompt)
+        assert ours.tokens == rule.tokens and ours.stats.accepted_lengths == rule.stats.accepted_lengths
+
+        def by_confidence(hidden, ids, generator, scores):
+            return scores[ids[-1]].exp().item() >= cut
+
+        ours = generate(build_policy("sprinter", head=verifier), pair, prompt)
+        rule = generate(build_policy("sprinter", verifier=by_confidence), pair, prompt)
+        assert ours.tokens == rule.tokens and ours.stats.accepted_lengths == rule.stats.accepted_lengths
+        assert 0 < ours.stats.target_calls < 16  # the rule both accepts and rejects here
+
+
 def _resized(model):
     import copy
 

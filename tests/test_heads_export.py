@@ -23,7 +23,9 @@ def _export(tmp_path, head, draft=DRAFT):
     )
 
 
-@pytest.mark.parametrize("name,kw", [("sprinter", {}), ("resnet", {"depth": 3})])
+@pytest.mark.parametrize("name,kw", [("sprinter", {}), ("resnet", {"depth": 3}),
+                                     ("sprinter", {"scores": ["p_draft", "entropy_draft"]}),
+                                     ("resnet", {"depth": 1, "scores": ["logp_draft"]})])
 def test_round_trip_gives_identical_outputs(tmp_path, name, kw):
     torch.manual_seed(0)
     head = build_head(name, hidden_size=16, **kw)
@@ -32,8 +34,10 @@ def test_round_trip_gives_identical_outputs(tmp_path, name, kw):
     path = _export(tmp_path, head)
     loaded, meta = load_head(path, draft=DRAFT, hidden_size=16)
     x = torch.randn(10, 16)
-    assert torch.equal(head(x), loaded(x))
-    assert meta["head"] == {"type": name, "init_args": {"hidden_size": 16, **kw}}
+    s = torch.randn(10, len(kw.get("scores", []))) if kw.get("scores") else None
+    assert torch.equal(head(x, s), loaded(x, s))
+    assert meta["head"] == {"type": name, "init_args": {"hidden_size": 16, "scores": [], **kw}}
+    assert list(meta["inputs"]["scores"]) == kw.get("scores", [])
     assert meta["draft"] == {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "abc123"}
     assert meta["threshold"]["value"] == 0.3 and meta["label"]["w_rej"] == 6.0
     assert meta["hidden_size"] == 16 and meta["vocab_size"] == 57

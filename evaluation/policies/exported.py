@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 
 from heads.export import HeadFileError, load_head
+from heads.features import scores_from_logprobs
 
 
 class ExportedHead:
-    """The head module and its metadata; ``logit(hidden)`` scores one draft hidden state on its device."""
+    """The head module and its metadata; ``logit(hidden, …)`` scores one draft token on the hidden state's device."""
 
     def __init__(self, path: str | Path, role: str):
         self.path = Path(path)
@@ -31,9 +32,20 @@ class ExportedHead:
         if size is not None and int(size) != self.meta["hidden_size"]:
             raise HeadFileError(f"{self.path}: head expects hidden size {self.meta['hidden_size']}, the draft has {size}")
 
+    @property
+    def scores(self) -> list[str]:
+        """The draft scores the head reads beside the hidden state (``heads.features``); often none."""
+        return list(getattr(self.module, "scores", []))
+
     @torch.no_grad()
-    def logit(self, hidden: torch.Tensor) -> float:
+    def logit(self, hidden: torch.Tensor, logprobs: torch.Tensor | None = None, token: int | None = None) -> float:
+        """The head's logit for one token: its hidden state (d,) and, when the head reads draft scores, the
+        draft's confidence log-probs (V,) at the token's position and the token id."""
         if self._device != hidden.device:
             self.module.to(hidden.device)
             self._device = hidden.device
-        return self.module(hidden.float()).item()
+        if not self.scores:
+            return self.module(hidden.float()).item()
+        if logprobs is None or token is None:
+            raise ValueError(f"{self.path}: this head reads the draft scores {self.scores}; pass logprobs and token")
+        return self.module(hidden.float(), scores_from_logprobs(self.scores, logprobs, token).to(hidden.device)).item()

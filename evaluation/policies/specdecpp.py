@@ -28,7 +28,7 @@ class HeadStop:
         self.log_all_accepted = 0.0
 
     def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
-        logit = self.head.logit(dec.draft_feature(candidates))
+        logit = self.head.logit(dec.draft_feature(candidates), scores, candidates[-1])
         self.log_all_accepted += -math.log1p(math.exp(-logit)) if logit > -30 else logit  # log sigmoid
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 

@@ -24,9 +24,11 @@ from evaluation.policies.exported import ExportedHead
 
 
 class Verifier(Protocol):
-    """Accept the last token of ``ids`` (the draft's hidden state of it: ``hidden``)?"""
+    """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state of it, ``scores`` the draft's
+    confidence log-probs (V,) at its position (``Decoding.scores``)."""
 
-    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator) -> bool: ...
+    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
+                 scores: torch.Tensor) -> bool: ...
 
 
 class HeadVerifier:
@@ -35,8 +37,9 @@ class HeadVerifier:
     def __init__(self, head: ExportedHead, tau: float):
         self.head, self.tau = head, tau
 
-    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator) -> bool:
-        return torch.sigmoid(torch.tensor(self.head.logit(hidden))).item() >= self.tau
+    def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
+                 scores: torch.Tensor) -> bool:
+        return torch.sigmoid(torch.tensor(self.head.logit(hidden, scores, ids[-1]))).item() >= self.tau
 
 
 @register("sprinter")
@@ -70,8 +73,9 @@ class Sprinter:
             while len(pending) < dec.remaining:
                 logq = dec.draft_dist(pending)
                 y = dec.sample(logq)
+                scores = dec.scores(dec.draft.last_logits)  # before reading y moves last_logits on
                 hidden = dec.draft_feature(pending + [y])
-                if not self.verifier(hidden, dec.seq + pending + [y], generator):
+                if not self.verifier(hidden, dec.seq + pending + [y], generator, scores):
                     rejected = (y, logq)
                     break
                 pending.append(y)
