@@ -25,10 +25,10 @@ from evaluation.policies.exported import ExportedHead
 
 class Verifier(Protocol):
     """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state of it, ``scores`` the draft's
-    confidence log-probs (V,) at its position (``Decoding.scores``)."""
+    confidence log-probs (V,) at its position (``Decoding.scores``); None for a head that reads no draft scores."""
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
-                 scores: torch.Tensor) -> bool: ...
+                 scores: torch.Tensor | None) -> bool: ...
 
 
 class HeadVerifier:
@@ -38,7 +38,7 @@ class HeadVerifier:
         self.head, self.tau = head, tau
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
-                 scores: torch.Tensor) -> bool:
+                 scores: torch.Tensor | None) -> bool:
         return torch.sigmoid(torch.tensor(self.head.logit(hidden, scores, ids[-1]))).item() >= self.tau
 
 
@@ -62,6 +62,8 @@ class Sprinter:
             verifier = HeadVerifier(self.head, tau)
         self.tau = tau
         self.verifier = verifier
+        # a log-softmax over the vocabulary per token: only for verifiers that may read it
+        self.needs_scores = self.head is None or bool(self.head.scores)
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.head is not None:
@@ -73,7 +75,8 @@ class Sprinter:
             while len(pending) < dec.remaining:
                 logq = dec.draft_dist(pending)
                 y = dec.sample(logq)
-                scores = dec.scores(dec.draft.last_logits)  # before reading y moves last_logits on
+                # before reading y moves last_logits on
+                scores = dec.scores(dec.draft.last_logits) if self.needs_scores else None
                 hidden = dec.draft_feature(pending + [y])
                 if not self.verifier(hidden, dec.seq + pending + [y], generator, scores):
                     rejected = (y, logq)

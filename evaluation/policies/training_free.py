@@ -11,27 +11,28 @@ from evaluation.decoder import Decoding, ModelPair, register
 from evaluation.policies.speculative import SpeculativePolicy
 
 
-class ConfidenceStop:
+class StatelessStop:
+    """A stop rule that looks at the current candidate only: nothing to reset between rounds."""
+
+    def reset(self) -> None:
+        pass
+
+
+class ConfidenceStop(StatelessStop):
     """Stop after a candidate y whose own draft probability (``scores``) is below the threshold."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def reset(self) -> None:
-        pass
-
     def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
         return scores[candidates[-1]].exp().item() < self.threshold
 
 
-class EntropyStop:
+class EntropyStop(StatelessStop):
     """SVIP (seed 004, Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``scores`` > h."""
 
     def __init__(self, h: float):
         self.h = h
-
-    def reset(self) -> None:
-        pass
 
     def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
         return math.sqrt(max(entropy(scores).item(), 0.0)) > self.h
