@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from evaluation.config import resolve_device, resolve_dtype
+
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -130,7 +132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and activations (auto: bfloat16 on CUDA and on CPUs with native bf16, else float32)")
+    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>-<dtype>.json)")
     return p.parse_args(argv)
 
 
@@ -151,9 +155,8 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if a.device == "auto" else a.device))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device = resolve_device(a.device)
+    dtype = getattr(torch, resolve_dtype(a.dtype, device))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads)"
     result = {"device": name, "device_type": device.type, "dtype": str(dtype).removeprefix("torch."),
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(table(result))
-    out = Path(a.out or f"runs/bench/timing-{device.type}.json")
+    out = Path(a.out or f"runs/bench/timing-{device.type}-{result['dtype']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

@@ -6,6 +6,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from data_gen.labeler import Sampling
 from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
@@ -20,6 +22,24 @@ HF_FAMILY = "hf_assisted"
 
 class EvalError(RuntimeError):
     """A problem with the user's input, reported as one clear line."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when present, else the CPU; any other name as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX: half the weight
+    traffic of float32, about 2x faster decoding on a memory-bound CPU), float32 on other CPUs (where bf16 is
+    emulated and slower)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return "bfloat16"
+    return "float32"
 
 
 @dataclass
@@ -131,8 +151,9 @@ class EvalConfig:
     """Folder for ``results.jsonl`` (resumed), ``report.md``, ``report.json`` and the PNGs."""
     seed: int = 0
     """Seed of each prompt's generator (the same for every policy: common random numbers)."""
-    dtype: str = "float32"
-    """Model dtype: float32, bfloat16 or float16."""
+    dtype: str = "auto"
+    """Model dtype: float32, bfloat16, float16 or ``auto`` (``resolve_dtype``: bfloat16 where the device computes it
+    natively, else float32)."""
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
     warmup: bool = True
@@ -159,5 +180,5 @@ class EvalConfig:
         return {
             "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
-            "seed": self.seed, "dtype": self.dtype,
+            "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
         }

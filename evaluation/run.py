@@ -28,7 +28,7 @@ from data_gen.labeler import Sampling
 from data_gen.models import LabelingError
 from data_gen.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from evaluation import quality
-from evaluation.config import HF_FAMILY, EvalConfig, EvalError, Mode
+from evaluation.config import HF_FAMILY, EvalConfig, EvalError, Mode, resolve_device, resolve_dtype
 from evaluation.latency import fit_records, timing_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.summary import best_k, choose
@@ -57,11 +57,11 @@ class Engine:
         from evaluation.decoder import ModelPair, build_policy
         from evaluation.hf_peer import hf_generate
 
-        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                              ("cpu" if cfg.device == "auto" else cfg.device))
+        device = resolve_device(cfg.device)
+        dtype = resolve_dtype(cfg.dtype, device)
         try:
-            draft, tok, d_id = load_model(cfg.draft, cfg.dtype)
-            target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
+            draft, tok, d_id = load_model(cfg.draft, dtype)
+            target, t_tok, t_id = load_model(cfg.target, dtype)
         except LabelingError as e:
             raise EvalError(str(e)) from None
         if d_id["vocab_size"] != t_id["vocab_size"] or len(tok) != len(t_tok):
