@@ -17,7 +17,7 @@ import torch
 from evaluation import quality
 from evaluation.config import FAMILIES, HF_FAMILY, EvalConfig
 from evaluation.latency import LatencyFit, fit_records, timing_fit
-from evaluation.summary import Totals, choose, index, per_prompt_speedup, spread, totals
+from evaluation.summary import Totals, agreement, choose, index, per_prompt_speedup, spread, totals
 
 GOAL_SD_VS_HF = 1.0
 GOAL_SPECDECPP = 1.10
@@ -44,7 +44,7 @@ def _rouge_rows(run: dict[int, dict], other: dict[int, dict] | None, refs: dict[
 
 
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
-         sd_t: Totals | None, fits: dict[str, LatencyFit | None]) -> dict:
+         sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False) -> dict:
     row = {
         "run": t.run, "family": t.family, "params": t.params, "prompts": len(t.prompts),
         "new_tokens": t.new_tokens, "wall_s": t.wall_s, "tokens_per_s": t.tokens_per_s,
@@ -54,6 +54,7 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
         "verification_rate": t.verification_rate, "discard_rate": t.discard_rate,
         "mean_accepted": t.mean_accepted, "pass_at_1": t.pass_at_1,
         "per_prompt_speedup": spread(list(per_prompt_speedup(by_prompt, base).values())) if base else None,
+        "same_as_target": agreement(by_prompt, base) if greedy and base else None,
     }
     for name, fit in fits.items():
         pred = t.predicted_s_per_token(fit)
@@ -88,15 +89,16 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         base_t = totals(base) if base else None
         sd = runs.get(chosen.get("sd", ""))
         sd_t = totals(sd) if sd else None
+        greedy = mode.temperature == 0
         table = []
         for fam in ours:
             if fam in chosen:
                 t = totals(runs[chosen[fam]])
-                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits),
+                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy),
                               **{"rouge": _rouge_rows(runs[t.run], sd, refs)}})
         for run in sorted(r for r, f in fam_of.items() if f == HF_FAMILY):
             t = totals(runs[run])
-            table.append({**_row(t, runs[run], base, base_t, sd_t, fits), "rouge": _rouge_rows(runs[run], sd, refs)})
+            table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy), "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
         for run in sorted(runs, key=lambda r: (FAMILIES.index(fam_of[r]) if fam_of[r] in FAMILIES else 99, r)):
             if fam_of[run] == HF_FAMILY:
@@ -105,7 +107,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             if t is None:
                 continue
             row = _row(t, {p: runs[run][p] for p in sweep_ids}, base, totals(base, sweep_ids) if base else None,
-                       totals(sd, sweep_ids) if sd else None, fits)
+                       totals(sd, sweep_ids) if sd else None, fits, greedy)
             if fam_of[run] in ("sprinter", "fuzzy", "draft_only", "sd", "target_only"):
                 row["rouge"] = _rouge_rows({p: runs[run][p] for p in sweep_ids}, sd, refs)
             row["chosen"] = chosen.get(fam_of[run]) == run
@@ -283,6 +285,9 @@ def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> li
     cols = ["policy", "tok/s", "× target", "× SD", "per-prompt × target (mean ± std)", "N_target/N",
             "N_discarded/N", "mean accepted", "pass@1", "ROUGE-L vs SD", "ROUGE-L vs ref"]
     cols += [f"pred. × target ({n})" for n in fit_names]
+    greedy = any(r.get("same_as_target") for r in rows)
+    if greedy:
+        cols.append("= target-only (identical / common prefix)")
     if sweep:
         cols.append("chosen")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -295,6 +300,9 @@ def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> li
                  _f(r["pass_at_1"], ".3f"), _f((rg.get("vs_sd") or {}).get("rougeL"), ".3f"),
                  _f((rg.get("vs_ref") or {}).get("rougeL"), ".3f")]
         cells += [_f(r.get(f"pred_speedup_{n}")) for n in fit_names]
+        if greedy:
+            same = r.get("same_as_target")
+            cells.append(f"{same['identical']:.2f} / {same['common_prefix']:.2f}" if same else "")
         if sweep:
             cells.append("✓" if r.get("chosen") else "")
         lines.append("| " + " | ".join(cells) + " |")

@@ -106,6 +106,22 @@ def per_prompt_speedup(run: dict[int, dict], base: dict[int, dict]) -> dict[int,
     return out
 
 
+def agreement(run: dict[int, dict], base: dict[int, dict]) -> dict | None:
+    """Greedy decoding, where an exact policy must repeat target-only token for token: on the prompts both
+    finished, the share whose tokens are identical and the mean share of ``base``'s tokens before the first
+    difference (numerics, e.g. bf16 batched verification against one-token steps, can flip a near-tie)."""
+    ids = sorted(set(run) & set(base))
+    if not ids:
+        return None
+    same, prefix = 0, []
+    for p in ids:
+        a, b = run[p]["tokens"], base[p]["tokens"]
+        same += a == b
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix.append(n / len(b) if b else 1.0)
+    return {"identical": same / len(ids), "common_prefix": float(np.mean(prefix)), "n": len(ids)}
+
+
 def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
     """Seconds per generated token, measured or predicted (falls back to measured without a fit)."""
     if select_by == "predicted":

@@ -11,9 +11,10 @@ from test_eval_fakes import fake_engine, write_prompt_file
 from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
 from evaluation.__main__ import parse
-from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep
+from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep, resolve_device, resolve_dtype
 from evaluation.results import ResultStore
 from evaluation.run import run_eval
+from evaluation.summary import agreement
 
 
 def make_cfg(tmp_path, **kw) -> EvalConfig:
@@ -57,6 +58,9 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
     assert "## Goals" in md and "SPRINTER ≥ 1.6× SD" in md and "| `sd[k=3]` |" in md
     goals = {g["goal"]: g for g in rep["goals"]}
     assert goals["our SD ≥ HF assisted at the same K (greedy): tokens/s ratio"]["met"] is not None
+    greedy_sd = next(r for r in rep["modes"]["greedy"]["table"] if r["family"] == "sd")
+    assert greedy_sd["same_as_target"]["n"] == 4 and "= target-only" in md
+    assert all(r["same_as_target"] is None for r in rep["modes"]["sample"]["table"])
 
 
 def test_resume_skips_finished_runs(tmp_path):
@@ -95,6 +99,25 @@ def test_missing_head_file_is_one_clear_error(tmp_path):
 def test_unknown_family_lists_known():
     with pytest.raises(EvalError, match="known: target_only"):
         Sweep("medusa")
+
+
+def test_greedy_agreement_counts_identical_outputs_and_common_prefix():
+    base = {0: {"tokens": [1, 2, 3, 4]}, 1: {"tokens": [5, 6]}, 2: {"tokens": [7]}}
+    run = {0: {"tokens": [1, 2, 3, 4]}, 1: {"tokens": [5, 9, 9]}}
+    assert agreement(run, base) == {"identical": 0.5, "common_prefix": 0.75, "n": 2}
+    assert agreement({}, base) is None
+
+
+def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
+    import torch
+
+    assert resolve_dtype("float16", torch.device("cpu")) == "float16"
+    assert resolve_dtype("auto", torch.device("cuda")) == "bfloat16"
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native)
+        assert resolve_dtype("auto", torch.device("cpu")) == expected
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu") and resolve_device("cuda:1") == torch.device("cuda:1")
 
 
 @pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml"])
