@@ -269,6 +269,15 @@ class Decoding:
         temperature = self.pair.sampling.temperature or 1.0
         return (logits.float() / temperature).log_softmax(-1)
 
+    def draft_scores(self, logq: torch.Tensor) -> torch.Tensor:
+        """The draft's confidence log-probs where ``logq`` (its last ``draft_dist``) was drawn: ``logq`` itself
+        when the sampling only divides by a temperature (the same log-softmax; one pass over the vocabulary per
+        token saved), else computed from the raw logits."""
+        s = self.pair.sampling
+        if s.temperature > 0 and not s.top_k and s.top_p >= 1.0:
+            return logq
+        return self.scores(self.draft.last_logits)
+
     def draft_feature(self, candidates: list[int]) -> torch.Tensor:
         """The draft's hidden state of the last candidate, read at its own position (d,)."""
         return self.draft.advance(self.seq + list(candidates))[0][-1]
@@ -292,7 +301,7 @@ class Decoding:
             logqs.append(logq)
             if y in self.eos or len(candidates) == cap:
                 break
-            if stop is not None and stop(self, candidates, logq, self.scores(self.draft.last_logits)):
+            if stop is not None and stop(self, candidates, logq, self.draft_scores(logq)):
                 break
         return candidates, logqs
 

@@ -15,7 +15,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM
 
 from data_gen.labeler import Sampling
-from evaluation.decoder import POLICIES, ModelPair, build_policy
+from evaluation.decoder import POLICIES, Decoding, ModelPair, build_policy
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -199,6 +199,17 @@ def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path
         rule = generate(build_policy("sprinter", verifier=by_confidence), pair, prompt)
         assert ours.tokens == rule.tokens and ours.stats.accepted_lengths == rule.stats.accepted_lengths
         assert 0 < ours.stats.target_calls < 16  # the rule both accepts and rejects here
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=0.7, top_p=0.5), dict(temperature=0.0),
+                                      dict(temperature=1.0, top_k=3)])
+def test_draft_scores_are_the_confidence_distribution_however_q_is_warped(models, sampling):
+    """``draft_scores`` reuses q when q is the plain tempered softmax, and equals ``scores(logits)`` always."""
+    dec = Decoding(pair_with(models, max_new_tokens=4, **sampling), PROMPTS[0], torch.Generator().manual_seed(0))
+    logq = dec.draft_dist()
+    got = dec.draft_scores(logq)
+    assert torch.equal(got, dec.scores(dec.draft.last_logits))
+    assert (got is logq) == (sampling["temperature"] > 0 and len(sampling) == 1)
 
 
 def _resized(model):

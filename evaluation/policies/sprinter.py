@@ -76,7 +76,7 @@ class Sprinter:
                 logq = dec.draft_dist(pending)
                 y = dec.sample(logq)
                 # before reading y moves last_logits on
-                scores = dec.scores(dec.draft.last_logits) if self.needs_scores else None
+                scores = dec.draft_scores(logq) if self.needs_scores else None
                 hidden = dec.draft_feature(pending + [y])
                 if not self.verifier(hidden, dec.seq + pending + [y], generator, scores):
                     rejected = (y, logq)
