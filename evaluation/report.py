@@ -100,7 +100,12 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             t = totals(runs[run])
             table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy), "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
-        for run in sorted(runs, key=lambda r: (FAMILIES.index(fam_of[r]) if fam_of[r] in FAMILIES else 99, r)):
+        def order(run: str) -> tuple:  # family order, then numeric settings (k=2 before k=10; the file's last)
+            params = next(iter(runs[run].values()))["params"]
+            return (FAMILIES.index(fam_of[run]) if fam_of[run] in FAMILIES else 99,
+                    tuple((0, float(v)) if isinstance(v, (int, float)) else (1, str(v)) for v in params.values()), run)
+
+        for run in sorted(runs, key=order):
             if fam_of[run] == HF_FAMILY:
                 continue
             t = totals(runs[run], sweep_ids)
