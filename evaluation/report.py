@@ -64,6 +64,12 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
     return row
 
 
+def _sweep_order(family: str, params: dict, run: str) -> tuple:
+    """Sweep rows by family, then by numeric setting (k=2 before k=10; a head file's own threshold last)."""
+    return (FAMILIES.index(family) if family in FAMILIES else 99,
+            tuple((0, float(v)) if isinstance(v, (int, float)) else (1, str(v)) for v in params.values()), run)
+
+
 def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict:
     """Everything the report shows, as plain data (written to ``report.json``)."""
     idx = index(records)
@@ -100,12 +106,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             t = totals(runs[run])
             table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy), "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
-        def order(run: str) -> tuple:  # family order, then numeric settings (k=2 before k=10; the file's last)
-            params = next(iter(runs[run].values()))["params"]
-            return (FAMILIES.index(fam_of[run]) if fam_of[run] in FAMILIES else 99,
-                    tuple((0, float(v)) if isinstance(v, (int, float)) else (1, str(v)) for v in params.values()), run)
-
-        for run in sorted(runs, key=order):
+        for run in sorted(runs, key=lambda r: _sweep_order(fam_of[r], next(iter(runs[r].values()))["params"], r)):
             if fam_of[run] == HF_FAMILY:
                 continue
             t = totals(runs[run], sweep_ids)

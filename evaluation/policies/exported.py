@@ -19,6 +19,7 @@ class ExportedHead:
         if self.meta["role"] != role:
             raise HeadFileError(f"{self.path}: a {self.meta['role']!r} head, this policy needs a {role!r} head")
         self._device: torch.device | None = None
+        self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
 
     @property
     def threshold(self) -> float:
@@ -35,7 +36,7 @@ class ExportedHead:
     @property
     def scores(self) -> list[str]:
         """The draft scores the head reads beside the hidden state (``heads.features``); often none."""
-        return list(getattr(self.module, "scores", []))
+        return list(self._scores)
 
     @torch.no_grad()
     def logit(self, hidden: torch.Tensor, logprobs: torch.Tensor | None = None, token: int | None = None) -> float:
@@ -44,8 +45,8 @@ class ExportedHead:
         if self._device != hidden.device:
             self.module.to(hidden.device)
             self._device = hidden.device
-        if not self.scores:
+        if not self._scores:
             return self.module(hidden.float()).item()
         if logprobs is None or token is None:
-            raise ValueError(f"{self.path}: this head reads the draft scores {self.scores}; pass logprobs and token")
-        return self.module(hidden.float(), scores_from_logprobs(self.scores, logprobs, token).to(hidden.device)).item()
+            raise ValueError(f"{self.path}: this head reads the draft scores {self._scores}; pass logprobs and token")
+        return self.module(hidden.float(), scores_from_logprobs(self._scores, logprobs, token).to(hidden.device)).item()
