@@ -75,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         eos_token_ids=eos_token_ids(target, tok),
         pad_token_id=pad,
         mixing_ratio=cfg.mixing_ratio,
-        mixed_context_labels=cfg.mixed_context_labels,
         mask_dtype=next(draft.parameters()).dtype,
     )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

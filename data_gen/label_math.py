@@ -1,4 +1,4 @@
-"""The label math, in one place: imported by labeling now and by the decoder later.
+"""The label math, in one place: imported by labeling, training and the decoder.
 
 Convention throughout the code: ``draft`` and ``target`` name the two models. Where a paper letter is needed,
 q is the draft's distribution and p the target's (SpecDec++'s letters; SPRINTER swaps them).
@@ -15,13 +15,27 @@ import math
 import torch
 
 CATEGORIES = ("original", "draft", "target", "interleaved")
-"""SPRINTER §3.2 prefix categories: what the context in front of a labeled draft token is made of.
+"""SPRINTER §3.2 prefix categories, in equal shares of prompts: what the context in front of a candidate is.
 
-- ``original``: the prompt's own text (the candidate continues a prefix of the prompt);
-- ``draft``: prompt + draft tokens only;
-- ``target``: prompt + the target's own response (SpecDec++'s clean prefix X<i);
-- ``interleaved``: prompt + SpecDec++ token mixing of target and draft tokens.
+- ``original``: a prefix of the prompt's own text;
+- ``draft``: prompt + a completion the draft sampled on its own (autoregressively);
+- ``target``: prompt + the target's own response X<i (also SpecDec++'s clean prefix);
+- ``interleaved``: prompt + tokens of both models (SpecDec++ token mixing of X with the draft's tokens).
+
+In every category the candidate is drawn from q at that prefix and both models score it at that same prefix.
 """
+
+TOKEN_MIXED = "token_mixed"
+"""Rows for the SpecDec++ stop head (§4.4): the token-mixed response Z, each draft token Z_i read in context Z<i,
+labeled on the clean target prefix X<i. Every prompt with a target response (``target``, ``interleaved``) has them."""
+
+ROW_CATEGORIES = (*CATEGORIES, TOKEN_MIXED)
+"""Every value of the label shards' ``category`` column."""
+
+ROWS_FOR_LABEL = {"sprinter": CATEGORIES, "soft": ("target", TOKEN_MIXED)}
+"""Which rows each head trains on: the SPRINTER verifier on the four §3.2 prefix categories (label and feature at
+the same prefix); the SpecDec++ head (soft label min(1, p/q)) on rows labeled on the clean prefix X<i: the
+token-mixed ones and the ``target`` ones, whose input (prompt, X<i, Y_i) is §4.4's ideal one."""
 
 
 def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

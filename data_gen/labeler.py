@@ -1,20 +1,24 @@
 """Label one batch of prompts: the algorithm, independent of Lightning, files and model loading.
 
-Every batch holds prompts of one prefix category (see ``label_math.CATEGORIES``). For a prompt:
+Every batch holds prompts of one prefix category (``label_math.CATEGORIES``, SPRINTER §3.2). In each category a
+row is a candidate drawn from q at a prefix, with both models' scores of it at that same prefix:
 
-1. ``original``: no response. Rows sit at the last positions j of the prompt: the draft samples a candidate
-   Y_j ~ q(·|prompt<j) and the target scores it, p(Y_j|prompt<j).
-2. otherwise the target samples a response X (or a dataset answer is teacher-forced); one draft forward over
-   prompt+X gives q(·|X<i) and the candidates Y_i ~ q(·|X<i).
-   - ``target``: the feature of Y_i is read in the clean context (prompt, X<i, Y_i) for every i at once, with a
-     "candidate pass": Y_1..Y_N run against the cached prompt+X under a 4D mask that lets Y_i see X<i only;
-   - ``draft`` / ``interleaved``: the response Z takes Y_i everywhere (draft) or mixes X_i with share r
-     (SpecDec++ token mixing); one draft forward over prompt+Z gives the features; rows where Z_i is a target
-     token carry ``loss_mask = False``.
+1. ``original``: rows at the last positions j of the prompt: Y_j ~ q(·|prompt<j), scored by p(·|prompt<j).
+2. ``draft``: the draft samples its own completion Z autoregressively; each Z_i is the candidate at Z<i, and one
+   parallel target pass over prompt+Z scores it.
+3. ``target``: the target samples a response X (or a dataset answer is teacher-forced); one draft forward over
+   prompt+X gives q(·|X<i) and the candidates Y_i ~ q(·|X<i). Their own-position features come from a "candidate
+   pass": Y_1..Y_N run against the cached prompt+X under a 4D mask that lets Y_i see X<i only.
+4. ``interleaved``: Z mixes X and Y (SpecDec++ token mixing, target share r); fresh candidates C_i ~ q(·|Z<i)
+   are scored by one parallel target pass over prompt+Z and read by a candidate pass over the cached prompt+Z.
 
-Labels come from the clean prefix X<i (SpecDec++ §4.4), or, with ``mixed_context_labels``, from both models run
-on prompt+Z, so label and feature share one context. Every random draw of a prompt comes from its own
-generator (seed, prompt id), so a prompt's rows do not depend on the batch it lands in.
+Prompts with a target response (``target``, ``interleaved``) also give ``token_mixed`` rows for the SpecDec++ stop
+head (§4.4): each draft token Z_i read in context Z<i, labeled on the clean prefix X<i; rows where Z_i is a target
+token carry ``loss_mask = False``.
+
+Every row carries two features: ``hidden``, the draft's hidden state after reading the token (SpecDec++ Eq. 4.1),
+and ``hidden_prev``, the one before it, which produced q for the token (SPRINTER §3.2). Every random draw of a
+prompt comes from its own generator (seed, prompt id), so a prompt's rows do not depend on the batch it lands in.
 """
 
 from __future__ import annotations
@@ -94,6 +98,10 @@ class Prompt:
     response_ids: list[int] | None = None  # a dataset answer, teacher-forced instead of sampling
 
 
+U_X, U_Y, U_MIX, U_C = range(4)
+"""Rows of a prompt's uniforms (``Labeler.label``)."""
+
+
 def prompt_generator(seed: int, prompt_id: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + prompt_id) % (2**63))
 
@@ -131,12 +139,11 @@ class Labeler:
         eos_token_ids: list[int],
         pad_token_id: int,
         mixing_ratio: float = 0.15,
-        mixed_context_labels: bool = False,
         mask_dtype=torch.float32,
     ):
         self.draft, self.target, self.s = draft, target, sampling
         self.seed, self.eos, self.pad = seed, torch.tensor(eos_token_ids), pad_token_id
-        self.mixing_ratio, self.mixed_context_labels = mixing_ratio, mixed_context_labels
+        self.mixing_ratio = mixing_ratio
         self.mask_dtype = mask_dtype
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -149,17 +156,20 @@ class Labeler:
         if len(categories) != 1:
             raise ValueError(f"a batch must hold one category, got {sorted(categories)}")
         n = self.s.max_new_tokens
-        draws = []  # per prompt: uniforms for X, for Y, for the mixing mask, fixed count => batch-independent
+        # per prompt, a fixed count of uniforms => batch-independent draws: rows U_X (the target's response X),
+        # U_Y (the draft's tokens Y, or its own completion), U_MIX (the mixing mask), U_C (candidates after Z<i)
+        draws = []
         for p in prompts:
             g = prompt_generator(self.seed, p.prompt_id)
-            draws.append(torch.rand(3, n, generator=g, dtype=torch.float64))
-        u = torch.stack(draws).to(device)  # (B, 3, N)
+            draws.append(torch.rand(4, n, generator=g, dtype=torch.float64))
+        u = torch.stack(draws).to(device)  # (B, 4, N)
         ids, mask = _left_pad([p.input_ids for p in prompts], self.pad, device)
-        if categories == {"original"}:
-            cols = self._label_original(prompts, ids, mask, u)
-        else:
-            cols = self._label_response(prompts, ids, mask, u, categories.pop())
-        return cols
+        category = categories.pop()
+        if category == "original":
+            return self._label_original(prompts, ids, mask, u)
+        if category == "draft":
+            return self._label_draft(prompts, ids, mask, u)
+        return self._label_response(prompts, ids, mask, u, category)
 
     # --------------------------------------------------------------- original
     def _label_original(self, prompts, ids, mask, u):
@@ -178,36 +188,39 @@ class Labeler:
         logp = self.warp(self.target.logits(h_t[:, width - m - 1 : width - 1]))
         cache = self.draft.new_cache()
         h_d, cache = self.draft.forward(ids, mask, pos, cache)
-        logq = self.warp(self.draft.logits(h_d[:, width - m - 1 : width - 1]))
+        h_prev = h_d[:, width - m - 1 : width - 1]
+        logq = self.warp(self.draft.logits(h_prev))
         # uniforms indexed by distance from the prompt's end, so a row's draw does not depend on the batch's m
-        y = lm.sample_from_logprobs(logq, u[:, 1, :m].flip(-1))
+        y = lm.sample_from_logprobs(logq, u[:, U_Y, :m].flip(-1))
         feats = self._candidate_pass(cache, mask, y, a, pos.gather(1, a))
         stats = lm.token_stats(logq, logp, y)
-        return self._rows(prompts, stats, y, feats, valid, valid, a - (width - lens).unsqueeze(1))
+        return self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid,
+                          a - (width - lens).unsqueeze(1))
 
     # --------------------------------------------------------------- response
-    def _generate(self, ids, mask, u):
-        """Sample X from the target with a KV cache; return X (B,N), valid (B,N), warped log-probs (B,N,V)."""
+    def _generate(self, model: CausalLM, ids, mask, u):
+        """Sample a response from ``model`` with a KV cache, the t-th token from the uniforms ``u`` (B,N)[:, t];
+        return it (B,N), valid (B,N) and the warped log-probs it was drawn from (B,N,V)."""
         b, n = ids.shape[0], self.s.max_new_tokens
         eos = self.eos.to(ids.device)
-        cache = self.target.new_cache()
-        h, cache = self.target.forward(ids, mask, _positions(mask), cache)
+        cache = model.new_cache()
+        h, cache = model.forward(ids, mask, _positions(mask), cache)
         next_pos = mask.sum(-1, keepdim=True)
         x = torch.full((b, n), self.pad, dtype=torch.long, device=ids.device)
         valid = torch.zeros((b, n), dtype=torch.bool, device=ids.device)
         steps = []
         done = torch.zeros(b, dtype=torch.bool, device=ids.device)
         for t in range(n):
-            logp = self.warp(self.target.logits(h[:, -1]))
+            logp = self.warp(model.logits(h[:, -1]))
             steps.append(logp)
-            tok = lm.sample_from_logprobs(logp, u[:, 0, t])
+            tok = lm.sample_from_logprobs(logp, u[:, t])
             x[:, t] = torch.where(done, self.pad, tok)
             valid[:, t] = ~done
             done = done | torch.isin(tok, eos)
             if bool(done.all()) or t == n - 1:
                 break
             mask = torch.cat([mask, (~done).long().unsqueeze(1)], dim=1)
-            h, cache = self.target.forward(x[:, t : t + 1], mask, next_pos + t, cache)
+            h, cache = model.forward(x[:, t : t + 1], mask, next_pos + t, cache)
         logp_steps = torch.stack(steps, dim=1)
         width = logp_steps.shape[1]
         return x[:, :width], valid[:, :width], logp_steps
@@ -227,42 +240,70 @@ class Labeler:
         p_len = ids.shape[1]
         return x, valid, self.warp(self.target.logits(h[:, p_len - 1 : p_len - 1 + width]))
 
+    def _label_draft(self, prompts, ids, mask, u):
+        """``draft`` rows: the draft's own completion Z; Z_i is the candidate at Z<i, scored by both models there."""
+        p_len = ids.shape[1]
+        z, valid, logq = self._generate(self.draft, ids, mask, u[:, U_Y])
+        n = z.shape[1]
+        full_mask = torch.cat([mask, valid.long()], dim=1)
+        pos = _positions(full_mask)
+        seq = torch.cat([ids, z], 1)
+        h_d, _ = self.draft.forward(seq, full_mask, pos, None)
+        h_t, _ = self.target.forward(seq, full_mask, pos, None)
+        logp = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
+        stats = lm.token_stats(logq, logp, z)
+        return self._rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
+                          self._offsets(mask, n))
+
     def _label_response(self, prompts, ids, mask, u, category):
+        """``target`` or ``interleaved`` rows, and the ``token_mixed`` rows of the same prompts."""
         p_len = ids.shape[1]
         if prompts[0].response_ids is not None:
             x, valid, logp = self._teacher_force(prompts, ids, mask)
         else:
-            x, valid, logp = self._generate(ids, mask, u)
+            x, valid, logp = self._generate(self.target, ids, mask, u[:, U_X])
         n = x.shape[1]
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
+        resp_pos = pos[:, p_len:]
+        offsets = self._offsets(mask, n)
         cache = self.draft.new_cache()
         h_d, cache = self.draft.forward(torch.cat([ids, x], 1), full_mask, pos, cache)
-        logq = self.warp(self.draft.logits(h_d[:, p_len - 1 : p_len - 1 + n]))
-        y = lm.sample_from_logprobs(logq, u[:, 1, :n])
-        resp_pos = pos[:, p_len:]
-        offsets = mask.sum(-1, keepdim=True) + torch.arange(n, device=ids.device)  # index in the unpadded sequence
-
+        h_prev_x = h_d[:, p_len - 1 : p_len - 1 + n]
+        logq = self.warp(self.draft.logits(h_prev_x))
+        y = lm.sample_from_logprobs(logq, u[:, U_Y, :n])
+        rows = []
         if category == "target":
             a = torch.arange(p_len, p_len + n, device=ids.device).expand(len(prompts), n)
             feats = self._candidate_pass(cache, full_mask, y, a, resp_pos)
             stats = lm.token_stats(logq, logp, y)
-            return self._rows(prompts, stats, y, feats, valid, valid, offsets)
+            rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets))
 
-        from_target = torch.zeros_like(valid)
-        if category == "interleaved":
-            from_target = u[:, 2, :n] < self.mixing_ratio
+        # SpecDec++ token mixing: Z takes X_i with probability r, else Y_i; the label stays on the clean X<i
+        from_target = u[:, U_MIX, :n] < self.mixing_ratio
         z = torch.where(from_target, x, y)
-        if cache is not None and cache.get_seq_length() > p_len:
-            cache.crop(p_len - cache.get_seq_length())  # a negative count removes tokens
-        h_z, _ = self.draft.forward(z, full_mask, resp_pos, cache)
-        if self.mixed_context_labels:  # both distributions conditioned on the mixed prefix Z<i
-            h_prev = torch.cat([h_d[:, p_len - 1 : p_len], h_z[:, :-1]], dim=1)
-            logq = self.warp(self.draft.logits(h_prev))
-            h_t, _ = self.target.forward(torch.cat([ids, z], 1), full_mask, pos, None)
-            logp = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
+        if cache is not None:  # (stub models keep no cache)
+            cache.crop(p_len - cache.get_seq_length())  # a negative count removes what follows the prompt
+        h_z, cache = self.draft.forward(z, full_mask, resp_pos, cache)
+        h_prev_z = torch.cat([h_d[:, p_len - 1 : p_len], h_z[:, :-1]], dim=1)
         stats = lm.token_stats(logq, logp, z)
-        return self._rows(prompts, stats, z, h_z, valid, valid & ~from_target, offsets)
+        rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets))
+
+        if category == "interleaved":  # fresh candidates at the mixed prefix, scored by both models there
+            logq_z = self.warp(self.draft.logits(h_prev_z))
+            h_t, _ = self.target.forward(torch.cat([ids, z], 1), full_mask, pos, None)
+            logp_z = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
+            c = lm.sample_from_logprobs(logq_z, u[:, U_C, :n])
+            a = torch.arange(p_len, p_len + n, device=ids.device).expand(len(prompts), n)
+            feats = self._candidate_pass(cache, full_mask, c, a, resp_pos)
+            stats = lm.token_stats(logq_z, logp_z, c)
+            rows.append(self._rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets))
+        return concat_rows(rows)
+
+    @staticmethod
+    def _offsets(mask, n):
+        """Index of each response token in the unpadded sequence prompt+response, (B, n)."""
+        return mask.sum(-1, keepdim=True) + torch.arange(n, device=mask.device)
 
     # ----------------------------------------------------------------- shared
     def _candidate_pass(self, cache, key_mask, cand, cand_index, cand_pos):
@@ -280,8 +321,8 @@ class Labeler:
         h, _ = self.draft.forward(cand, _float_mask(allowed, self.mask_dtype), cand_pos, cache)
         return h
 
-    def _rows(self, prompts, stats, tokens, feats, valid, loss_mask, positions):
-        """Flatten (B, N) tensors to rows, keeping valid positions."""
+    def _rows(self, prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions):
+        """Flatten (B, N) tensors to rows of one category, keeping valid positions."""
         keep = valid.cpu()
         cols = {k: v.cpu()[keep] for k, v in stats.items()}
         b, n = valid.shape
@@ -290,6 +331,12 @@ class Labeler:
         cols["token_id"] = tokens.cpu()[keep]
         cols["loss_mask"] = loss_mask.cpu()[keep]
         cols["hidden"] = feats.cpu()[keep].to(torch.float16)
-        cats = [p.category for p in prompts]
-        cols["category"] = [cats[i] for i in keep.nonzero()[:, 0].tolist()]
+        cols["hidden_prev"] = feats_prev.cpu()[keep].to(torch.float16)
+        cols["category"] = [category] * int(keep.sum())
         return cols
+
+
+def concat_rows(parts: list[dict]) -> dict:
+    """One dict of columns from several (tensors concatenated, lists joined), in order."""
+    return {k: torch.cat([p[k] for p in parts]) if torch.is_tensor(parts[0][k]) else sum((p[k] for p in parts), [])
+            for k in parts[0]}

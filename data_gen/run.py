@@ -50,9 +50,7 @@ class LabelConfig:
     """``target``: the target samples each response (on-policy, SpecDec++ §4.4). ``dataset``: teacher-force the
     dataset's reference answers instead (much faster; recorded in the manifest)."""
     mixing_ratio: float = 0.15
-    """Share r of target tokens in the token-mixed response of ``interleaved`` prompts."""
-    mixed_context_labels: bool = False
-    """Label draft/interleaved rows on the mixed prefix Z<i (target run on prompt+Z) instead of the clean X<i."""
+    """Share r of target tokens in the token-mixed response Z (``interleaved`` prefixes, ``token_mixed`` rows)."""
     categories: list[str] = field(default_factory=lambda: list(lm.CATEGORIES))
     """SPRINTER prefix categories to produce, in equal shares of prompts."""
     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -84,11 +82,11 @@ class LabelConfig:
             raise LabelingError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
 
     def settings(self) -> dict:
-        """What a resume must match (everything that changes the rows)."""
+        """What a resume must match (everything that changes the rows, the shards' schema included)."""
         d = dataclasses.asdict(self)
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
-        return d
+        return {"schema_version": shards.SCHEMA_VERSION, **d}
 
 
 # ------------------------------------------------------------------ batches
@@ -268,7 +266,6 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             eos_token_ids=eos_token_ids(target, t_tok),
             pad_token_id=pad,
             mixing_ratio=cfg.mixing_ratio,
-            mixed_context_labels=cfg.mixed_context_labels,
         ),
     )
     trainer = pl.Trainer(
@@ -303,8 +300,8 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "models": {"draft": d_id, "target": t_id},
         "feature": {
-            "column": "hidden",
-            "what": "draft last-layer hidden state (after the final norm) at the candidate's own position",
+            "columns": {"hidden": "draft last-layer hidden state (after the final norm) after reading the token",
+                        "hidden_prev": "the same at the previous position: the state that produced q for the token"},
             "hidden_size": d_id["hidden_size"],
             "dtype": "float16",
         },
@@ -312,7 +309,9 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
         "response_source": cfg.response_source,
         "sampling": dataclasses.asdict(cfg.sampling),
         "mixing_ratio": cfg.mixing_ratio,
-        "label_context": "mixed prefix Z<i" if cfg.mixed_context_labels else "clean target prefix X<i",
+        "label_context": {"sprinter rows (original, draft, target, interleaved)": "the candidate's own prefix",
+                          f"{lm.TOKEN_MIXED} rows": "clean target prefix X<i (SpecDec++ §4.4)"},
+        "rows_for_label": {k: list(v) for k, v in lm.ROWS_FOR_LABEL.items()},
         "categories": cfg.categories,
         "seed": cfg.seed,
         "splits": {s: shards.split_summary(out, s) for s in shards.SPLITS},
@@ -326,7 +325,7 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
 
 
 def print_summary(manifest: dict, out: Path) -> None:
-    print(f"labels in {out} (response source: {manifest['response_source']}, label context: {manifest['label_context']})")
+    print(f"labels in {out} (response source: {manifest['response_source']})")
     print(f"{'split':<6} {'prompts':>8} {'rows':>8} {'loss rows':>10} {'mean acceptance':>16} {'mean 1-TV':>10}")
     for split, s in manifest["splits"].items():
         acc, tv = (f"{s[k]:.4f}" if s.get(k) is not None else "-" for k in ("mean_acceptance", "mean_1_minus_tv"))

@@ -18,7 +18,7 @@ import numpy as np
 from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SPLITS = ("train", "val", "test")
 FLOAT_COLUMNS = (
     "logp_draft",
@@ -43,6 +43,7 @@ def features(hidden_size: int) -> Features:
             **{c: Value("float32") for c in FLOAT_COLUMNS},
             "greedy_match": Value("bool"),
             "hidden": List(Value("float16"), length=hidden_size),
+            "hidden_prev": List(Value("float16"), length=hidden_size),
         }
     )
 
@@ -102,7 +103,10 @@ def read_manifest(out_dir: str | Path) -> dict:
         raise FileNotFoundError(f"{path} not found: run `make labels` (or the labeling run did not finish)")
     manifest = json.loads(path.read_text())
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema version {manifest.get('schema_version')}, expected {SCHEMA_VERSION}")
+        raise ValueError(
+            f"{path}: labels of schema version {manifest.get('schema_version')}, this code reads version "
+            f"{SCHEMA_VERSION} (see data_gen/SCHEMA.md); label again with `make labels ARGS=\"--overwrite true\"`"
+        )
     return manifest
 
 

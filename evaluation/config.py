@@ -139,6 +139,9 @@ class EvalConfig:
     """The external peer."""
     train_dir: str | None = "runs/train"
     """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
+    labels_dir: str | None = "runs/labels/humaneval"
+    """The labeled dataset the heads were trained on (``data_gen`` output): the mean TV(p, q) of its test rows
+    predicts SPRINTER's rate of kept draft tokens (Theorem 7) in the report (skipped when absent or None)."""
     timing: str | None = None
     """A ``bench_timing`` JSON; latencies are also predicted with its per-forward times (e.g. a GPU's)."""
     timing_draft: str = "draft"

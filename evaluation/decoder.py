@@ -186,17 +186,36 @@ class CachedLM:
 # one generation
 
 
+@dataclass
+class DraftStep:
+    """One draft forward's outputs for the next candidate: what every rule may read when it has just sampled it."""
+
+    hidden: torch.Tensor
+    """The draft's hidden state (d,) that produced ``logq``: the previous token's, read before the candidate
+    (SPRINTER §3.2: "the last embedding of the previous token")."""
+    logq: torch.Tensor
+    """q, the warped log-probs (V,) the candidate is sampled from."""
+    logits: torch.Tensor
+    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_scores``)."""
+
+
 class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
-    ``logq`` is the distribution the candidate was sampled from; ``scores`` the draft's confidence distribution
+    ``step`` is the draft forward the candidate was sampled from; ``scores`` the draft's confidence distribution
     there: softmax(logits / temperature) before top-k/top-p, read at temperature 1 under greedy decoding (where
     the sampled distribution is a one-hot and would make confidence and entropy rules vacuous).
+
+    ``reads_candidate``: the rule reads the draft's forward over the candidate itself (SpecDec++'s e_i at Y_i's own
+    position). That forward also yields q for the next candidate, so when such a rule stops, the round still
+    samples one more candidate from it and submits it (SpecDec++ Algorithm 1): no draft forward is thrown away.
     """
+
+    reads_candidate: bool
 
     def reset(self) -> None: ...
 
-    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool: ...
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool: ...
 
 
 AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
@@ -260,26 +279,32 @@ class Decoding:
         return int(sample_from_logprobs(logprobs, u))
 
     # -- steps --------------------------------------------------------------------------------------------------
+    def draft_step(self, candidates: list[int] = ()) -> DraftStep:
+        """The draft's forward for the next token after seq + candidates (cached when already read)."""
+        hidden, logq = self.draft.advance(self.seq + list(candidates))
+        return DraftStep(hidden=hidden[-1], logq=logq[-1], logits=self.draft.last_logits)
+
     def draft_dist(self, candidates: list[int] = ()) -> torch.Tensor:
         """q(· | seq + candidates), the draft's next-token log-probs (V,)."""
-        return self.draft.advance(self.seq + list(candidates))[1][-1]
+        return self.draft_step(candidates).logq
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probs of a model's confidence distribution (see ``StopRule``) from its raw logits."""
         temperature = self.pair.sampling.temperature or 1.0
         return (logits.float() / temperature).log_softmax(-1)
 
-    def draft_scores(self, logq: torch.Tensor) -> torch.Tensor:
-        """The draft's confidence log-probs where ``logq`` (its last ``draft_dist``) was drawn: ``logq`` itself
-        when the sampling only divides by a temperature (the same log-softmax; one pass over the vocabulary per
-        token saved), else computed from the raw logits."""
+    def draft_scores(self, step: DraftStep) -> torch.Tensor:
+        """The draft's confidence log-probs where ``step.logq`` was drawn: ``logq`` itself when the sampling only
+        divides by a temperature (the same log-softmax; one pass over the vocabulary per token saved), else
+        computed from the raw logits."""
         s = self.pair.sampling
         if s.temperature > 0 and not s.top_k and s.top_p >= 1.0:
-            return logq
-        return self.scores(self.draft.last_logits)
+            return step.logq
+        return self.scores(step.logits)
 
     def draft_feature(self, candidates: list[int]) -> torch.Tensor:
-        """The draft's hidden state of the last candidate, read at its own position (d,)."""
+        """The draft's hidden state of the last candidate, read at its own position (d,): one draft forward, which
+        also gives q for the token after it."""
         return self.draft.advance(self.seq + list(candidates))[0][-1]
 
     def target_dist(self, candidates: list[int] = (), rows: int = 1) -> torch.Tensor:
@@ -288,21 +313,27 @@ class Decoding:
 
     def draft_round(self, max_k: int, stop: StopRule | None = None) -> tuple[list[int], list[torch.Tensor]]:
         """Draft up to ``max_k`` candidates (fewer when ``stop`` says so, at an EOS, or where the round's target
-        token would not fit); return them and the draft distributions they were sampled from."""
+        token would not fit); return them and the draft distributions they were sampled from.
+
+        Every draft forward of the round has its q sampled and submitted: a rule that read the last candidate's
+        own forward (``StopRule.reads_candidate``) gets one more candidate drawn from it after it stops."""
         if stop is not None:
             stop.reset()
         candidates: list[int] = []
         logqs: list[torch.Tensor] = []
         cap = min(max_k, self.remaining - 1)
+        stopping = False
         while len(candidates) < cap:
-            logq = self.draft_dist(candidates)
-            y = self.sample(logq)
+            step = self.draft_step(candidates)
+            y = self.sample(step.logq)
             candidates.append(y)
-            logqs.append(logq)
-            if y in self.eos or len(candidates) == cap:
+            logqs.append(step.logq)
+            if stopping or y in self.eos or len(candidates) == cap:
                 break
-            if stop is not None and stop(self, candidates, logq, self.draft_scores(logq)):
-                break
+            if stop is not None and stop(self, candidates, step, self.draft_scores(step)):
+                if not stop.reads_candidate:
+                    break
+                stopping = True  # the rule's forward gave q for the next candidate: draw it, then verify
         return candidates, logqs
 
     def verify(self, candidates: list[int], logqs: list[torch.Tensor], accept: AcceptRule = exact_accept,

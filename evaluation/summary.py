@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from data_gen.label_math import CATEGORIES  # SPRINTER §3.2's prefix categories
 from evaluation.config import APPROXIMATE, HF_FAMILY
 from evaluation.latency import LatencyFit
 
@@ -51,6 +53,15 @@ class Totals:
     @property
     def mean_accepted(self) -> float | None:
         return float(np.mean(self.accepted_lengths)) if self.accepted_lengths else None
+
+    @property
+    def draft_kept_rate(self) -> float | None:
+        """Draft tokens kept / draft tokens proposed (kept + discarded). SPRINTER tests every draft token on its
+        own, so for it this estimates Theorem 7's acceptance rate; SD discards a round's tail untested."""
+        if self.accepted_lengths is None or self.discarded is None:
+            return None
+        kept = sum(self.accepted_lengths)
+        return kept / (kept + self.discarded) if kept + self.discarded else None
 
     @property
     def pass_at_1(self) -> float | None:
@@ -168,6 +179,68 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
         if r["mode"] == mode and r["run"] == run:
             return int(r["params"]["k"])
     return None
+
+
+def label_tv(labels_dir: str | Path) -> dict:
+    """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories, with
+    the sampling and the draft the labels were made with (``data_gen`` manifest)."""
+    from data_gen.shards import load_split, read_manifest
+
+    manifest = read_manifest(labels_dir)
+    cols = load_split(labels_dir, "test").select_columns(["category", "loss_mask", "tv"]).with_format("numpy")[:]
+    rows = cols["loss_mask"].astype(bool) & np.isin(cols["category"].astype(str), CATEGORIES)
+    if not rows.any():
+        raise ValueError(f"{labels_dir}: no draft-token rows of the categories {', '.join(CATEGORIES)} in the test split")
+    return {"mean_tv": float(cols["tv"][rows].mean()), "rows": int(rows.sum()), "sampling": manifest["sampling"],
+            "draft": manifest["models"]["draft"]}
+
+
+def theorem7_kept_rate(eta_fp: float, tv: float) -> float:
+    """SPRINTER Theorem 7: a draft token is kept with probability 1 − (1 − η_FP)·TV(p, q)."""
+    return 1 - (1 - eta_fp) * tv
+
+
+def sprinter_theorem7(records: list[dict], modes: list, head: str | None, labels_dir: str | None) -> dict:
+    """Per SPRINTER run: its measured rate of kept draft tokens (``draft_kept_rate``) against Theorem 7's
+    prediction, with η_FP = P(P̂ ≥ τ | q/p > 1) from the head file's test metrics (valid at its exported τ only)
+    and TV(p, q) averaged over the labels' test rows. Only modes sampled like the labels take part (TV depends on
+    the warping). ``skipped`` says why nothing could be checked."""
+    from heads.export import HeadFileError, check_draft, read_metadata
+
+    out = {"labels_dir": labels_dir, "head": head, "runs": [], "skipped": None}
+    runs = index([r for r in records if r["family"] == "sprinter"])
+    if not runs:
+        return {**out, "skipped": "no SPRINTER runs"}
+    if head is None or labels_dir is None:
+        return {**out, "skipped": "needs the SPRINTER policy's head file and `labels_dir`"}
+    try:
+        meta = read_metadata(head)
+        labels = label_tv(labels_dir)
+        check_draft(meta, draft=labels["draft"], path=head)
+    except (OSError, ValueError) as e:  # missing labels, a malformed head file, a head of another draft
+        return {**out, "skipped": str(e)}
+    eta_fp = meta["metrics"].get("test/head/eta_fp_thm")  # pipeline.metrics.SplitMetrics, exported by train_all
+    if eta_fp is None:
+        return {**out, "skipped": f"{head} has no test η_FP against q/p > 1 (trained before it was measured: "
+                                  "run `make train` again)"}
+    tau = float(meta["threshold"]["value"])
+    out.update(mean_tv=labels["mean_tv"], tv_rows=labels["rows"], eta_fp=eta_fp, exported_tau=tau)
+    sampled_like_labels = {m.name for m in modes
+                           if (m.temperature, m.top_k, m.top_p) == tuple(labels["sampling"][k]
+                                                                         for k in ("temperature", "top_k", "top_p"))}
+    for (mode, run), by_prompt in sorted(runs.items()):
+        t = totals(by_prompt)
+        if mode not in sampled_like_labels or t is None or t.draft_kept_rate is None:
+            continue
+        run_tau = t.params.get("tau")
+        at_exported_tau = run_tau is None or math.isclose(float(run_tau), tau, abs_tol=1e-9)
+        kept, discarded = sum(t.accepted_lengths), t.discarded
+        out["runs"].append({"mode": mode, "run": run, "tau": tau if run_tau is None else float(run_tau),
+                            "kept_rate": t.draft_kept_rate, "drafted": kept + discarded,
+                            "predicted": theorem7_kept_rate(eta_fp, labels["mean_tv"]) if at_exported_tau else None})
+    if not out["runs"]:
+        out["skipped"] = (f"no SPRINTER run in a mode sampled like the labels ({labels['sampling']})")
+    return out
 
 
 def is_peer(family: str) -> bool:

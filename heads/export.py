@@ -5,7 +5,8 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
     draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …}
     hidden_size, vocab_size
-    inputs:     what the head reads: the hidden state, and the draft scores named in init_args (with definitions)
+    inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;
+                ``prev``: the state that produced q for it), and the draft scores named in init_args
     label:      {"kind": "sprinter", "lam": 1.0} or {"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}
     role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}
@@ -32,6 +33,13 @@ DIGEST_KEYS = ("sha256", "fingerprint", "revision")
 REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics")
 
 
+FEATURE_POSITIONS = {
+    "own": "draft last-layer hidden state (after the final norm) at the token's own position, after reading it",
+    "prev": "draft last-layer hidden state (after the final norm) at the previous position: the one that produced q",
+}
+"""Which of the draft's hidden states a head reads for a token Y_i (label columns ``hidden`` and ``hidden_prev``)."""
+
+
 class HeadFileError(ValueError):
     """A head file that is malformed or does not fit the given draft model."""
 
@@ -41,16 +49,23 @@ def draft_identity(draft: dict) -> dict:
     return {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
 
 
+def feature_position(meta: dict) -> str:
+    """The position of the hidden state the head in this metadata reads (``FEATURE_POSITIONS``)."""
+    return meta.get("inputs", {}).get("position", "own")
+
+
 def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
-                threshold: dict, metrics: dict) -> Path:
+                threshold: dict, metrics: dict, position: str = "own") -> Path:
     """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
     if getattr(head, "head_type", None) not in HEADS:
         raise HeadFileError(f"{type(head).__name__} is not a registered head type; known: {', '.join(sorted(HEADS))}")
+    if position not in FEATURE_POSITIONS:
+        raise HeadFileError(f"unknown feature position {position!r}; known: {', '.join(FEATURE_POSITIONS)}")
     meta = {
         "head": {"type": head.head_type, "init_args": dict(head.config)},
         "draft": draft_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
-        "inputs": {"hidden": "draft last-layer hidden state (after the final norm) at the token's own position",
+        "inputs": {"hidden": FEATURE_POSITIONS[position], "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])}},
         "vocab_size": int(vocab_size),
         "label": label,
@@ -81,6 +96,8 @@ def read_metadata(path: str | Path) -> dict:
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
         raise HeadFileError(f"{path}: metadata lacks {', '.join(missing)}")
+    if feature_position(meta) not in FEATURE_POSITIONS:
+        raise HeadFileError(f"{path}: unknown feature position {feature_position(meta)!r}")
     return meta
 
 

@@ -19,22 +19,24 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from data_gen import label_math as lm
 from data_gen.shards import load_split, read_manifest
 
+FEATURE_COLUMNS = {"own": "hidden", "prev": "hidden_prev"}
+"""The label column behind each feature position (``heads.export.FEATURE_POSITIONS``)."""
 SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "logp_draft", "entropy_draft")
 
 
 class LabelRows(Dataset):
     """The selected rows of one split; ``rows[idx_array]`` returns a whole batch as a dict of tensors."""
 
-    def __init__(self, folder: str | Path, split: str, *, label: str, lam: float, categories: list[str] | None):
+    def __init__(self, folder: str | Path, split: str, *, label: str, lam: float, categories: list[str],
+                 feature_column: str = "hidden"):
         ds = load_split(folder, split)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
         small = {c: table.column(c) for c in SMALL_COLUMNS}
         mask = small["loss_mask"].to_numpy(zero_copy_only=False).astype(bool)
-        if categories:
-            cats = small["category"].to_numpy(zero_copy_only=False).astype(str)
-            mask &= np.isin(cats, categories)
+        cats = small["category"].to_numpy(zero_copy_only=False).astype(str)
+        mask &= np.isin(cats, categories)
         self.index = np.flatnonzero(mask)  # row numbers in the Arrow table, ascending
-        hidden: pa.ChunkedArray = table.column("hidden")
+        hidden: pa.ChunkedArray = table.column(feature_column)
         self.hidden_size = hidden.type.list_size
         # one (rows, d) float16 numpy view per Arrow chunk: zero-copy into the memory map, nothing loaded yet
         self.chunks = [c.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.hidden_size) for c in hidden.chunks]
@@ -44,6 +46,7 @@ class LabelRows(Dataset):
             return torch.from_numpy(small[name].to_numpy(zero_copy_only=False)[self.index].astype(np.float32))
 
         acceptance, ratio = col("acceptance"), col("ratio")
+        self.ratio = ratio  # q/p: η_FP (Theorem 1) is P(accept | q/p > 1) whatever λ the label uses
         if label == "soft":
             self.target = acceptance
             self.binary = (acceptance > 0.5).float()
@@ -72,6 +75,7 @@ class LabelRows(Dataset):
             "hidden": hidden,
             "target": self.target[pos_t],
             "binary": self.binary[pos_t],
+            "ratio": self.ratio[pos_t],
             "p_draft": self.p_draft[pos_t],
             "conf_entropy": self.conf_entropy[pos_t],
             "logp_draft": self.logp_draft[pos_t],
@@ -114,6 +118,7 @@ class LabelDataModule(pl.LightningDataModule):
         label: Literal["soft", "sprinter"] = "soft",
         lam: float = 1.0,
         categories: list[str] | None = None,
+        feature_position: Literal["own", "prev"] = "own",
         batch_size: int = 256,
         eval_batch_size: int = 4096,
         block_size: int = 1,
@@ -125,7 +130,11 @@ class LabelDataModule(pl.LightningDataModule):
             labels: folder written by ``python -m data_gen`` (shards and ``manifest.json``).
             label: ``soft``: the acceptance probability min(1, p/q) (SpecDec++); ``sprinter``: 1[q/p ≤ lam].
             lam: SPRINTER's λ (only with ``label: sprinter``).
-            categories: keep only rows of these prefix categories (default: all).
+            categories: train on rows of these categories (default: the rows of the label's head,
+                ``label_math.ROWS_FOR_LABEL``).
+            feature_position: the hidden state the head reads: ``own`` (column ``hidden``, after reading the
+                token; SpecDec++ Eq. 4.1) or ``prev`` (column ``hidden_prev``, the state that produced q for it;
+                SPRINTER §3.2).
             batch_size: training rows per step.
             eval_batch_size: rows per validation/test/predict batch.
             block_size: shuffle blocks of this many neighbouring rows (1: a full row permutation).
@@ -137,11 +146,15 @@ class LabelDataModule(pl.LightningDataModule):
             raise ValueError(f"label must be 'soft' or 'sprinter', got {label!r}")
         if lam <= 0:
             raise ValueError(f"lam must be positive, got {lam}")
-        unknown = sorted(set(categories or ()) - set(lm.CATEGORIES))
+        unknown = sorted(set(categories or ()) - set(lm.ROW_CATEGORIES))
         if unknown:
-            raise ValueError(f"unknown categories {unknown}; known: {', '.join(lm.CATEGORIES)}")
+            raise ValueError(f"unknown categories {unknown}; known: {', '.join(lm.ROW_CATEGORIES)}")
+        if feature_position not in FEATURE_COLUMNS:
+            raise ValueError(f"feature_position must be one of {', '.join(FEATURE_COLUMNS)}, got {feature_position!r}")
         self.save_hyperparameters()
-        self.labels, self.label, self.lam, self.categories = labels, label, lam, categories
+        self.labels, self.label, self.lam = labels, label, lam
+        self.categories = list(categories or lm.ROWS_FOR_LABEL[label])
+        self.feature_position = feature_position
         self.batch_size, self.eval_batch_size, self.block_size = batch_size, eval_batch_size, block_size
         self.num_workers, self.seed = num_workers, seed
         self.manifest = read_manifest(labels)
@@ -156,13 +169,11 @@ class LabelDataModule(pl.LightningDataModule):
     def draft(self) -> dict:
         return self.manifest["models"]["draft"]
 
-    def label_spec(self) -> dict:
-        return {"kind": "sprinter", "lam": self.lam} if self.label == "sprinter" else {"kind": "soft"}
-
     def rows(self, split: str) -> LabelRows:
         if split not in self.splits:
             self.splits[split] = LabelRows(self.labels, split, label=self.label, lam=self.lam,
-                                           categories=self.categories)
+                                           categories=self.categories,
+                                           feature_column=FEATURE_COLUMNS[self.feature_position])
         return self.splits[split]
 
     def _loader(self, split: str, train: bool) -> DataLoader:

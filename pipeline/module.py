@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from heads.features import draft_scores
-from pipeline.loss import binary_kl, weighted_bce
+from pipeline.loss import weighted_bce
 from pipeline.metrics import SplitMetrics
 
 EVAL_SPLITS = ("val", "test")
@@ -28,7 +28,7 @@ class HeadModule(pl.LightningModule):
             weight_decay: Adam weight decay (L2) of the hidden-state part of the head.
             scores_lr: learning rate of the draft-score weights of a head that reads them (``head.scores``;
                 default ``lr``); they get no weight decay.
-            threshold: decision threshold τ on P̂ for η_TP and η_FP.
+            threshold: decision threshold τ on P̂ for η_TP and η_FP (against the label and against q/p ≤ 1).
         """
         super().__init__()
         if w_acc <= 0 or w_rej <= 0:
@@ -53,9 +53,7 @@ class HeadModule(pl.LightningModule):
         logits = self(batch)
         loss = weighted_bce(logits, batch["target"], self.w_acc, self.w_rej)
         if split in EVAL_SPLITS:
-            z = logits.detach()
-            metrics = self.metrics[f"{split}_metrics"]
-            metrics.update(batch, torch.sigmoid(z), binary_kl(batch["target"], z), self.threshold)
+            self.metrics[f"{split}_metrics"].update(batch, logits.detach(), self.threshold)
         n = len(logits)
         self.log(f"{split}/loss", loss, prog_bar=split != "test", on_step=False, on_epoch=True, batch_size=n)
         return loss

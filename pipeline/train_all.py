@@ -103,8 +103,8 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
         result.export = export_head(
             model.head, heads_dir / f"{name}.safetensors", draft=dm.draft,
             vocab_size=int(dm.draft["vocab_size"]), label=label, role="stop" if soft else "verifier",
-            threshold=threshold, metrics={**{f"val/{k}": v for k, v in val.items()},
-                                          **{f"test/{k}": v for k, v in test.items()}},
+            threshold=threshold, position=dm.feature_position,
+            metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
         )
     return result
 
@@ -141,19 +141,23 @@ def _label_text(label: dict) -> str:
 
 def table(results: list[RunResult]) -> str:
     """Held-out test metrics: each head next to the training-free scores on the same rows and labels."""
-    cols = (f"{'run':<26}{'label':<20}{'scorer':<14}{'AUROC':>7}{'AP':>7}{'ECE':>7}{'KL':>7}{'η_TP':>7}{'η_FP':>7}"
-            f"{'thr':>12}{'ΔAUROC':>8}")
+    head_cols = {"AUROC": "auroc", "AP": "ap", "ECE": "ece", "KL": "kl", "η_TP": "eta_tp", "η_FP": "eta_fp",
+                 "η_TP*": "eta_tp_thm", "η_FP*": "eta_fp_thm"}
+    cols = f"{'run':<26}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols) + f"{'thr':>12}{'ΔAUROC':>8}"
     lines = [cols, "-" * len(cols)]
     for r in results:
         t = r.test
         best_free = max(t.get(f"{b}/auroc", float("nan")) for b in BASELINES)
         thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
-        lines.append(f"{r.name:<26}{_label_text(r.label):<20}{'head':<14}{t['head/auroc']:>7.3f}{t['head/ap']:>7.3f}"
-                     f"{t['head/ece']:>7.3f}{t['head/kl']:>7.3f}{t['head/eta_tp']:>7.3f}{t['head/eta_fp']:>7.3f}"
-                     f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
+        lines.append(f"{r.name:<26}{_label_text(r.label):<20}{'head':<14}"
+                     + "".join(f"{t[f'head/{k}']:>7.3f}" for k in head_cols.values())
+                     + f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
         for b in BASELINES:
             lines.append(f"{'':<26}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
-    lines.append("ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.")
+    lines += ["ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.",
+              "ECE, KL: against the training target (min(1, p/q) for soft heads). η_TP, η_FP: P(P̂ ≥ τ) on rows the "
+              "label accepts / rejects; η_TP*, η_FP*: on rows with q/p ≤ 1 / q/p > 1, whatever λ (SPRINTER "
+              "Theorem 1's definition: η_FP* is the η_FP of Theorems 1 and 7)."]
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import torch
 from stubs import StubLM, shift_table
 
 from data_gen.labeler import Labeler, Prompt, Sampling
+from data_gen.label_math import TOKEN_MIXED
 
 V = 16
 PAD, EOS = 0, 15  # EOS never has mass in these tables, so responses run to max_new_tokens
@@ -24,8 +25,20 @@ def forced(category, response=(3, 4, 5, 6, 7, 8), prompt=(1, 2), pid=0):
     return Prompt(pid, list(prompt), category, list(response))
 
 
-def check_one_hot_features(rows):
-    assert torch.equal(rows["hidden"].float(), torch.nn.functional.one_hot(rows["token_id"].long(), V).float())
+def one_hot(tokens) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.as_tensor(tokens).long(), V).float()
+
+
+def check_one_hot_features(rows, prefix_last=None):
+    """``hidden`` reads the row's own token; ``hidden_prev`` the last token of its prefix (when given)."""
+    assert torch.equal(rows["hidden"].float(), one_hot(rows["token_id"]))
+    if prefix_last is not None:
+        assert torch.equal(rows["hidden_prev"].float(), one_hot(prefix_last))
+
+
+def only(rows: dict, category: str) -> dict:
+    keep = torch.tensor([c == category for c in rows["category"]])
+    return {k: v[keep] if torch.is_tensor(v) else [c for c, m in zip(v, keep) if m] for k, v in rows.items()}
 
 
 @pytest.mark.parametrize("category", ["target", "draft", "interleaved", "original"])
@@ -39,7 +52,7 @@ def test_all_accept_when_draft_equals_target(category):
 
 
 def test_none_accept_on_disjoint_supports():
-    rows = labeler({1: 1.0}, {2: 1.0}).label([forced("target")], "cpu")
+    rows = only(labeler({1: 1.0}, {2: 1.0}).label([forced("target")], "cpu"), "target")
     assert rows["acceptance"].tolist() == [0.0] * 6
     assert all(math.isinf(r) for r in rows["ratio"].tolist())
     assert rows["tv"].tolist() == [1.0] * 6
@@ -48,7 +61,7 @@ def test_none_accept_on_disjoint_supports():
 
 def test_partial_acceptance_numbers_in_the_clean_prefix():
     """q(prev+1) = q(prev+2) = 1/2, p(prev+1) = 1/4, p(prev+2) = 3/4: every number follows from the token."""
-    rows = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("target")], "cpu")
+    rows = only(labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("target")], "cpu"), "target")
     x = [3, 4, 5, 6, 7, 8]
     prev = [2] + x[:-1]  # the candidate at response index i reads the clean prefix X<i
     h_p = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
@@ -64,7 +77,7 @@ def test_partial_acceptance_numbers_in_the_clean_prefix():
     assert rows["entropy_target"].tolist() == pytest.approx([h_p] * 6, abs=1e-6)
     assert rows["tv"].tolist() == pytest.approx([0.25] * 6, abs=1e-6)
     assert rows["loss_mask"].all()
-    check_one_hot_features(rows)
+    check_one_hot_features(rows, prefix_last=prev)
 
 
 def test_original_rows_sit_inside_the_prompt():
@@ -74,32 +87,56 @@ def test_original_rows_sit_inside_the_prompt():
     for j, tok in zip(rows["position"].tolist(), rows["token_id"].tolist()):
         assert tok - prompt[j - 1] in (1, 2)
     assert set(rows["category"]) == {"original"}
-    check_one_hot_features(rows)
+    check_one_hot_features(rows, prefix_last=[prompt[j - 1] for j in rows["position"].tolist()])
 
 
-@pytest.mark.parametrize("mixed", [False, True])
-def test_interleaved_mask_and_label_context(mixed):
-    """Rows from target tokens carry no loss; labels read X<i by default, Z<i with mixed_context_labels."""
-    x = list(range(3, 3 + 14))[:12]
-    lab = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}, sampling=Sampling(max_new_tokens=12),
-                  mixing_ratio=0.5, mixed_context_labels=mixed)
-    rows = lab.label([forced("interleaved", response=x)], "cpu")
-    z = rows["token_id"].tolist()
-    mask = rows["loss_mask"].tolist()
-    assert 0 < sum(mask) < len(mask)
-    for i, (tok, m) in enumerate(zip(z, mask)):
-        if not m:
-            assert tok == x[i]  # a target token sits where the mask is off
-        prev = ([2] + (z if mixed else x))[i]
-        step = (tok - prev) % V
-        expected_p = {1: 0.25, 2: 0.75}.get(step, 0.0)
-        assert math.exp(rows["logp_target"][i].item()) == pytest.approx(expected_p, abs=1e-6)
-    check_one_hot_features(rows)
+P_STEP = {1: 0.25, 2: 0.75}
 
 
-def test_draft_category_is_all_draft_tokens():
-    rows = labeler({1: 0.5, 2: 0.5}, {1: 0.25, 2: 0.75}).label([forced("draft")], "cpu")
+def check_label_context(rows, prefix_last):
+    """Each row's target log-prob is p(step) with step = token − the last token of the prefix it was scored in."""
+    for tok, prev, lp in zip(rows["token_id"].tolist(), prefix_last, rows["logp_target"].tolist()):
+        assert math.exp(lp) == pytest.approx(P_STEP.get((tok - prev) % V, 0.0), abs=1e-6)
+
+
+def test_token_mixed_rows_read_z_and_are_labeled_on_the_clean_prefix():
+    """SpecDec++ rows: target tokens carry no loss; the feature reads Z<i and Z_i, the label the clean X<i."""
+    x = list(range(3, 15))
+    lab = labeler({1: 0.5, 2: 0.5}, P_STEP, sampling=Sampling(max_new_tokens=12), mixing_ratio=0.5)
+    for category in ("target", "interleaved"):
+        rows = only(lab.label([forced(category, response=x)], "cpu"), TOKEN_MIXED)
+        z, mask = rows["token_id"].tolist(), rows["loss_mask"].tolist()
+        assert 0 < sum(mask) < len(mask)
+        assert all(tok == x[i] for i, (tok, m) in enumerate(zip(z, mask)) if not m)  # a target token: no loss
+        check_label_context(rows, [2] + x[:-1])
+        check_one_hot_features(rows, prefix_last=[2] + z[:-1])
+
+
+def test_interleaved_candidates_are_drawn_and_labeled_at_the_mixed_prefix():
+    """SPRINTER (d): at every position of Z (tokens of both models) a fresh candidate ~ q(·|Z<i), scored at Z<i."""
+    x = list(range(3, 15))
+    lab = labeler({1: 0.5, 2: 0.5}, P_STEP, sampling=Sampling(max_new_tokens=12), mixing_ratio=0.5)
+    out = lab.label([forced("interleaved", response=x)], "cpu")
+    z = only(out, TOKEN_MIXED)["token_id"].tolist()
+    rows = only(out, "interleaved")
+    assert set(out["category"]) == {"interleaved", TOKEN_MIXED}
+    assert rows["loss_mask"].all() and rows["position"].tolist() == list(range(2, 14))
+    prefix_last = [2] + z[:-1]
+    assert all((c - prev) % V in (1, 2) for c, prev in zip(rows["token_id"].tolist(), prefix_last))
+    assert rows["token_id"].tolist() != z  # fresh draws, not the mixed tokens themselves
+    check_label_context(rows, prefix_last)
+    check_one_hot_features(rows, prefix_last=prefix_last)
+
+
+def test_draft_category_is_the_drafts_own_completion():
+    """SPRINTER (b): the draft continues its own tokens (not the target's response), each labeled at Z<i."""
+    rows = labeler({1: 0.5, 2: 0.5}, P_STEP).label([forced("draft")], "cpu")
     assert rows["loss_mask"].all() and set(rows["category"]) == {"draft"}
+    z = rows["token_id"].tolist()
+    prefix_last = [2] + z[:-1]
+    assert all((tok - prev) % V in (1, 2) for tok, prev in zip(z, prefix_last))
+    check_label_context(rows, prefix_last)
+    check_one_hot_features(rows, prefix_last=prefix_last)
 
 
 def test_sampled_response_stops_at_eos_and_keeps_it():
@@ -108,7 +145,7 @@ def test_sampled_response_stops_at_eos_and_keeps_it():
     table[12] = -1e4
     table[12, EOS] = 0.0
     lab = Labeler(StubLM(table), StubLM(table), Sampling(max_new_tokens=8), seed=0, eos_token_ids=[EOS], pad_token_id=PAD)
-    rows = lab.label([Prompt(0, [9, 10], "target")], "cpu")
+    rows = only(lab.label([Prompt(0, [9, 10], "target")], "cpu"), "target")
     assert rows["token_id"].tolist() == [11, 12, EOS]
     assert rows["position"].tolist() == [2, 3, 4]
 

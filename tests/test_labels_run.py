@@ -38,34 +38,56 @@ PROMPTS = ["def f ( x ) :", "for i in range ( n ) : print i", "x", "return a + b
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
-@pytest.mark.parametrize("mixed", [False, True])
-def test_left_padding_never_changes_a_label(models, category, mixed):
+def test_left_padding_never_changes_a_label(models, category):
     tok = make_tokenizer()
     prompts = [Prompt(i, tok(t)["input_ids"], category) for i, t in enumerate(PROMPTS)]
-    lab = make_labeler(models, mixed_context_labels=mixed, mixing_ratio=0.4)
+    lab = make_labeler(models, mixing_ratio=0.4)
     batch = lab.label(prompts, "cpu")
     for p in prompts:
         alone = lab.label([p], "cpu")
         sel = batch["prompt_id"] == p.prompt_id
+        assert [c for c, m in zip(batch["category"], sel) if m] == alone["category"]
         for k in ("token_id", "position", "loss_mask", "greedy_match"):
             assert torch.equal(batch[k][sel], alone[k]), k
-        for k in ("logp_draft", "logp_target", "acceptance", "entropy_draft", "tv", "js", "hidden"):
+        for k in ("logp_draft", "logp_target", "acceptance", "entropy_draft", "tv", "js", "hidden", "hidden_prev"):
             torch.testing.assert_close(batch[k][sel].float(), alone[k].float(), atol=2e-3, rtol=1e-3)
 
 
-def test_candidate_pass_equals_one_forward_per_candidate(models):
-    """The 4D-mask pass gives Y_i the hidden state of the draft run on (prompt, X<i, Y_i)."""
-    draft, _ = models
+def _prefixes(rows, prompt: list[int], response: list[int]) -> list[list[int]]:
+    """The context in front of each row's token, rebuilt from the rows alone (the response is teacher-forced)."""
+    cats = rows["category"]
+    own = {c: [t for t, k in zip(rows["token_id"].tolist(), cats) if k == c] for c in set(cats)}
+    before = {"target": response, "token_mixed": own.get("token_mixed"), "interleaved": own.get("token_mixed"),
+              "draft": own.get("draft")}
+    out = []
+    for c, pos in zip(cats, rows["position"].tolist()):
+        i = pos - len(prompt)
+        out.append(prompt[:pos] if c == "original" else prompt + before[c][:i])
+    return out
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_every_row_equals_plain_forwards_at_its_own_prefix(models, category):
+    """Each row's features and both log-probs equal unbatched, uncached forwards of (prefix, token): ``hidden``
+    after reading the token, ``hidden_prev`` the state that produced q. Token-mixed rows are labeled at X<i."""
+    draft, target = models
     tok = make_tokenizer()
     prompt = tok("def f ( x ) :")["input_ids"]
     response = tok("return x + 1 if x", add_special_tokens=False)["input_ids"]
-    rows = make_labeler(models, sampling=Sampling(max_new_tokens=len(response))).label(
-        [Prompt(0, prompt, "target", response)], "cpu")
-    for i, y in enumerate(rows["token_id"].tolist()):
-        ids = torch.tensor([prompt + response[:i] + [y]])
+    rows = make_labeler(models, sampling=Sampling(max_new_tokens=len(response), temperature=1.0),
+                        mixing_ratio=0.4).label([Prompt(0, prompt, category, response)], "cpu")
+    prefixes = _prefixes(rows, prompt, response)
+    for i, (prefix, y) in enumerate(zip(prefixes, rows["token_id"].tolist())):
         with torch.no_grad():
-            h = draft.model(input_ids=ids).last_hidden_state[0, -1]
-        torch.testing.assert_close(rows["hidden"][i].float(), h.half().float(), atol=2e-3, rtol=1e-3)
+            h = draft.model(input_ids=torch.tensor([prefix + [y]])).last_hidden_state[0]
+        torch.testing.assert_close(rows["hidden"][i].float(), h[-1].half().float(), atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(rows["hidden_prev"][i].float(), h[-2].half().float(), atol=2e-3, rtol=1e-3)
+        label_prefix = prompt + response[: len(prefix) - len(prompt)] if rows["category"][i] == "token_mixed" else prefix
+        with torch.no_grad():
+            logq = draft(input_ids=torch.tensor([label_prefix])).logits[0, -1].log_softmax(-1)[y]
+            logp = target(input_ids=torch.tensor([label_prefix])).logits[0, -1].log_softmax(-1)[y]
+        assert rows["logp_draft"][i].item() == pytest.approx(logq.item(), abs=1e-4)
+        assert rows["logp_target"][i].item() == pytest.approx(logp.item(), abs=1e-4)
 
 
 def _rows(out):
@@ -85,7 +107,8 @@ def test_run_writes_manifest_and_splits_by_prompt(label_config, tmp_path):
     for s in shards.SPLITS:
         assert manifest["splits"][s]["rows"] == len(rows[s])
     train = rows["train"]
-    assert set(train["category"]) == set(CATEGORIES)
+    assert set(train["category"]) == {*CATEGORIES, "token_mixed"}
+    assert manifest["rows_for_label"]["soft"] == ["target", "token_mixed"]
     assert len(train["hidden"][0]) == 32
     assert np.all(train["acceptance"].between(0, 1))
     # teacher-forced labeling records itself in the manifest

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from heads.export import HeadFileError, load_head
+from heads.export import HeadFileError, feature_position, load_head
 from heads.features import scores_from_logprobs
 
 
@@ -20,6 +20,9 @@ class ExportedHead:
             raise HeadFileError(f"{self.path}: a {self.meta['role']!r} head, this policy needs a {role!r} head")
         self._device: torch.device | None = None
         self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
+        self.position = feature_position(self.meta)
+        """Which draft hidden state the head reads for a token: ``own`` (after reading it) or ``prev`` (the one
+        that produced q for it)."""
 
     @property
     def threshold(self) -> float:

@@ -1,8 +1,12 @@
-"""SpecDec++ (seed 003, §4, Eq. 4.1): a trained acceptance head decides when a round stops drafting; exact.
+"""SpecDec++ (Huang et al., §4, Eq. 4.1, Algorithm 1): a trained acceptance head decides when a round stops
+drafting; exact.
 
 After each candidate Y_i the draft reads it (its hidden state e_i at Y_i's own position; the same forward gives
 q for Y_{i+1}), and the round stops when the predicted probability that some candidate is rejected,
-1 − ∏_{i ≤ k} sigmoid(f(e_i)), exceeds h, or at max_k candidates. Verification is exact speculative sampling.
+1 − ∏_{i ≤ k} sigmoid(f(e_i)), exceeds h, or at max_k candidates. As in Algorithm 1, Y_{k+1} is then drawn from
+the q that forward gave and submitted too, so the stop costs no draft forward. A head trained on the previous
+position's state (``prev``) decides on Y_k from the forward Y_k was sampled from, like the training-free rules,
+and needs no forward of its own. Verification is exact speculative sampling.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.decoder import Decoding, ModelPair, register
+from evaluation.decoder import Decoding, DraftStep, ModelPair, register
 from evaluation.policies.exported import ExportedHead
 from evaluation.policies.speculative import SpeculativePolicy
 
@@ -22,13 +26,15 @@ class HeadStop:
 
     def __init__(self, head: ExportedHead, h: float):
         self.head, self.h = head, h
+        self.reads_candidate = head.position == "own"
         self.log_all_accepted = 0.0
 
     def reset(self) -> None:
         self.log_all_accepted = 0.0
 
-    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
-        logit = self.head.logit(dec.draft_feature(candidates), scores, candidates[-1])
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
+        hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
+        logit = self.head.logit(hidden, scores, candidates[-1])
         self.log_all_accepted += -math.log1p(math.exp(-logit)) if logit > -30 else logit  # log sigmoid
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 

@@ -1,11 +1,19 @@
-"""SPRINTER (seed 000, Algorithm 2): sequential approximate verification by a small trained verifier.
+"""SPRINTER (Zhou et al., Algorithm 2): sequential approximate verification by a small trained verifier.
 
-The draft proposes one token at a time and reads it (the verifier's feature is the draft's hidden state of the
-token at its own position; that forward also gives q for the next token). While the verifier accepts, drafting
-goes on with no target call. At the first token it rejects, the target runs once on the pending tokens and
-checks that last token only: keep it with probability min(1, p/q), else draw from norm((p − q)+). The tokens the
-verifier accepted are never checked, so the output follows (1 − η_FP)·p + η_FP·q (Theorem 1), and a draft token
-is kept with probability 1 − (1 − η_FP)·TV(p, q) (Theorem 7).
+The draft proposes one token at a time; the verifier decides on it from the draft's hidden state and the token's
+draft scores. Its feature is, by default, the paper's (§3.2, "the last embedding of the previous token"): the
+hidden state whose forward produced q for the token, so a decision costs no forward. A head trained on the
+token's own position (``own``) needs the draft to read the token first, a forward that is wasted whenever the
+target then replaces it. While the verifier accepts, drafting goes on with no target call. At the first token it
+rejects, the target runs once on the pending tokens and checks that last token only: keep it with probability
+min(1, p/q), else draw from norm((p − q)+). The tokens the verifier accepted are never checked.
+
+Theorem 1 (output (1 − η_FP)·p + η_FP·q) and Theorem 7 (a draft token is kept with probability
+1 − (1 − η_FP)·TV(p, q)) hold when the verifier's acceptance rate is the same constant η_FP on every token the
+exact test would reject (q > p) and 1 on the rest, i.e. when accepting does not depend on the token beyond the
+class it is in. A learned head accepts with a probability that varies from token to token: the output is then
+p + Σ_y a(y)·(q(y) − p(y))+ − (its mass moved off p), a(y) the head's acceptance of y; η_FP is its mean over the
+tokens with q > p weighted by (q − p)+, which is what the theorems' figures use (``pipeline/metrics.py``).
 
 Counts: a round ends with the target call (``accepted_lengths`` gets the tokens kept, ``discarded`` the rejected
 token when it is resampled); a last round the verifier accepts to the end of the sequence has no target call.
@@ -24,8 +32,11 @@ from evaluation.policies.exported import ExportedHead
 
 
 class Verifier(Protocol):
-    """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state of it, ``scores`` the draft's
-    confidence log-probs (V,) at its position (``Decoding.scores``); None for a head that reads no draft scores."""
+    """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state at ``position`` (``prev``: the one
+    that produced q for the token; ``own``: after reading it), ``scores`` the draft's confidence log-probs (V,) at
+    the token's position (``Decoding.draft_scores``); None for a head that reads no draft scores."""
+
+    position: str
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
                  scores: torch.Tensor | None) -> bool: ...
@@ -36,6 +47,7 @@ class HeadVerifier:
 
     def __init__(self, head: ExportedHead, tau: float):
         self.head, self.tau = head, tau
+        self.position = head.position
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
                  scores: torch.Tensor | None) -> bool:
@@ -62,6 +74,7 @@ class Sprinter:
             verifier = HeadVerifier(self.head, tau)
         self.tau = tau
         self.verifier = verifier
+        self.position = getattr(verifier, "position", "prev")  # a plain callable reads the paper's feature
         # a log-softmax over the vocabulary per token: only for verifiers that may read it
         self.needs_scores = self.head is None or bool(self.head.scores)
 
@@ -73,13 +86,12 @@ class Sprinter:
             pending: list[int] = []  # accepted by the verifier, not seen by the target
             rejected = None
             while len(pending) < dec.remaining:
-                logq = dec.draft_dist(pending)
-                y = dec.sample(logq)
-                # before reading y moves last_logits on
-                scores = dec.draft_scores(logq) if self.needs_scores else None
-                hidden = dec.draft_feature(pending + [y])
+                step = dec.draft_step(pending)
+                y = dec.sample(step.logq)
+                scores = dec.draft_scores(step) if self.needs_scores else None
+                hidden = step.hidden if self.position == "prev" else dec.draft_feature(pending + [y])
                 if not self.verifier(hidden, dec.seq + pending + [y], generator, scores):
-                    rejected = (y, logq)
+                    rejected = (y, step.logq)
                     break
                 pending.append(y)
                 if y in dec.eos:

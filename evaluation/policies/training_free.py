@@ -7,12 +7,17 @@ import math
 import torch
 
 from data_gen.label_math import entropy
-from evaluation.decoder import Decoding, ModelPair, register
+from evaluation.decoder import Decoding, DraftStep, ModelPair, register
 from evaluation.policies.speculative import SpeculativePolicy
 
 
 class StatelessStop:
-    """A stop rule that looks at the current candidate only: nothing to reset between rounds."""
+    """A stop rule that looks at the current candidate only: nothing to reset between rounds.
+
+    It reads the draft distribution the candidate was sampled from, which costs no forward: the round ends with
+    that candidate (no draft forward is left unused, as with SpecDec++'s Algorithm 1)."""
+
+    reads_candidate = False
 
     def reset(self) -> None:
         pass
@@ -24,17 +29,17 @@ class ConfidenceStop(StatelessStop):
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
         return scores[candidates[-1]].exp().item() < self.threshold
 
 
 class EntropyStop(StatelessStop):
-    """SVIP (seed 004, Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``scores`` > h."""
+    """SVIP (Zhang et al., Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``scores`` > h."""
 
     def __init__(self, h: float):
         self.h = h
 
-    def __call__(self, dec: Decoding, candidates: list[int], logq: torch.Tensor, scores: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
         return math.sqrt(max(entropy(scores).item(), 0.0)) > self.h
 
 
@@ -56,7 +61,7 @@ class Confidence(SpeculativePolicy):
 
 @register("svip")
 class SVIP(SpeculativePolicy):
-    """SVIP's entropy stop rule (seed 004), at most max_k candidates per round."""
+    """SVIP's entropy stop rule (Zhang et al.), at most max_k candidates per round."""
 
     def __init__(self, h: float, max_k: int = 20):
         if h < 0 or max_k < 1:
