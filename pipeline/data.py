@@ -36,6 +36,9 @@ class LabelRows(Dataset):
         cats = small["category"].to_numpy(zero_copy_only=False).astype(str)
         mask &= np.isin(cats, categories)
         self.index = np.flatnonzero(mask)  # row numbers in the Arrow table, ascending
+        if not len(self.index):
+            raise ValueError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
+                             f"(label {label!r}); label more prompts or choose other categories")
         hidden: pa.ChunkedArray = table.column(feature_column)
         self.hidden_size = hidden.type.list_size
         # one (rows, d) float16 numpy view per Arrow chunk: zero-copy into the memory map, nothing loaded yet

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from heads import build_head
-from heads.export import HeadFileError, export_head, load_head, read_metadata
+from heads.export import HeadFileError, export_head, feature_position, load_head, read_metadata
 
 DRAFT = {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "abc123", "hidden_size": 16, "vocab_size": 57}
 OTHER = {**DRAFT, "name": "other", "fingerprint": "def456"}
@@ -109,3 +109,17 @@ def test_malformed_metadata_and_weights(tmp_path):
     with pytest.raises(HeadFileError, match="do not fit"):
         load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m["head"]["init_args"].update(depth=2)))
     assert read_metadata(src)["role"] == "stop"
+
+
+def test_feature_position_travels_in_the_file(tmp_path):
+    """The hidden state a head reads (own position or the previous one) is recorded, read back and checked."""
+    head = build_head("sprinter", hidden_size=16)
+    assert feature_position(read_metadata(_export(tmp_path, head))) == "own"
+    path = export_head(head, tmp_path / "prev.safetensors", draft=DRAFT, vocab_size=57, label={"kind": "sprinter"},
+                       role="verifier", threshold={"name": "tau", "value": 0.5, "rule": "r"}, metrics={},
+                       position="prev")
+    meta = read_metadata(path)
+    assert feature_position(meta) == "prev" and "produced q" in meta["inputs"]["hidden"]
+    with pytest.raises(HeadFileError, match="unknown feature position 'next'"):
+        export_head(head, tmp_path / "bad.safetensors", draft=DRAFT, vocab_size=57, label={}, role="verifier",
+                    threshold={}, metrics={}, position="next")

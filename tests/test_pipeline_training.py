@@ -45,7 +45,8 @@ def test_data_module_reads_loss_rows_and_labels(tiny_labels):
     dm = LabelDataModule(str(tiny_labels), label="sprinter", lam=1.2, batch_size=16)
     assert dm.hidden_size == read_manifest(tiny_labels)["feature"]["hidden_size"] == 32
     ds = load_split(tiny_labels, "train").with_format("numpy")[:]
-    keep = ds["loss_mask"].astype(bool)
+    keep = ds["loss_mask"].astype(bool) & np.isin(ds["category"].astype(str), lm.CATEGORIES)  # SPRINTER's rows
+    assert keep.sum() < ds["loss_mask"].sum()  # the token-mixed rows are the stop head's
     batches = list(dm.train_dataloader())
     assert sum(len(b["target"]) for b in batches) == keep.sum()
     assert max(len(b["target"]) for b in batches) == 16
@@ -56,6 +57,20 @@ def test_data_module_reads_loss_rows_and_labels(tiny_labels):
     expected = lm.sprinter_label(torch.from_numpy(ds["ratio"][keep]), 1.2).float()
     torch.testing.assert_close(b["target"], expected)
     torch.testing.assert_close(b["p_draft"], torch.from_numpy(np.exp(ds["logp_draft"][keep])))
+
+
+@pytest.mark.parametrize("label, position", [("soft", "own"), ("sprinter", "prev")])
+def test_each_head_reads_its_rows_and_feature(tiny_labels, label, position):
+    """The stop head trains on rows labeled on the clean prefix, the verifier on the four §3.2 categories; the
+    feature is the column of the chosen position."""
+    dm = LabelDataModule(str(tiny_labels), label=label, feature_position=position)
+    ds = load_split(tiny_labels, "val").with_format("numpy")[:]
+    keep = ds["loss_mask"].astype(bool) & np.isin(ds["category"].astype(str), lm.ROWS_FOR_LABEL[label])
+    rows = dm.rows("val")
+    b = rows[np.arange(len(rows))]
+    column = {"own": "hidden", "prev": "hidden_prev"}[position]
+    np.testing.assert_array_equal(b["hidden"].numpy(), ds[column][keep].astype(np.float32))
+    np.testing.assert_array_equal(b["ratio"].numpy(), ds["ratio"][keep])
 
 
 def test_soft_label_and_category_filter(tiny_labels):
@@ -69,8 +84,10 @@ def test_soft_label_and_category_filter(tiny_labels):
 
 
 def test_bad_settings_are_refused(tiny_labels):
-    with pytest.raises(ValueError, match="known: original, draft, target, interleaved"):
+    with pytest.raises(ValueError, match="known: original, draft, target, interleaved, token_mixed"):
         LabelDataModule(str(tiny_labels), categories=["prompt"])
+    with pytest.raises(ValueError, match="feature_position must be one of own, prev"):
+        LabelDataModule(str(tiny_labels), feature_position="next")
     with pytest.raises(ValueError, match="label must be"):
         LabelDataModule(str(tiny_labels), label="hard")
 
@@ -112,6 +129,8 @@ def test_train_all_exports_loadable_heads(tiny_labels, tmp_path):
     for r in results:
         head, meta = load_head(r.export, draft=draft)
         assert meta["metrics"]["test/head/auroc"] == pytest.approx(r.test["head/auroc"])
+        assert 0 <= meta["metrics"]["test/head/eta_fp_thm"] <= 1  # Theorem 1's η_FP, what the eval report reads
         assert 0 <= meta["threshold"]["value"] <= 1
     assert (tmp_path / "train" / "roc.png").stat().st_size > 0
-    assert "p_draft" in (tmp_path / "train" / "metrics.txt").read_text()
+    table = (tmp_path / "train" / "metrics.txt").read_text()
+    assert "p_draft" in table and "η_FP*" in table
