@@ -17,7 +17,8 @@ import torch
 from evaluation import quality
 from evaluation.config import FAMILIES, HF_FAMILY, EvalConfig
 from evaluation.latency import LatencyFit, fit_records, timing_fit
-from evaluation.summary import Totals, agreement, choose, index, per_prompt_speedup, spread, totals
+from evaluation.summary import (Totals, agreement, choose, index, per_prompt_speedup, spread, sprinter_theorem7,
+                                totals)
 
 GOAL_SD_VS_HF = 1.0
 GOAL_SPECDECPP = 1.10
@@ -121,6 +122,8 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         out["modes"][mode.name] = {"sampling": vars(mode.sampling(cfg.max_new_tokens)), "chosen": chosen,
                                    "table": table, "sweep": sweep}
     out["goals"] = goals(cfg, out)
+    fixed_head = next((s.fixed.get("head") for s in cfg.policies if s.family == "sprinter"), None)
+    out["theorem7"] = sprinter_theorem7(records, cfg.modes, fixed_head, cfg.labels_dir)
     return out
 
 
@@ -346,6 +349,28 @@ def _training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | N
     return lines, metrics
 
 
+def _theorem7_md(t7: dict) -> str:
+    """SPRINTER Theorem 7 as one line: per head, the predicted rate of kept draft tokens, then each run's measured
+    one."""
+    title = "- SPRINTER Theorem 7 (a draft token is kept with probability 1 − (1 − η_FP)·TV(p, q))"
+    if t7["skipped"]:
+        return f"{title}: not checked, {t7['skipped']}."
+    parts = []
+    for head, h in t7["heads"].items():
+        weighted = "" if h["predicted_weighted"] is None else (
+            f", weighted by the excess mass (q − p)+ (exact for a token-dependent head) {h['eta_fp_weighted']:.3f} "
+            f"→ {h['predicted_weighted']:.3f}")
+        runs = "; ".join(f"`{r['mode']}` `{r['run']}` {r['kept_rate']:.3f} of {r['drafted']} drafted"
+                         + ("" if r["at_exported_tau"] else " (another τ: no prediction)")
+                         for r in t7["runs"] if r["head"] == head)
+        parts.append(f"`{Path(head).name}` at its exported τ = {h['exported_tau']:.3f}: predicted with "
+                     f"η_FP = P(P̂ ≥ τ | q/p > 1) {h['eta_fp']:.3f} → {h['predicted']:.3f}{weighted}; measured {runs}")
+    if t7["not_checked"]:
+        parts.append(f"not checked: {'; '.join(t7['not_checked'])}")
+    return (f"{title}, mean TV {t7['mean_tv']:.3f} over {t7['tv_rows']} test rows of `{t7['labels_dir']}`: "
+            + " — ".join(parts) + ".")
+
+
 def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
     fit_names = list(s["latency_fit"])
     lines = [f"# Evaluation: {s['draft']} → {s['target']}", "",
@@ -373,6 +398,7 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
         met = "n/a" if g["met"] is None else ("met" if g["met"] else "**missed**")
         lines.append(f"| {g['goal']} | {g['mode'] or ''} | {g['target']:g} | {_f(g['value'], '.3f', 'n/a')} | {met} | "
                      f"{_f(g['margin'], '+.3f')} | {g['detail']} |")
+    lines += ["", _theorem7_md(s["theorem7"])]
     for name, m in s["modes"].items():
         smp = m["sampling"]
         lines += ["", f"## Mode `{name}` (temperature {smp['temperature']:g}, top-k {smp['top_k']}, "

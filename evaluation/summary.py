@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.label_math import CATEGORIES  # SPRINTER §3.2's prefix categories
+from data_gen.label_math import ROWS_FOR_LABEL
 from evaluation.config import APPROXIMATE, HF_FAMILY
 from evaluation.latency import LatencyFit
 
@@ -55,13 +55,17 @@ class Totals:
         return float(np.mean(self.accepted_lengths)) if self.accepted_lengths else None
 
     @property
-    def draft_kept_rate(self) -> float | None:
-        """Draft tokens kept / draft tokens proposed (kept + discarded). SPRINTER tests every draft token on its
-        own, so for it this estimates Theorem 7's acceptance rate; SD discards a round's tail untested."""
+    def drafted(self) -> int | None:
+        """Draft tokens proposed: the ones kept (``accepted_lengths``) plus the ones discarded."""
         if self.accepted_lengths is None or self.discarded is None:
             return None
-        kept = sum(self.accepted_lengths)
-        return kept / (kept + self.discarded) if kept + self.discarded else None
+        return sum(self.accepted_lengths) + self.discarded
+
+    @property
+    def draft_kept_rate(self) -> float | None:
+        """Draft tokens kept / draft tokens proposed. SPRINTER tests every draft token on its own, so for it this
+        estimates Theorem 7's acceptance rate; SD discards the tail of a round untested."""
+        return sum(self.accepted_lengths) / self.drafted if self.drafted else None
 
     @property
     def pass_at_1(self) -> float | None:
@@ -182,15 +186,16 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
 
 
 def label_tv(labels_dir: str | Path) -> dict:
-    """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories, with
-    the sampling and the draft the labels were made with (``data_gen`` manifest)."""
+    """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories (the
+    verifier's rows, ``ROWS_FOR_LABEL``), with the sampling and the draft the labels were made with (manifest)."""
     from data_gen.shards import load_split, read_manifest
 
     manifest = read_manifest(labels_dir)
+    categories = ROWS_FOR_LABEL["sprinter"]
     cols = load_split(labels_dir, "test").select_columns(["category", "loss_mask", "tv"]).with_format("numpy")[:]
-    rows = cols["loss_mask"].astype(bool) & np.isin(cols["category"].astype(str), CATEGORIES)
+    rows = cols["loss_mask"].astype(bool) & np.isin(cols["category"].astype(str), categories)
     if not rows.any():
-        raise ValueError(f"{labels_dir}: no draft-token rows of the categories {', '.join(CATEGORIES)} in the test split")
+        raise ValueError(f"{labels_dir}: no draft-token rows of the categories {', '.join(categories)} in test")
     return {"mean_tv": float(cols["tv"][rows].mean()), "rows": int(rows.sum()), "sampling": manifest["sampling"],
             "draft": manifest["models"]["draft"]}
 
@@ -200,46 +205,68 @@ def theorem7_kept_rate(eta_fp: float, tv: float) -> float:
     return 1 - (1 - eta_fp) * tv
 
 
-def sprinter_theorem7(records: list[dict], modes: list, head: str | None, labels_dir: str | None) -> dict:
-    """Per SPRINTER run: its measured rate of kept draft tokens (``draft_kept_rate``) against Theorem 7's
-    prediction, with η_FP = P(P̂ ≥ τ | q/p > 1) from the head file's test metrics (valid at its exported τ only)
-    and TV(p, q) averaged over the labels' test rows. Only modes sampled like the labels take part (TV depends on
-    the warping). ``skipped`` says why nothing could be checked."""
+def _theorem7_prediction(head: str, labels: dict) -> dict:
+    """Theorem 7's kept rate for one exported verifier at its exported τ, from its test η_FP (both forms)."""
     from heads.export import HeadFileError, check_draft, read_metadata
 
-    out = {"labels_dir": labels_dir, "head": head, "runs": [], "skipped": None}
-    runs = index([r for r in records if r["family"] == "sprinter"])
-    if not runs:
-        return {**out, "skipped": "no SPRINTER runs"}
-    if head is None or labels_dir is None:
-        return {**out, "skipped": "needs the SPRINTER policy's head file and `labels_dir`"}
-    try:
-        meta = read_metadata(head)
-        labels = label_tv(labels_dir)
-        check_draft(meta, draft=labels["draft"], path=head)
-    except (OSError, ValueError) as e:  # missing labels, a malformed head file, a head of another draft
-        return {**out, "skipped": str(e)}
-    eta_fp = meta["metrics"].get("test/head/eta_fp_thm")  # pipeline.metrics.SplitMetrics, exported by train_all
+    meta = read_metadata(head)
+    check_draft(meta, draft=labels["draft"], path=head)
+    metrics = meta["metrics"]  # pipeline.metrics.SplitMetrics on the test split, exported by train_all
+    eta_fp, eta_fp_weighted = metrics.get("test/head/eta_fp_thm"), metrics.get("test/head/eta_fp_thm_weighted")
     if eta_fp is None:
-        return {**out, "skipped": f"{head} has no test η_FP against q/p > 1 (trained before it was measured: "
-                                  "run `make train` again)"}
-    tau = float(meta["threshold"]["value"])
-    out.update(mean_tv=labels["mean_tv"], tv_rows=labels["rows"], eta_fp=eta_fp, exported_tau=tau)
-    sampled_like_labels = {m.name for m in modes
-                           if (m.temperature, m.top_k, m.top_p) == tuple(labels["sampling"][k]
-                                                                         for k in ("temperature", "top_k", "top_p"))}
+        raise HeadFileError(f"{head} has no test η_FP against q/p > 1 (trained before it was measured: run "
+                            "`make train` again)")
+    tv = labels["mean_tv"]
+    return {"exported_tau": float(meta["threshold"]["value"]), "eta_fp": eta_fp, "eta_fp_weighted": eta_fp_weighted,
+            "predicted": theorem7_kept_rate(eta_fp, tv),
+            "predicted_weighted": None if eta_fp_weighted is None else theorem7_kept_rate(eta_fp_weighted, tv)}
+
+
+def sprinter_theorem7(records: list[dict], modes: list, fixed_head: str | None, labels_dir: str | None) -> dict:
+    """Per SPRINTER run: its measured rate of kept draft tokens (``draft_kept_rate``) against Theorem 7's
+    prediction for its head (``heads``: the run's ``head`` parameter, else ``fixed_head``), with TV(p, q) averaged
+    over the labels' test rows and η_FP from the head file's test metrics, valid at its exported τ only:
+    P(P̂ ≥ τ | q/p > 1) as the theorem states it (``predicted``), and weighted by the excess mass
+    (``predicted_weighted``, exact for a head whose acceptance varies token to token; see
+    ``pipeline.metrics.ExcessMassAcceptRate``). Only modes sampled like the labels take part (TV depends on the
+    warping). ``skipped`` says why nothing could be checked, ``not_checked`` why some runs were not."""
+    out = {"labels_dir": labels_dir, "heads": {}, "runs": [], "skipped": None, "not_checked": []}
+    runs = index([r for r in records if r["family"] == "sprinter"])
+    if not runs or labels_dir is None:
+        return {**out, "skipped": "no SPRINTER runs" if not runs else "needs `labels_dir`"}
+    try:
+        labels = label_tv(labels_dir)
+    except (OSError, ValueError) as e:  # no labels there, or none of the verifier's rows
+        return {**out, "skipped": str(e)}
+    out.update(mean_tv=labels["mean_tv"], tv_rows=labels["rows"])
+    label_warp = tuple(labels["sampling"][k] for k in ("temperature", "top_k", "top_p"))
+    sampled_like_labels = {m.name for m in modes if (m.temperature, m.top_k, m.top_p) == label_warp}
+    problems = {}
     for (mode, run), by_prompt in sorted(runs.items()):
         t = totals(by_prompt)
         if mode not in sampled_like_labels or t is None or t.draft_kept_rate is None:
             continue
+        head = t.params.get("head", fixed_head)
+        if head is None:
+            problems[run] = f"{run} names no head file"
+            continue
+        if head not in out["heads"] and head not in problems:
+            try:
+                out["heads"][head] = _theorem7_prediction(head, labels)
+            except (OSError, ValueError) as e:  # a missing or malformed head file, a head of another draft
+                problems[head] = str(e)
+        if head in problems:
+            continue
         run_tau = t.params.get("tau")
-        at_exported_tau = run_tau is None or math.isclose(float(run_tau), tau, abs_tol=1e-9)
-        kept, discarded = sum(t.accepted_lengths), t.discarded
-        out["runs"].append({"mode": mode, "run": run, "tau": tau if run_tau is None else float(run_tau),
-                            "kept_rate": t.draft_kept_rate, "drafted": kept + discarded,
-                            "predicted": theorem7_kept_rate(eta_fp, labels["mean_tv"]) if at_exported_tau else None})
+        exported_tau = out["heads"][head]["exported_tau"]
+        out["runs"].append({"mode": mode, "run": run, "head": head, "tau": exported_tau if run_tau is None else run_tau,
+                            "at_exported_tau": run_tau is None or math.isclose(run_tau, exported_tau, abs_tol=1e-9),
+                            "kept_rate": t.draft_kept_rate, "drafted": t.drafted})
+    out["not_checked"] = list(problems.values())
     if not out["runs"]:
-        out["skipped"] = (f"no SPRINTER run in a mode sampled like the labels ({labels['sampling']})")
+        out["skipped"] = "; ".join(problems.values()) or \
+            f"no SPRINTER run in a mode sampled like the labels ({labels['sampling']})"
+    out["runs"].sort(key=lambda r: (r["head"], not r["at_exported_tau"]))  # per head, predicted runs first
     return out
 
 

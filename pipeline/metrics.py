@@ -40,6 +40,31 @@ class RatesAtThreshold(Metric):
         }
 
 
+class ExcessMassAcceptRate(Metric):
+    """η_FP weighted by the excess mass: Σ 1[P̂ ≥ τ]·(1 − p/q)+ / Σ (1 − p/q)+ over the rows.
+
+    Rows are draft samples y ~ q, so the weight (1 − p/q)+ = (q(y) − p(y))+ / q(y) makes this the share of the
+    excess mass Σ_y (q − p)+ = TV(p, q) that the verifier lets through. Theorems 1 and 7 assume one acceptance
+    rate on every token with q > p; a learned head's varies from token to token, and with this average
+    1 − (1 − η_FP)·TV is still the exact expected rate of kept draft tokens on these rows' contexts.
+    """
+
+    full_state_update = False
+
+    def __init__(self):
+        super().__init__()
+        for name in ("accepted_mass", "mass"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, probs: torch.Tensor, ratio: torch.Tensor, threshold: float) -> None:
+        excess = (1 - 1 / ratio.double()).clamp_min(0)  # q/p = inf (p = 0): the whole token is excess
+        self.accepted_mass += (excess * (probs >= threshold)).sum()
+        self.mass += excess.sum()
+
+    def compute(self) -> torch.Tensor:
+        return (self.accepted_mass / self.mass if self.mass > 0 else torch.zeros((), dtype=torch.float64)).float()
+
+
 class CalibrationError(Metric):
     """Expected calibration error against a target in [0, 1]: Σ_b (n_b / n)·|mean_b(P̂) − mean_b(target)|.
 
@@ -84,7 +109,8 @@ class SplitMetrics(nn.Module):
       SpecDec++ head, or the binary label), since P̂ estimates that target;
     - ``eta_tp``, ``eta_fp`` at the threshold τ: against the binary label;
     - ``eta_tp_thm`` = P(P̂ ≥ τ | q/p ≤ 1) and ``eta_fp_thm`` = P(P̂ ≥ τ | q/p > 1): SPRINTER Theorem 1's rates,
-      whatever λ the head was trained at (``batch["ratio"]``); η_FP_thm is the one Theorems 1 and 7 need.
+      whatever λ the head was trained at (``batch["ratio"]``); ``eta_fp_thm_weighted``: η_FP weighted by the
+      excess mass (``ExcessMassAcceptRate``), the η_FP under which Theorem 7 holds for a token-dependent head.
 
     ``thresholds=None`` computes AUROC and AP exactly (every score kept until ``compute``); an integer bins the
     scores into that many thresholds (constant memory, used for the training split).
@@ -97,6 +123,7 @@ class SplitMetrics(nn.Module):
         self.kl = MeanMetric()
         self.rates = RatesAtThreshold()
         self.theorem_rates = RatesAtThreshold()
+        self.eta_fp_weighted = ExcessMassAcceptRate()
         self.baselines = nn.ModuleDict({name: ranking(thresholds) for name in BASELINES})
 
     def update(self, batch: dict, logits: torch.Tensor, threshold: float) -> None:
@@ -107,6 +134,7 @@ class SplitMetrics(nn.Module):
         self.kl.update(binary_kl(batch["target"], logits))
         self.rates.update(probs, binary, threshold)
         self.theorem_rates.update(probs, batch["ratio"] <= 1, threshold)  # Theorem 1: acceptable iff q/p ≤ 1
+        self.eta_fp_weighted.update(probs, batch["ratio"], threshold)
         for name, m in self.baselines.items():
             m.update(batch[name], binary)
 
@@ -116,10 +144,12 @@ class SplitMetrics(nn.Module):
         out["head/kl"] = self.kl.compute()
         out.update({f"head/{k}": v for k, v in self.rates.compute().items()})
         out.update({f"head/{k}_thm": v for k, v in self.theorem_rates.compute().items()})
+        out["head/eta_fp_thm_weighted"] = self.eta_fp_weighted.compute()
         for name, m in self.baselines.items():
             out.update({f"{name}/{k}": v for k, v in m.compute().items()})
         return out
 
     def reset(self) -> None:
-        for m in (self.head, self.ece, self.kl, self.rates, self.theorem_rates, *self.baselines.values()):
+        for m in (self.head, self.ece, self.kl, self.rates, self.theorem_rates, self.eta_fp_weighted,
+                  *self.baselines.values()):
             m.reset()

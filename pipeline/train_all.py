@@ -142,8 +142,9 @@ def _label_text(label: dict) -> str:
 def table(results: list[RunResult]) -> str:
     """Held-out test metrics: each head next to the training-free scores on the same rows and labels."""
     head_cols = {"AUROC": "auroc", "AP": "ap", "ECE": "ece", "KL": "kl", "η_TP": "eta_tp", "η_FP": "eta_fp",
-                 "η_TP*": "eta_tp_thm", "η_FP*": "eta_fp_thm"}
-    cols = f"{'run':<26}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols) + f"{'thr':>12}{'ΔAUROC':>8}"
+                 "η_TP*": "eta_tp_thm", "η_FP*": "eta_fp_thm", "η_FP*w": "eta_fp_thm_weighted"}
+    cols = (f"{'run':<26}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols)
+            + f"{'thr':>12}{'ΔAUROC':>8}")
     lines = [cols, "-" * len(cols)]
     for r in results:
         t = r.test
@@ -156,8 +157,9 @@ def table(results: list[RunResult]) -> str:
             lines.append(f"{'':<26}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
     lines += ["ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.",
               "ECE, KL: against the training target (min(1, p/q) for soft heads). η_TP, η_FP: P(P̂ ≥ τ) on rows the "
-              "label accepts / rejects; η_TP*, η_FP*: on rows with q/p ≤ 1 / q/p > 1, whatever λ (SPRINTER "
-              "Theorem 1's definition: η_FP* is the η_FP of Theorems 1 and 7)."]
+              "label accepts / rejects;",
+              "η_TP*, η_FP*: on rows with q/p ≤ 1 / q/p > 1, whatever λ (SPRINTER Theorem 1's definition); η_FP*w: "
+              "η_FP* weighted by the excess mass (1 − p/q)+, under which Theorem 7 holds for a token-dependent head."]
     return "\n".join(lines)
 
 

@@ -1,13 +1,16 @@
 """Every decoding policy on the tiny random-init Llama pair: real KV caches, cut back on rejection.
 
-- greedy: every exact policy (and SPRINTER with a verifier that rejects everything, and Fuzzy SD below ln 2)
+- greedy: every exact policy (and SPRINTER with a verifier that rejects everything, and Fuzzy SD below 1 bit)
   reproduces target-only greedy decoding token for token;
 - sampling: SD through the real caches matches the target's marginal of the second token (χ²);
-- the counts every report is built from (SpecDec++ §3: N_draft + N_target = N + N_discarded for SD);
+- the counts every report is built from (SpecDec++ §3: N_draft + N_target = N + N_discarded for every stop rule);
+- the feature each head reads (its own position, or the previous one) against plain forwards;
 - the registry: every name builds and runs, an unknown name lists the known ones.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -33,11 +36,11 @@ def pair_with(models, **sampling) -> ModelPair:
     return ModelPair(*models, eos_token_ids=[], sampling=Sampling(**sampling))
 
 
-def _export(path, head, role: str, value: float):
+def _export(path, head, role: str, value: float, position: str = "own"):
     return str(export_head(
         head, path, draft={"name": "tiny-draft", "source": "test"}, vocab_size=64, label={"kind": "test"},
         role=role, threshold={"name": "tau" if role == "verifier" else "h", "value": value, "rule": "test"},
-        metrics={},
+        metrics={}, position=position,
     ))
 
 
@@ -55,6 +58,7 @@ def heads(tmp_path_factory, models):
         verifier.linear.weight.zero_()
         verifier.linear.bias.zero_()
     return {"stop": _export(d / "stop.safetensors", stop, "stop", 0.5),
+            "stop_prev": _export(d / "stop_prev.safetensors", stop, "stop", 0.5, position="prev"),
             "verifier": _export(d / "verifier.safetensors", verifier, "verifier", 0.6)}
 
 
@@ -80,6 +84,16 @@ def test_greedy_equals_target_greedy(models, heads, name, kwargs):
         reference = generate(build_policy("target_only"), pair, prompt).tokens
         result = generate(build_policy(name, **kwargs), pair, prompt)
         assert result.tokens == reference
+
+
+def test_fuzzy_threshold_is_in_bits():
+    """p = (1, 0), q = (½, ½): JS = ½·ln(4/3) + ¼·ln(2/3) + ¼·ln 2 = 0.2158 nats = 0.3113 bits."""
+    logp, logq = torch.tensor([0.0, -math.inf]), torch.tensor([0.5, 0.5]).log()
+    js_bits = (0.5 * math.log(4 / 3) + 0.25 * math.log(2 / 3) + 0.25 * math.log(2)) / math.log(2)
+    assert js_bits == pytest.approx(0.3113, abs=1e-4)
+    assert not build_policy("fuzzy", T=0.25).accept(None, logp, logq, 0)  # in nats (0.2158 < 0.25) it would keep
+    assert build_policy("fuzzy", T=0.32).accept(None, logp, logq, 0)
+    assert build_policy("fuzzy", T=1.0).accept(None, logq, logq, 0)
 
 
 def test_sd_sampling_through_the_caches_is_exact(models):
@@ -127,13 +141,80 @@ def test_counts(models, heads):
     s = generate(build_policy("specdecpp", head=heads["stop"], h=0.6), pair, prompt).stats
     assert s.target_calls == len(s.accepted_lengths)
     assert sum(s.accepted_lengths) + len(s.accepted_lengths) == s.new_tokens
-    assert s.draft_calls >= sum(s.accepted_lengths) + s.discarded  # + the forwards that read a head's feature
+    assert s.draft_calls == sum(s.accepted_lengths) + s.discarded  # the head's forwards gave the next q
 
     s = generate(build_policy("sprinter", head=heads["verifier"], tau=0.4), pair, prompt).stats
     assert (s.new_tokens, s.target_calls, s.discarded) == (20, 0, 0)  # τ below 0.5: the verifier accepts all
     s = generate(build_policy("sprinter", head=heads["verifier"]), pair, prompt).stats
     assert s.target_calls == s.new_tokens == 20  # τ above 0.5: every token goes to the target
     assert sum(s.accepted_lengths) + s.discarded == s.new_tokens
+
+
+STOP_RULES = [("sd", {"k": 3}), ("hf_heuristic", {}), ("confidence", {"threshold": 0.5}), ("svip", {"h": 1.0}),
+              ("specdecpp", {"head": "stop", "h": 0.4}), ("specdecpp", {"head": "stop_prev", "h": 0.4})]
+
+
+@pytest.mark.parametrize("name, kwargs", STOP_RULES)
+@pytest.mark.parametrize("eos", [[], [7, 20, 33]])
+def test_no_draft_forward_is_wasted(models, heads, name, kwargs, eos):
+    """SpecDec++ Lemma 3.1: N_draft + N_target = N + N_discarded, i.e. every draft forward's q is sampled and
+    submitted (SpecDec++ Algorithm 1 submits the candidate drawn from the forward its head read), for every stop
+    rule, at EOS and at max_new_tokens. The one exception is the last round when its last candidate is an accepted
+    EOS: the target call then adds no token."""
+    kwargs = {k: heads.get(v, v) if k == "head" else v for k, v in kwargs.items()}
+    pair = ModelPair(*models, eos_token_ids=eos, sampling=Sampling(temperature=1.0, max_new_tokens=24))
+    stopped_early = 0
+    for seed in range(4):
+        for prompt in PROMPTS:
+            r = generate(build_policy(name, **kwargs), pair, prompt, seed=seed)
+            s = r.stats
+            wasted = s.draft_calls + s.target_calls - (s.new_tokens + s.discarded)
+            assert wasted == 0 or (wasted == 1 and r.tokens[-1] in eos)
+            stopped_early += sum(1 for n in s.accepted_lengths if n < 3)
+    assert stopped_early > 0
+
+
+@pytest.mark.parametrize("head", ["stop", "stop_prev"])
+def test_specdecpp_that_never_stops_drafts_like_sd(models, heads, head):
+    """At h = 1 the rule never fires: every round drafts max_k candidates, like SD at K = max_k, draw for draw."""
+    pair = pair_with(models, temperature=1.0, max_new_tokens=30)
+    for seed in range(3):
+        ours = generate(build_policy("specdecpp", head=heads[head], h=1.0, max_k=5), pair, PROMPTS[0], seed)
+        sd = generate(build_policy("sd", k=5), pair, PROMPTS[0], seed)
+        assert ours.tokens == sd.tokens
+        for k in ("target_calls", "draft_calls", "discarded", "accepted_lengths"):
+            assert getattr(ours.stats, k) == getattr(sd.stats, k), k
+
+
+def test_each_head_reads_the_hidden_state_it_was_trained_on(models, heads, monkeypatch):
+    """``own``: the draft's state after reading the candidate (SpecDec++ Eq. 4.1); ``prev``: the state that
+    produced q for it (SPRINTER §3.2). Checked against plain uncached forwards of the draft."""
+    from evaluation.policies import exported, specdecpp, sprinter
+
+    seen = []  # (context ending with the candidate, hidden the head got)
+    context = []
+    logit = exported.ExportedHead.logit
+    monkeypatch.setattr(exported.ExportedHead, "logit",
+                        lambda self, hidden, *a: seen.append((context[-1], self.position, hidden)) or logit(self, hidden, *a))
+    stop_call, verify_call = specdecpp.HeadStop.__call__, sprinter.HeadVerifier.__call__
+    monkeypatch.setattr(specdecpp.HeadStop, "__call__",
+                        lambda self, dec, cands, *a: context.append(dec.seq + cands) or stop_call(self, dec, cands, *a))
+    monkeypatch.setattr(sprinter.HeadVerifier, "__call__",
+                        lambda self, hidden, ids, *a: context.append(list(ids)) or verify_call(self, hidden, ids, *a))
+    pair = pair_with(models, temperature=1.0, max_new_tokens=12)
+    prev_verifier = heads["verifier"].replace("verifier.safetensors", "verifier_prev.safetensors")
+    _export(prev_verifier, exported.load_head(heads["verifier"])[0], "verifier", 0.4, position="prev")
+    for head in (heads["stop"], heads["stop_prev"]):
+        generate(build_policy("specdecpp", head=head, h=0.9), pair, PROMPTS[0])
+    for head in (heads["verifier"], prev_verifier):
+        generate(build_policy("sprinter", head=head, tau=0.4), pair, PROMPTS[1])
+    assert {p for _, p, _ in seen} == {"own", "prev"} and len(seen) > 20
+    draft = models[0]
+    for ids, position, hidden in seen:
+        read = ids if position == "own" else ids[:-1]
+        with torch.no_grad():
+            expected = draft.model(input_ids=torch.tensor([read])).last_hidden_state[0, -1]
+        torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_reproducible(models, heads):
@@ -182,9 +263,12 @@ def _score_only_head(cls, hidden: int, cut: float, **kw):
 
 
 def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path):
-    """A stop head and a verifier that only read q(y) make the same decisions as the confidence rule."""
+    """A stop head and a verifier that only read q(y) make the same decisions as the confidence rule (the stop
+    head on the previous position's state decides on the candidate from the forward it was drawn from, as the
+    confidence rule does; one on its own position would submit one more candidate, SpecDec++ Algorithm 1)."""
     hidden, cut = models[0].config.hidden_size, 0.3
-    stop = _export(tmp_path / "stop.safetensors", _score_only_head(ResNetHead, hidden, cut, depth=1), "stop", 0.5)
+    stop = _export(tmp_path / "stop.safetensors", _score_only_head(ResNetHead, hidden, cut, depth=1), "stop", 0.5,
+                   position="prev")
     verifier = _export(tmp_path / "ver.safetensors", _score_only_head(SprinterHead, hidden, cut), "verifier", 0.5)
     pair = pair_with(models, temperature=1.0, max_new_tokens=16)
     for prompt in PROMPTS:
@@ -206,10 +290,10 @@ def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path
 def test_draft_scores_are_the_confidence_distribution_however_q_is_warped(models, sampling):
     """``draft_scores`` reuses q when q is the plain tempered softmax, and equals ``scores(logits)`` always."""
     dec = Decoding(pair_with(models, max_new_tokens=4, **sampling), PROMPTS[0], torch.Generator().manual_seed(0))
-    logq = dec.draft_dist()
-    got = dec.draft_scores(logq)
+    step = dec.draft_step()
+    got = dec.draft_scores(step)
     assert torch.equal(got, dec.scores(dec.draft.last_logits))
-    assert (got is logq) == (sampling["temperature"] > 0 and len(sampling) == 1)
+    assert (got is step.logq) == (sampling["temperature"] > 0 and len(sampling) == 1)
 
 
 def _resized(model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 from test_eval_fakes import fake_engine, write_prompt_file
@@ -12,9 +13,10 @@ from data_gen.models import ModelSpec
 from data_gen.prompts import PromptConfig
 from evaluation.__main__ import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep, resolve_device, resolve_dtype
+from evaluation.report import _theorem7_md, write_report
 from evaluation.results import ResultStore
-from evaluation.run import run_eval
-from evaluation.summary import agreement
+from evaluation.run import load_prompts, run_eval
+from evaluation.summary import agreement, sprinter_theorem7
 
 
 def make_cfg(tmp_path, **kw) -> EvalConfig:
@@ -26,7 +28,8 @@ def make_cfg(tmp_path, **kw) -> EvalConfig:
         policies=[Sweep("target_only"), Sweep("draft_only"), Sweep("sd", grid={"k": [1, 2, 3, 4, 6]}),
                   Sweep("specdecpp", grid={"h": [None, 0.5]}), Sweep("sprinter", grid={"tau": [0.3, 0.7]}),
                   Sweep("fuzzy", fixed={"k": 5}, grid={"T": [0.5]})],
-        max_new_tokens=8, sweep_prompts=2, train_dir=None, output_dir=str(tmp_path / "eval"), warmup=False,
+        max_new_tokens=8, sweep_prompts=2, train_dir=None, labels_dir=None, output_dir=str(tmp_path / "eval"),
+        warmup=False,
         hf_peer=HFPeer(confidence_thresholds=[0.3]),
     )
     base.update(kw)
@@ -61,6 +64,93 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
     greedy_sd = next(r for r in rep["modes"]["greedy"]["table"] if r["family"] == "sd")
     assert greedy_sd["same_as_target"]["n"] == 4 and "= target-only" in md
     assert all(r["same_as_target"] is None for r in rep["modes"]["sample"]["table"])
+    assert "SPRINTER Theorem 7" in md and "not checked, needs `labels_dir`" in md
+
+
+FAKE_DRAFT = {"name": "fake-draft", "source": "fake", "sha256": "0" * 64}
+
+
+def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict = FAKE_DRAFT):
+    """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
+    from datasets import List
+
+    from data_gen.shards import SCHEMA_VERSION, features, write_json, write_shard
+
+    n = len(rows)
+    cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),
+            "tv": np.array([r[2] for r in rows], np.float32)}
+    for name, f in features(2).items():  # every other column of the current schema: zeros
+        if name not in cols:
+            cols[name] = np.zeros((n, f.length), f.feature.dtype) if isinstance(f, List) else np.zeros(n, f.dtype)
+    write_shard(folder / "test" / "draft-0000.arrow", cols, hidden_size=2)
+    write_json(folder / "manifest.json", {"schema_version": SCHEMA_VERSION, "models": {"draft": draft},
+                                          "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                                                       "max_new_tokens": 8}})
+    return folder
+
+
+def write_verifier(path, eta_fp_thm: float, tau: float = 0.5, draft: dict = FAKE_DRAFT):
+    from heads.export import export_head
+    from heads.sprinter import SprinterHead
+
+    return export_head(SprinterHead(hidden_size=2), path, draft=draft, vocab_size=16,
+                       label={"kind": "sprinter", "lam": 1.5}, role="verifier",
+                       threshold={"name": "tau", "value": tau, "rule": "accept when P_hat >= tau"},
+                       metrics={"test/head/auroc": 0.8, "test/head/eta_fp_thm": eta_fp_thm,
+                                "test/head/eta_fp_thm_weighted": eta_fp_thm / 2})
+
+
+def test_report_checks_sprinter_theorem_7(tmp_path):
+    """Kept rate of draft tokens against 1 − (1 − η_FP)·TV: the fake SPRINTER keeps 7 of every 8 draft tokens; the
+    head's η_FP (q/p > 1) is 0.2 and the mean TV of the labels' SPRINTER draft-token test rows 0.2 → 0.84."""
+    labels = write_test_labels(tmp_path / "labels", [("draft", True, 0.1), ("target", True, 0.3),
+                                                     ("draft", False, 0.9),  # not a draft token
+                                                     ("prompt", True, 0.9)])  # not a SPRINTER category
+    head = write_verifier(tmp_path / "verifier.safetensors", eta_fp_thm=0.2)
+    sprinter = Sweep("sprinter", fixed={"head": str(head)}, grid={"tau": [None, 0.7]})
+    cfg = make_cfg(tmp_path, policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]}), sprinter],
+                   labels_dir=str(labels))
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    t7 = json.loads((out / "report.json").read_text())["theorem7"]
+    assert t7["skipped"] is None and t7["mean_tv"] == pytest.approx(0.2) and t7["tv_rows"] == 2
+    assert t7["heads"][str(head)]["predicted"] == pytest.approx(1 - (1 - 0.2) * 0.2)
+    assert t7["heads"][str(head)]["predicted_weighted"] == pytest.approx(1 - (1 - 0.1) * 0.2)
+    by_run = {r["run"]: r for r in t7["runs"]}
+    assert set(by_run) == {"sprinter[tau=file]", "sprinter[tau=0.7]"}  # greedy mode ran no SPRINTER
+    assert by_run["sprinter[tau=file]"]["kept_rate"] == pytest.approx(7 / 8)
+    assert by_run["sprinter[tau=file]"]["at_exported_tau"] and not by_run["sprinter[tau=0.7]"]["at_exported_tau"]
+    line = next(x for x in (out / "report.md").read_text().splitlines() if "SPRINTER Theorem 7" in x)
+    assert "mean TV 0.200 over 2 test rows" in line and "`verifier.safetensors` at its exported τ = 0.500" in line
+    assert "η_FP = P(P̂ ≥ τ | q/p > 1) 0.200 → 0.840" in line and "0.100 → 0.820" in line
+    assert "`sample` `sprinter[tau=file]` 0.875 of 16 drafted;" in line
+    assert "`sprinter[tau=0.7]` 0.875 of 32 drafted (another τ: no prediction)" in line
+
+    # a head of another draft is not checked against these labels
+    write_test_labels(tmp_path / "other", [("draft", True, 0.1)], draft={**FAKE_DRAFT, "sha256": "1" * 64})
+    cfg = make_cfg(tmp_path, policies=cfg.policies, labels_dir=str(tmp_path / "other"))
+    rep = write_report(out, cfg, ResultStore(out / "results.jsonl").records(), load_prompts(cfg.prompts))
+    assert rep["theorem7"]["runs"] == [] and "trained for draft" in rep["theorem7"]["skipped"]
+
+
+def test_theorem_7_reads_each_runs_head_from_its_grid(tmp_path):
+    """Heads swept in the grid: each run is predicted with its own head's η_FP (TV 0.5); a head of another draft
+    is named as not checked."""
+    labels = write_test_labels(tmp_path / "labels", [("draft", True, 0.5)])
+    a = str(write_verifier(tmp_path / "a.safetensors", eta_fp_thm=0.2))
+    b = str(write_verifier(tmp_path / "b.safetensors", eta_fp_thm=0.6, tau=0.3))
+    c = str(write_verifier(tmp_path / "c.safetensors", eta_fp_thm=0.2, draft={**FAKE_DRAFT, "sha256": "1" * 64}))
+    stats = {"wall_s": 1.0, "new_tokens": 10, "target_calls": 2, "draft_calls": 10, "discarded": 2,
+             "accepted_lengths": [4, 4]}  # 8 of 10 draft tokens kept
+    records = [{"mode": mode, "run": f"sprinter[head={h}]", "family": "sprinter", "params": {"head": h},
+                "prompt": 0, "stats": stats, "passed": None} for h in (a, b, c) for mode in ("sample", "greedy")]
+    t7 = sprinter_theorem7(records, [Mode("sample", 1.0), Mode("greedy", 0.0)], None, str(labels))
+    assert [(r["mode"], r["head"], r["kept_rate"]) for r in t7["runs"]] == [("sample", a, 0.8), ("sample", b, 0.8)]
+    assert t7["heads"][a]["predicted"] == pytest.approx(0.6) and t7["heads"][b]["predicted"] == pytest.approx(0.8)
+    assert t7["heads"][b]["exported_tau"] == 0.3
+    assert len(t7["not_checked"]) == 1 and "c.safetensors: head was trained for draft" in t7["not_checked"][0]
+    line = _theorem7_md(t7)
+    assert "`a.safetensors` at its exported τ = 0.500: predicted with η_FP = P(P̂ ≥ τ | q/p > 1) 0.200 → 0.600" in line
+    assert "`b.safetensors` at its exported τ = 0.300" in line and "not checked: " in line
 
 
 def test_resume_skips_finished_runs(tmp_path):
@@ -120,12 +210,12 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu") and resolve_device("cuda:1") == torch.device("cuda:1")
 
 
-@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml"])
+@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml", "configs/eval/sampling.yaml"])
 def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
     assert {s.family for s in cfg.policies} >= {"target_only", "draft_only", "sd", "specdecpp", "sprinter",
-                                                 "hf_heuristic", "confidence", "svip", "fuzzy"}
+                                                 "confidence", "svip"}
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
         assert vars(getattr(cfg, role)) == {"path": "", **labels[role]}

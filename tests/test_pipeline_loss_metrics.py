@@ -132,6 +132,27 @@ def test_theorem_rates_are_against_q_over_p_whatever_lambda():
     out = {k: float(v) for k, v in m.compute().items()}
     assert out["head/eta_tp"] == pytest.approx(2 / 4) and out["head/eta_fp"] == pytest.approx(0 / 1)
     assert out["head/eta_tp_thm"] == pytest.approx(1 / 3) and out["head/eta_fp_thm"] == pytest.approx(1 / 2)
+    # excess mass (1 − p/q)+ = 0, 0, 3/13, 1/2, 0: of it the head lets through row 2's → (3/13) / (3/13 + 1/2)
+    assert out["head/eta_fp_thm_weighted"] == pytest.approx(6 / 19)
+
+
+def test_weighted_eta_fp_makes_theorem_7_exact_for_a_token_dependent_head():
+    """Two positions, rows sampled in proportion to q (4 per position); the head accepts the over-drafted token 0
+    at position 1 and rejects everything else. Exact kept rate: position 1 keeps min-mass 3/4 plus the accepted
+    excess 1/4 → 1; position 2 keeps 1/2 → mean 3/4. Mean TV = (1/4 + 1/2)/2 = 3/8."""
+    q = [[1 / 2, 1 / 4, 1 / 4], [3 / 4, 1 / 4, 0.0]]
+    p = [[1 / 4, 1 / 4, 1 / 2], [1 / 4, 1 / 2, 1 / 4]]
+    rows = [(0, 0), (0, 0), (0, 1), (0, 2), (1, 0), (1, 0), (1, 0), (1, 1)]  # (position, token)
+    ratio = torch.tensor([q[i][y] / p[i][y] for i, y in rows])
+    probs = torch.tensor([0.9 if (i, y) == (0, 0) else 0.1 for i, y in rows])
+    batch = {"target": (ratio <= 1).float(), "binary": (ratio <= 1).float(), "ratio": ratio, "p_draft": probs,
+             "conf_entropy": probs}
+    m = SplitMetrics()
+    m.update(batch, torch.logit(probs), threshold=0.5)
+    out = {k: float(v) for k, v in m.compute().items()}
+    mean_tv = 3 / 8
+    assert 1 - (1 - out["head/eta_fp_thm_weighted"]) * mean_tv == pytest.approx(3 / 4)
+    assert 1 - (1 - out["head/eta_fp_thm"]) * mean_tv == pytest.approx(1 - 3 / 5 * 3 / 8)  # 2 of 5 rows: not exact
 
 
 def test_youden_threshold_separates_perfectly_separable_scores():

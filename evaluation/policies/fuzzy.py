@@ -4,9 +4,15 @@ A candidate is kept while the divergence between the target's and the draft's di
 below T (JS divergence, the paper's best); at the first position where it is not, the token is drawn from the
 target's own distribution p there (not the residual). A round of k candidates ends as in SD: with that target
 token, or a bonus token from p when all k are kept.
+
+T is in bits, the paper's unit: JS ≤ 1 bit, and its grid T = 0.1, 0.2, …, 1.0 (§5.1) spans that range (in nats
+JS ≤ ln 2 ≈ 0.69, and T = 0.7 … 1.0 would all accept everything). ``label_math.js_divergence`` is in nats, like
+every divergence in the label shards, so the policy compares it with T·ln 2.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,12 +23,18 @@ from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
 @register("fuzzy")
 class FuzzySD:
     def __init__(self, T: float, k: int = 5):
+        """
+        Args:
+            T: JS divergence threshold in bits (0 … 1): keep a candidate while JS(p, q) < T.
+            k: candidates drafted per round.
+        """
         if T < 0 or k < 1:
             raise ValueError(f"need T >= 0 and k >= 1, got {T}, {k}")
         self.T, self.k = T, k
+        self.T_nats = T * math.log(2)
 
     def accept(self, dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
-        return js_divergence(logp, logq).item() < self.T
+        return js_divergence(logp, logq).item() < self.T_nats
 
     @staticmethod
     def target_sample(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
