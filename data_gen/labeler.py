@@ -286,11 +286,11 @@ class Labeler:
             cache.crop(p_len - cache.get_seq_length())  # a negative count removes what follows the prompt
         h_z, cache = self.draft.forward(z, full_mask, resp_pos, cache)
         h_prev_z = torch.cat([h_d[:, p_len - 1 : p_len], h_z[:, :-1]], dim=1)
-        stats = lm.token_stats(logq, logp, z)
+        logq_z = self.warp(self.draft.logits(h_prev_z))
+        stats = {**lm.token_stats(logq, logp, z), **read_scores(logq_z, z)}  # the head reads q at Z<i, as decoding
         rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets))
 
         if category == "interleaved":  # fresh candidates at the mixed prefix, scored by both models there
-            logq_z = self.warp(self.draft.logits(h_prev_z))
             h_t, _ = self.target.forward(torch.cat([ids, z], 1), full_mask, pos, None)
             logp_z = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
             c = lm.sample_from_logprobs(logq_z, u[:, U_C, :n])
@@ -324,6 +324,7 @@ class Labeler:
     def _rows(self, prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions):
         """Flatten (B, N) tensors to rows of one category, keeping valid positions."""
         keep = valid.cpu()
+        stats = {**read_scores_of_label(stats), **stats}
         cols = {k: v.cpu()[keep] for k, v in stats.items()}
         b, n = valid.shape
         cols["prompt_id"] = torch.tensor([p.prompt_id for p in prompts]).unsqueeze(1).expand(b, n)[keep]
@@ -334,6 +335,16 @@ class Labeler:
         cols["hidden_prev"] = feats_prev.cpu()[keep].to(torch.float16)
         cols["category"] = [category] * int(keep.sum())
         return cols
+
+
+def read_scores(logq: torch.Tensor, token: torch.Tensor) -> dict:
+    """The draft's scores of ``token`` where the features read it: log q(token) and H(q) under ``logq`` (..., V)."""
+    return {"read_logp_draft": logq.gather(-1, token.unsqueeze(-1)).squeeze(-1), "read_entropy_draft": lm.entropy(logq)}
+
+
+def read_scores_of_label(stats: dict) -> dict:
+    """Where the label's prefix is the one the features read (every row but ``token_mixed``), the same numbers."""
+    return {"read_logp_draft": stats["logp_draft"], "read_entropy_draft": stats["entropy_draft"]}
 
 
 def concat_rows(parts: list[dict]) -> dict:

@@ -29,6 +29,8 @@ FLOAT_COLUMNS = (
     "entropy_target",
     "tv",
     "js",
+    "read_logp_draft",
+    "read_entropy_draft",
 )
 
 

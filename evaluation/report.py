@@ -53,6 +53,8 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
         "speedup_vs_sd": t.tokens_per_s / sd_t.tokens_per_s if sd_t else None,
         "n_target": t.target_calls, "n_draft": t.draft_calls, "n_discarded": t.discarded,
         "verification_rate": t.verification_rate, "discard_rate": t.discard_rate,
+        "draft_rate": t.draft_calls / t.new_tokens if t.draft_calls is not None and t.new_tokens else None,
+        "unused_forwards": t.unused_forwards,
         "mean_accepted": t.mean_accepted, "pass_at_1": t.pass_at_1,
         "per_prompt_speedup": spread(list(per_prompt_speedup(by_prompt, base).values())) if base else None,
         "same_as_target": agreement(by_prompt, base) if greedy and base else None,
@@ -292,7 +294,8 @@ def _f(v, fmt=".2f", none="") -> str:
 
 def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> list[str]:
     cols = ["policy", "tok/s", "× target", "× SD", "per-prompt × target (mean ± std)", "N_target/N",
-            "N_discarded/N", "mean accepted", "pass@1", "ROUGE-L vs SD", "ROUGE-L vs ref"]
+            "N_draft/N", "N_discarded/N", "unused fwd", "mean accepted", "pass@1", "ROUGE-L vs SD",
+            "ROUGE-L vs ref"]
     cols += [f"pred. × target ({n})" for n in fit_names]
     greedy = any(r.get("same_as_target") for r in rows)
     if greedy:
@@ -305,7 +308,8 @@ def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> li
         rg = r.get("rouge") or {}
         cells = [f"`{r['run']}`", _f(r["tokens_per_s"]), _f(r["speedup_vs_target"]), _f(r["speedup_vs_sd"]),
                  f"{pp['mean']:.2f} ± {pp['std']:.2f}" if pp and pp["n"] else "",
-                 _f(r["verification_rate"], ".3f"), _f(r["discard_rate"], ".3f"), _f(r["mean_accepted"]),
+                 _f(r["verification_rate"], ".3f"), _f(r.get("draft_rate"), ".3f"), _f(r["discard_rate"], ".3f"),
+                 _f(r.get("unused_forwards"), "d"), _f(r["mean_accepted"]),
                  _f(r["pass_at_1"], ".3f"), _f((rg.get("vs_sd") or {}).get("rougeL"), ".3f"),
                  _f((rg.get("vs_ref") or {}).get("rougeL"), ".3f")]
         cells += [_f(r.get(f"pred_speedup_{n}")) for n in fit_names]

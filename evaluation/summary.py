@@ -68,6 +68,16 @@ class Totals:
         return sum(self.accepted_lengths) / self.drafted if self.drafted else None
 
     @property
+    def unused_forwards(self) -> int | None:
+        """N_draft + N_target − N − N_discarded: forwards whose output no token came from. SpecDec++ Lemma 3.1
+        makes it 0 for every policy that verifies rounds with the target, except one per generation that ends on
+        an accepted EOS candidate (that target call adds no token); a draft forward whose q is thrown away adds
+        one. Not defined for SPRINTER, whose tokens skip the target."""
+        if self.family == "sprinter" or None in (self.draft_calls, self.target_calls, self.discarded):
+            return None
+        return self.draft_calls + self.target_calls - self.new_tokens - self.discarded
+
+    @property
     def pass_at_1(self) -> float | None:
         known = [p for p in self.passed if p is not None]
         return sum(known) / len(known) if known else None

@@ -21,7 +21,7 @@ from data_gen.shards import load_split, read_manifest
 
 FEATURE_COLUMNS = {"own": "hidden", "prev": "hidden_prev"}
 """The label column behind each feature position (``heads.export.FEATURE_POSITIONS``)."""
-SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "logp_draft", "entropy_draft")
+SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "read_logp_draft", "read_entropy_draft")
 
 
 class LabelRows(Dataset):
@@ -55,7 +55,8 @@ class LabelRows(Dataset):
             self.binary = (acceptance > 0.5).float()
         else:
             self.target = self.binary = lm.sprinter_label(ratio, lam).float()
-        self.logp_draft, self.entropy_draft = col("logp_draft"), col("entropy_draft")  # heads' draft scores
+        # the draft scores at the prefix the hidden states read (what a decoder computes), for heads and baselines
+        self.logp_draft, self.entropy_draft = col("read_logp_draft"), col("read_entropy_draft")
         self.p_draft = self.logp_draft.exp()  # draft probability of its own token
         self.conf_entropy = (-self.entropy_draft).exp()  # exp(−H_draft): monotone in −entropy (SVIP)
 

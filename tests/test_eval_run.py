@@ -65,6 +65,9 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
     assert greedy_sd["same_as_target"]["n"] == 4 and "= target-only" in md
     assert all(r["same_as_target"] is None for r in rep["modes"]["sample"]["table"])
     assert "SPRINTER Theorem 7" in md and "not checked, needs `labels_dir`" in md
+    sample = {r["family"]: r for r in rep["modes"]["sample"]["table"]}
+    assert "unused fwd" in md and sample["target_only"]["unused_forwards"] == 0
+    assert sample["sprinter"]["unused_forwards"] is None  # its tokens skip the target: no such identity
 
 
 FAKE_DRAFT = {"name": "fake-draft", "source": "fake", "sha256": "0" * 64}

@@ -110,6 +110,10 @@ def test_token_mixed_rows_read_z_and_are_labeled_on_the_clean_prefix():
         assert all(tok == x[i] for i, (tok, m) in enumerate(zip(z, mask)) if not m)  # a target token: no loss
         check_label_context(rows, [2] + x[:-1])
         check_one_hot_features(rows, prefix_last=[2] + z[:-1])
+        # the draft scores a head reads are q at Z<i (where its features read), the label's q at X<i
+        q_at_z = [math.log(0.5) if (tok - prev) % V in (1, 2) else None for tok, prev in zip(z, [2] + z[:-1])]
+        for got, want in zip(rows["read_logp_draft"].tolist(), q_at_z):
+            assert want is None and got < -100 or got == pytest.approx(want, abs=1e-6)
 
 
 def test_interleaved_candidates_are_drawn_and_labeled_at_the_mixed_prefix():

@@ -88,6 +88,11 @@ def test_every_row_equals_plain_forwards_at_its_own_prefix(models, category):
             logp = target(input_ids=torch.tensor([label_prefix])).logits[0, -1].log_softmax(-1)[y]
         assert rows["logp_draft"][i].item() == pytest.approx(logq.item(), abs=1e-4)
         assert rows["logp_target"][i].item() == pytest.approx(logp.item(), abs=1e-4)
+        with torch.no_grad():  # the draft scores a head reads: q where the features read, (prefix, token)
+            read = draft(input_ids=torch.tensor([prefix])).logits[0, -1].log_softmax(-1)
+        assert rows["read_logp_draft"][i].item() == pytest.approx(read[y].item(), abs=1e-4)
+        h_read = -(read.exp() * read).sum()
+        assert rows["read_entropy_draft"][i].item() == pytest.approx(h_read.item(), abs=1e-4)
 
 
 def _rows(out):

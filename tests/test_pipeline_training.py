@@ -56,7 +56,7 @@ def test_data_module_reads_loss_rows_and_labels(tiny_labels):
     np.testing.assert_array_equal(b["hidden"].numpy(), ds["hidden"][keep].astype(np.float32))
     expected = lm.sprinter_label(torch.from_numpy(ds["ratio"][keep]), 1.2).float()
     torch.testing.assert_close(b["target"], expected)
-    torch.testing.assert_close(b["p_draft"], torch.from_numpy(np.exp(ds["logp_draft"][keep])))
+    torch.testing.assert_close(b["p_draft"], torch.from_numpy(np.exp(ds["read_logp_draft"][keep])))
 
 
 @pytest.mark.parametrize("label, position", [("soft", "own"), ("sprinter", "prev")])

@@ -1,13 +1,15 @@
-"""Fuzzy Speculative Decoding (seed 002, §4): approximate, training-free.
+"""Fuzzy Speculative Decoding (Holsman et al., §4): approximate, training-free.
 
 A candidate is kept while the divergence between the target's and the draft's distributions at its position is
 below T (JS divergence, the paper's best); at the first position where it is not, the token is drawn from the
 target's own distribution p there (not the residual). A round of k candidates ends as in SD: with that target
 token, or a bonus token from p when all k are kept.
 
-T is in bits, the paper's unit: JS ≤ 1 bit, and its grid T = 0.1, 0.2, …, 1.0 (§5.1) spans that range (in nats
-JS ≤ ln 2 ≈ 0.69, and T = 0.7 … 1.0 would all accept everything). ``label_math.js_divergence`` is in nats, like
-every divergence in the label shards, so the policy compares it with T·ln 2.
+T is in bits. The paper names no log base, but its grid T = 0.1, 0.2, …, 1.0 (Appendix D) spans the range of JS
+in bits, [0, 1]; in nats JS ≤ ln 2 ≈ 0.69 and T = 0.7 … 1.0 would all accept everything. (The authors' released
+code computes a natural-log divergence; bits is this project's reading of the paper's grid.)
+``label_math.js_divergence`` is in nats, like every divergence in the label shards, so the policy compares it with
+T·ln 2.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ rejects, the target runs once on the pending tokens and checks that last token o
 min(1, p/q), else draw from norm((p − q)+). The tokens the verifier accepted are never checked.
 
 Theorem 1 (output (1 − η_FP)·p + η_FP·q) and Theorem 7 (a draft token is kept with probability
-1 − (1 − η_FP)·TV(p, q)) hold when the verifier's acceptance rate is the same constant η_FP on every token the
-exact test would reject (q > p) and 1 on the rest, i.e. when accepting does not depend on the token beyond the
-class it is in. A learned head accepts with a probability that varies from token to token: the output is then
-p + Σ_y a(y)·(q(y) − p(y))+ − (its mass moved off p), a(y) the head's acceptance of y; η_FP is its mean over the
-tokens with q > p weighted by (q − p)+, which is what the theorems' figures use (``pipeline/metrics.py``).
+1 − (1 − η_FP)·TV(p, q)) hold when the verifier accepts every token with q > p at one constant rate η_FP (its
+rate on tokens with q ≤ p does not matter: those are kept by the target anyway). A learned head accepts y with a
+probability a(y) that varies from token to token; the output is then
+P(y) = p(y) + a(y)·(q(y) − p(y))+ − η_w·(p(y) − q(y))+, with η_w = Σ_y a(y)·(q(y) − p(y))+ / TV(p, q), and the kept
+rate is 1 − (1 − η_w)·TV. ``pipeline/metrics.py`` measures η_w as ``eta_fp_thm_weighted``.
 
 Counts: a round ends with the target call (``accepted_lengths`` gets the tokens kept, ``discarded`` the rejected
 token when it is resampled); a last round the verifier accepts to the end of the sequence has no target call.
@@ -32,11 +32,10 @@ from evaluation.policies.exported import ExportedHead
 
 
 class Verifier(Protocol):
-    """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state at ``position`` (``prev``: the one
-    that produced q for the token; ``own``: after reading it), ``scores`` the draft's confidence log-probs (V,) at
-    the token's position (``Decoding.draft_scores``); None for a head that reads no draft scores."""
-
-    position: str
+    """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state at the verifier's ``position``
+    attribute (``prev``, the default: the one that produced q for the token; ``own``: after reading it),
+    ``scores`` the draft's confidence log-probs (V,) at the token's position (``Decoding.draft_scores``); None for a
+    head that reads no draft scores."""
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
                  scores: torch.Tensor | None) -> bool: ...
