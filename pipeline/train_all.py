@@ -143,18 +143,19 @@ def table(results: list[RunResult]) -> str:
     """Held-out test metrics: each head next to the training-free scores on the same rows and labels."""
     head_cols = {"AUROC": "auroc", "AP": "ap", "ECE": "ece", "KL": "kl", "η_TP": "eta_tp", "η_FP": "eta_fp",
                  "η_TP*": "eta_tp_thm", "η_FP*": "eta_fp_thm", "η_FP*w": "eta_fp_thm_weighted"}
-    cols = (f"{'run':<26}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols)
+    w = max([len(r.name) for r in results] + [25]) + 1  # the run-name column fits the longest name
+    cols = (f"{'run':<{w}}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols)
             + f"{'thr':>12}{'ΔAUROC':>8}")
     lines = [cols, "-" * len(cols)]
     for r in results:
         t = r.test
         best_free = max(t.get(f"{b}/auroc", float("nan")) for b in BASELINES)
         thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
-        lines.append(f"{r.name:<26}{_label_text(r.label):<20}{'head':<14}"
+        lines.append(f"{r.name:<{w}}{_label_text(r.label):<20}{'head':<14}"
                      + "".join(f"{t[f'head/{k}']:>7.3f}" for k in head_cols.values())
                      + f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
         for b in BASELINES:
-            lines.append(f"{'':<26}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
+            lines.append(f"{'':<{w}}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
     lines += ["ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.",
               "ECE, KL: against the training target (min(1, p/q) for soft heads). η_TP, η_FP: P(P̂ ≥ τ) on rows the "
               "label accepts / rejects;",
