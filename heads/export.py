@@ -11,15 +11,21 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}
     metrics:    validation (and test) metrics of the exported weights
+    weights_sha256: digest of the tensors (``weights_digest``); a file whose weights no longer match it is refused
+                (files exported before it existed load without the check)
 
-Loading never unpickles: ``safe_open`` reads the header and the raw tensors.
+Loading never unpickles: ``safe_open`` reads the header and the raw tensors. ``check_model`` compares a head with a
+loaded transformers draft (hidden size, vocabulary and, where the model tells it, the identity recorded here).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -44,9 +50,42 @@ class HeadFileError(ValueError):
     """A head file that is malformed or does not fit the given draft model."""
 
 
+IDENTITY_FILE = "identity.json"
+"""Written beside a checkpoint converted from a GGUF file (``data_gen.models``): the GGUF's sha256."""
+
+
 def draft_identity(draft: dict) -> dict:
     """The identity of a draft model from a manifest's ``models.draft`` entry: name, source and its digest."""
     return {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
+
+
+def checkpoint_fingerprint(path: str | Path) -> str:
+    """The ``fingerprint`` of a local transformers checkpoint: weight file names and sizes (not gigabytes of
+    contents) and the bytes of ``config.json``."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for w in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        digest.update(f"{w.name}:{w.stat().st_size}".encode())
+    digest.update((path / "config.json").read_bytes())
+    return digest.hexdigest()
+
+
+def model_identity(model) -> dict:
+    """What a loaded transformers model tells of its identity, in ``draft_identity``'s keys: the ``sha256`` of the
+    GGUF a converted checkpoint came from (its ``IDENTITY_FILE``), the ``fingerprint`` of any other local
+    checkpoint directory, or the hub ``revision`` it was downloaded at. Empty of digests when it tells none (a
+    model built in memory, or loaded from a directory that has changed since)."""
+    config = getattr(model, "config", None)
+    where = str(getattr(config, "name_or_path", "") or "")
+    identity = {"name": where} if where else {}
+    path = Path(where) if where else None
+    if path is not None and (path / IDENTITY_FILE).is_file():
+        identity["sha256"] = json.loads((path / IDENTITY_FILE).read_text())["sha256"]
+    elif path is not None and (path / "config.json").is_file():
+        identity["fingerprint"] = checkpoint_fingerprint(path)
+    elif getattr(config, "_commit_hash", None):
+        identity["revision"] = config._commit_hash
+    return identity
 
 
 def feature_position(meta: dict) -> str:
@@ -76,8 +115,19 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    meta["weights_sha256"] = weights_digest(tensors)
     save_file(tensors, str(path), metadata={"schema_version": SCHEMA_VERSION, META_KEY: json.dumps(meta)})
     return path
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -124,6 +174,30 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
             )
 
 
+def check_model(meta: dict, model, path="head file") -> None:
+    """Refuse a head that does not fit a loaded draft model: hidden size, vocabulary, then the identity recorded at
+    export against ``model_identity(model)``. A draft whose identity cannot be told from the model (no digest in
+    common with the file's) passes with a warning, as sizes are then all that can be checked."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    check_draft(meta, hidden_size=getattr(text, "hidden_size", None), path=path)
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and int(embeddings.weight.shape[0]) != int(meta["vocab_size"]):
+        raise HeadFileError(
+            f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has "
+            f"{embeddings.weight.shape[0]}"
+        )
+    identity = model_identity(model)
+    if any(k in identity and k in meta["draft"] for k in DIGEST_KEYS):
+        check_draft(meta, draft=identity, path=path)
+    else:
+        warnings.warn(
+            f"{path}: cannot tell whether the draft is the one the head was trained for ({meta['draft']}); "
+            f"the model tells {identity or 'nothing of its origin'}. Hidden size and vocabulary match.",
+            stacklevel=2,
+        )
+
+
 def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:
     """Rebuild a head from its file alone; return ``(module in eval mode, metadata)``.
 
@@ -139,6 +213,8 @@ def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int |
         raise HeadFileError(f"{path}: cannot build head {spec}: {e}") from e
     with safe_open(str(path), framework="pt") as f:
         state = {k: f.get_tensor(k) for k in f.keys()}
+    if "weights_sha256" in meta and weights_digest(state) != meta["weights_sha256"]:
+        raise HeadFileError(f"{path}: the weights do not match the digest recorded at export (the file was modified)")
     try:
         head.load_state_dict(state, strict=True)
     except RuntimeError as e:
