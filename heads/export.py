@@ -213,12 +213,12 @@ def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int |
         raise HeadFileError(f"{path}: cannot build head {spec}: {e}") from e
     with safe_open(str(path), framework="pt") as f:
         state = {k: f.get_tensor(k) for k in f.keys()}
-    if "weights_sha256" in meta and weights_digest(state) != meta["weights_sha256"]:
-        raise HeadFileError(f"{path}: the weights do not match the digest recorded at export (the file was modified)")
     try:
         head.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise HeadFileError(f"{path}: weights do not fit head {spec}: {e}") from e
+    if "weights_sha256" in meta and weights_digest(state) != meta["weights_sha256"]:
+        raise HeadFileError(f"{path}: the weights do not match the digest recorded at export (the file was modified)")
     if head.config["hidden_size"] != meta["hidden_size"]:
         raise HeadFileError(f"{path}: head init_args disagree with hidden_size {meta['hidden_size']}")
     return head.eval(), meta

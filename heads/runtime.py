@@ -113,7 +113,7 @@ class HeadCandidateGenerator(AssistedCandidateGenerator):
         self.rule, self.max_k = rule, max_k
         self.num_assistant_tokens = max_k
         self.assistant_generation_config.num_assistant_tokens_schedule = "constant"
-        self.generation_config.assistant_confidence_threshold = None
+        self.generation_config.assistant_confidence_threshold = 0.0  # None would be filled with its default, 0.4
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         self.rule.reset()
@@ -137,12 +137,12 @@ def check_supported(model, input_ids: torch.LongTensor, generation_config, model
     if (config.num_beams or 1) > 1 or (config.num_beam_groups or 1) > 1:
         raise ValueError(f"beam search (num_beams={config.num_beams}) is not supported by speculative decoding with a "
                          "head; use greedy decoding or sampling (num_beams=1)")
-    if input_ids.shape[0] > 1:
-        raise ValueError(f"batch size {input_ids.shape[0]}: speculative decoding with a head runs one sequence at a "
-                         "time (batch size 1)")
     if (config.num_return_sequences or 1) > 1:
         raise ValueError(f"num_return_sequences={config.num_return_sequences} is not supported; call generate() once "
                          "per sequence")
+    if input_ids.shape[0] > 1:
+        raise ValueError(f"batch size {input_ids.shape[0]}: speculative decoding with a head runs one sequence at a "
+                         "time (batch size 1)")
     if (config.penalty_alpha or 0) > 0 or config.constraints is not None or config.force_words_ids is not None:
         raise ValueError("contrastive search and constrained decoding are not supported by speculative decoding with "
                          "a head")

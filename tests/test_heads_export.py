@@ -111,6 +111,17 @@ def test_malformed_metadata_and_weights(tmp_path):
     assert read_metadata(src)["role"] == "stop"
 
 
+def test_weights_edited_after_export_are_refused(tmp_path):
+    """The digest of the tensors recorded at export catches weights changed afterwards (a file exported before the
+    digest existed has none and loads unchecked)."""
+    src = _export(tmp_path, build_head("sprinter", hidden_size=16))
+    assert len(read_metadata(src)["weights_sha256"]) == 64
+    with pytest.raises(HeadFileError, match="do not match the digest recorded at export"):
+        load_head(_rewrite(tmp_path, src, tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
+    load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m.pop("weights_sha256"),
+                       tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
+
+
 def test_feature_position_travels_in_the_file(tmp_path):
     """The hidden state a head reads (own position or the previous one) is recorded, read back and checked."""
     head = build_head("sprinter", hidden_size=16)
