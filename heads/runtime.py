@@ -16,7 +16,7 @@ that last token with min(1, p/q). The head reads what the draft's LM head reads,
 
 This file imports nothing of this project but ``heads`` and ``data_gen.label_math``, which ``heads.export_hf``
 copies beside it, so an exported folder works with torch, transformers and safetensors alone. Design:
-``heads/RUNTIME.md``.
+``heads/DESIGN.md``.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_greedy_specdecpp_is_target_greedy_and_drafts_the_decoders_rounds(models
     assert len(lengths) > 2 and max(lengths) < runtime.MAX_K  # rounds of several lengths: the head decided
 
 
-def test_specdecpp_samples_the_target_distribution():
+def test_specdecpp_samples_the_target_distribution(tmp_path):
     """χ² of 1000 three-token continuations against the target's exact warped joint (top-k 3 of 5 tokens at
     temperature 0.8); the same counts against the draft's joint must fail, so the test can see a wrong decoder."""
     vocab, prompt, n = 5, [1, 2], 1000
@@ -173,10 +173,8 @@ def test_specdecpp_samples_the_target_distribution():
     head = ResNetHead(hidden_size=16, depth=1)
     with torch.no_grad():
         head.out.weight.normal_(0, 2)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp, pytest.warns(UserWarning, match="cannot tell whether the draft"):
-        path = _export(f"{tmp}/h.safetensors", head, "stop", 0.5, {"name": "mem", "source": "test"}, "prev", vocab)
+    path = _export(tmp_path / "h.safetensors", head, "stop", 0.5, {"name": "mem", "source": "test"}, "prev", vocab)
+    with pytest.warns(UserWarning, match="cannot tell whether the draft"):  # a model built in memory
         decoding = HeadDecoding(path, draft)
 
     def joint(model) -> torch.Tensor:
