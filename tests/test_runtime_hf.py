@@ -305,7 +305,8 @@ def test_export_hf_folder(models, heads, tmp_path):
     readme = (out / "README.md").read_text()
     assert 'custom_generate="stop_folder", trust_remote_code=True' in readme and "test/head/auroc | 0.75" in readme
     assert "SpecDec++" in readme and "h = 0.6" in readme
-    assert {"generate.py", "bundled_head.py", "resnet.py", "exported.py", "label_math.py"} <= {p.name for p in code.iterdir()}
+    files = {p.name for p in code.iterdir()}
+    assert {"generate.py", "bundled_head.py", "resnet.py", "exported.py", "label_math.py"} <= files
     for path in code.glob("*.py"):
         assert export_hf._project_imports(path.read_text(), str(path)) == []  # nothing of the project is imported
     assert (code / "generate.py").read_text() == export_hf.flatten(Path(runtime.__file__).read_text())
@@ -336,7 +337,8 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
                                         max_new_tokens=12, do_sample=False)[0].tolist()
         torch.manual_seed(0)
         out["sampled"] = target.generate(ids, assistant_model=draft, custom_generate={folders["stop"]!r},
-                                         trust_remote_code=True, max_new_tokens=12, do_sample=True, top_p=0.9)[0].tolist()
+                                         trust_remote_code=True, max_new_tokens=12, do_sample=True,
+                                         top_p=0.9)[0].tolist()
         out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("heads", "data_gen", "evaluation"))
         print(json.dumps(out))
     """))
