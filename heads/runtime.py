@@ -1,7 +1,7 @@
 """Exported heads inside transformers' ``generate()``: SpecDec++'s stop head and SPRINTER's verifier as a custom
 generation method.
 
-    target.generate(**inputs, assistant_model=draft, custom_generate=HeadDecoding(head_file, draft), …)
+    target.generate(**inputs, custom_generate=HeadDecoding(head_file, draft), …)
 
 or, from a folder written by ``make export-hf`` (this file becomes its ``custom_generate/generate.py``):
 
