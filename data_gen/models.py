@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from heads.export import IDENTITY_FILE, checkpoint_fingerprint
+from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint
 
 log = logging.getLogger(__name__)
 
