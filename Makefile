@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing
+.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -55,6 +55,10 @@ bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a 
 
 eval: $(MODELS) ## every policy + HF peer on the real pair with the exported heads; report under runs/eval/humaneval
 	$(PY) -m evaluation --config $(EVAL_CONFIG) $(ARGS)
+
+export-hf: $(STAMP) ## a head as a transformers custom_generate folder: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>
+	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
+	$(PY) -m heads.export_hf $(HEAD) $(OUT)
 
 bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes on this device (JSON)
 	$(PY) -m evaluation.bench_timing $(ARGS)

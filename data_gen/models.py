@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,7 +123,7 @@ def _convert_gguf(gguf: Path, digest: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = cache_root() / "converted" / digest[:16]
-    if (out / "identity.json").exists():
+    if (out / IDENTITY_FILE).exists():
         return out
     log.info("converting %s to a cached checkpoint (once; dequantizing takes a while)", gguf.name)
     tmp = out.with_name(out.name + ".tmp")
@@ -134,7 +136,7 @@ def _convert_gguf(gguf: Path, digest: str) -> Path:
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     tok.save_pretrained(tmp)
-    (tmp / "identity.json").write_text(json.dumps({"gguf": gguf.name, "sha256": digest}))
+    (tmp / IDENTITY_FILE).write_text(json.dumps({"gguf": gguf.name, "sha256": digest}))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -155,12 +157,7 @@ def resolve(spec: ModelSpec) -> tuple[str, dict]:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise LabelingError(f"model directory has no config.json: {spec.path}")
-        weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
-        digest = hashlib.sha256()
-        for w in weights:  # hash names and sizes, not gigabytes: the identity of a local checkpoint
-            digest.update(f"{w.name}:{w.stat().st_size}".encode())
-        digest.update((path / "config.json").read_bytes())
-        return str(path), {"source": f"dir:{path.name}", "fingerprint": digest.hexdigest()}
+        return str(path), {"source": f"dir:{path.name}", "fingerprint": checkpoint_fingerprint(path)}
     if spec.path.startswith((".", "/", "~")) or os.sep in spec.path.strip("/").replace("/", "", 1):
         raise LabelingError(f"model path not found: {spec.path}")
     try:  # a hub id: only resolvable when online or already in the HF cache

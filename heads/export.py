@@ -11,19 +11,26 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}
     metrics:    validation (and test) metrics of the exported weights
+    weights_sha256: digest of the tensors (``weights_digest``); a file whose weights no longer match it is refused
+                (files exported before it existed load without the check)
 
-Loading never unpickles: ``safe_open`` reads the header and the raw tensors.
+Loading never unpickles: ``safe_open`` reads the header and the raw tensors. ``check_model`` compares a head with a
+loaded transformers draft (hidden size, vocabulary and, where the model tells it, the identity recorded here).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from data_gen.identity import model_identity
 from heads.features import SCORES
 from heads.registry import HEADS, build_head
 
@@ -76,8 +83,19 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    meta["weights_sha256"] = weights_digest(tensors)
     save_file(tensors, str(path), metadata={"schema_version": SCHEMA_VERSION, META_KEY: json.dumps(meta)})
     return path
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -124,6 +142,30 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
             )
 
 
+def check_model(meta: dict, model, path="head file") -> None:
+    """Refuse a head that does not fit a loaded draft model: hidden size, vocabulary, then the identity recorded at
+    export against ``model_identity(model)``. A draft whose identity cannot be told from the model (no digest in
+    common with the file's) passes with a warning, as sizes are then all that can be checked."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    check_draft(meta, hidden_size=getattr(text, "hidden_size", None), path=path)
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and int(embeddings.weight.shape[0]) != int(meta["vocab_size"]):
+        raise HeadFileError(
+            f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has "
+            f"{embeddings.weight.shape[0]}"
+        )
+    identity = model_identity(model)
+    if any(k in identity and k in meta["draft"] for k in DIGEST_KEYS):
+        check_draft(meta, draft=identity, path=path)
+    else:
+        warnings.warn(
+            f"{path}: cannot tell whether the draft is the one the head was trained for ({meta['draft']}); "
+            f"the model tells {identity or 'nothing of its origin'}. Hidden size and vocabulary match.",
+            stacklevel=2,
+        )
+
+
 def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:
     """Rebuild a head from its file alone; return ``(module in eval mode, metadata)``.
 
@@ -143,6 +185,8 @@ def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int |
         head.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise HeadFileError(f"{path}: weights do not fit head {spec}: {e}") from e
+    if "weights_sha256" in meta and weights_digest(state) != meta["weights_sha256"]:
+        raise HeadFileError(f"{path}: the weights do not match the digest recorded at export (the file was modified)")
     if head.config["hidden_size"] != meta["hidden_size"]:
         raise HeadFileError(f"{path}: head init_args disagree with hidden_size {meta['hidden_size']}")
     return head.eval(), meta

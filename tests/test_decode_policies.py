@@ -38,7 +38,7 @@ def pair_with(models, **sampling) -> ModelPair:
 
 def _export(path, head, role: str, value: float, position: str = "own"):
     return str(export_head(
-        head, path, draft={"name": "tiny-draft", "source": "test"}, vocab_size=64, label={"kind": "test"},
+        head, path, draft={"name": "tiny-draft", "source": "test"}, vocab_size=57, label={"kind": "test"},
         role=role, threshold={"name": "tau" if role == "verifier" else "h", "value": value, "rule": "test"},
         metrics={}, position=position,
     ))
@@ -222,7 +222,8 @@ def test_specdecpp_that_never_stops_drafts_like_sd(models, heads, head):
 def test_each_head_reads_the_hidden_state_it_was_trained_on(models, heads, monkeypatch):
     """``own``: the draft's state after reading the candidate (SpecDec++ Eq. 4.1); ``prev``: the state that
     produced q for it (SPRINTER §3.2). Checked against plain uncached forwards of the draft."""
-    from evaluation.policies import exported, specdecpp, sprinter
+    from evaluation.policies import specdecpp, sprinter
+    from heads import exported
 
     seen = []  # (context ending with the candidate, hidden the head got)
     context = []

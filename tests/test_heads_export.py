@@ -111,6 +111,17 @@ def test_malformed_metadata_and_weights(tmp_path):
     assert read_metadata(src)["role"] == "stop"
 
 
+def test_weights_edited_after_export_are_refused(tmp_path):
+    """The digest of the tensors recorded at export catches weights changed afterwards (a file exported before the
+    digest existed has none and loads unchecked)."""
+    src = _export(tmp_path, build_head("sprinter", hidden_size=16))
+    assert len(read_metadata(src)["weights_sha256"]) == 64
+    with pytest.raises(HeadFileError, match="do not match the digest recorded at export"):
+        load_head(_rewrite(tmp_path, src, tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
+    load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m.pop("weights_sha256"),
+                       tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
+
+
 def test_feature_position_travels_in_the_file(tmp_path):
     """The hidden state a head reads (own position or the previous one) is recorded, read back and checked."""
     head = build_head("sprinter", hidden_size=16)
@@ -123,3 +134,24 @@ def test_feature_position_travels_in_the_file(tmp_path):
     with pytest.raises(HeadFileError, match="unknown feature position 'next'"):
         export_head(head, tmp_path / "bad.safetensors", draft=DRAFT, vocab_size=57, label={}, role="verifier",
                     threshold={}, metrics={}, position="next")
+
+
+def test_model_identity_from_a_loaded_model(tmp_path):
+    """What a loaded model tells of its origin, in the keys a head file records: the GGUF sha256 beside a checkpoint
+    converted by labeling, a local checkpoint's fingerprint, the hub revision it was downloaded at."""
+    from types import SimpleNamespace
+
+    from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint, model_identity
+
+    def model(where, commit=None):
+        return SimpleNamespace(config=SimpleNamespace(name_or_path=str(where), _commit_hash=commit))
+
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    (local / "model.safetensors").write_bytes(b"12345")
+    assert model_identity(model(local)) == {"name": str(local), "fingerprint": checkpoint_fingerprint(local)}
+    (local / IDENTITY_FILE).write_text(json.dumps({"gguf": "x.gguf", "sha256": "ab" * 32}))
+    assert model_identity(model(local))["sha256"] == "ab" * 32
+    assert model_identity(model("org/name", commit="c0ffee")) == {"name": "org/name", "revision": "c0ffee"}
+    assert model_identity(model("")) == {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from evaluation.decoder import Decoding, DraftStep, ModelPair, register
-from evaluation.policies.exported import ExportedHead
+from heads.exported import ExportedHead, log_accept
 from evaluation.policies.speculative import SpeculativePolicy
 
 
@@ -35,7 +35,7 @@ class HeadStop:
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
         hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
         logit = self.head.logit(hidden, scores, candidates[-1])
-        self.log_all_accepted += -math.log1p(math.exp(-logit)) if logit > -30 else logit  # log sigmoid
+        self.log_all_accepted += log_accept(logit)
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 
 

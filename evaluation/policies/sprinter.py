@@ -28,7 +28,7 @@ import torch
 
 from data_gen.label_math import residual_distribution
 from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept, register
-from evaluation.policies.exported import ExportedHead
+from heads.exported import ExportedHead, verifier_accepts
 
 
 class Verifier(Protocol):
@@ -50,7 +50,7 @@ class HeadVerifier:
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
                  scores: torch.Tensor | None) -> bool:
-        return torch.sigmoid(torch.tensor(self.head.logit(hidden, scores, ids[-1]))).item() >= self.tau
+        return verifier_accepts(self.head.logit(hidden, scores, ids[-1]), self.tau)
 
 
 @register("sprinter")

@@ -1,23 +1,42 @@
-"""An exported head (``heads.export``) as the decoder uses it: loaded from its file alone, like a runtime."""
+"""An exported head (``heads.export``) as a runtime uses it: loaded from its file alone, checked against the draft
+it is given, and scoring one draft token at a time (the evaluation's decoder and ``heads.runtime`` both use it)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 
-from heads.export import HeadFileError, feature_position, load_head
+from heads.export import HeadFileError, check_model, feature_position, load_head
 from heads.features import scores_from_logprobs
+
+
+def log_accept(logit: float) -> float:
+    """log sigmoid(logit): a stop head's log-probability that the token is accepted (SpecDec++ Eq. 4.1 multiplies
+    these over a round's candidates)."""
+    return -math.log1p(math.exp(-logit)) if logit > -30 else logit
+
+
+def verifier_accepts(logit: float, tau: float) -> bool:
+    """SPRINTER's verifier: accept the token when sigmoid(logit) ≥ τ."""
+    return torch.sigmoid(torch.tensor(logit)).item() >= tau
 
 
 class ExportedHead:
     """The head module and its metadata; ``logit(hidden, …)`` scores one draft token on the hidden state's device."""
 
-    def __init__(self, path: str | Path, role: str):
+    def __init__(self, path: str | Path, role: str | None = None):
+        """
+        Args:
+            path: the exported ``.safetensors`` file.
+            role: the role the caller needs (``"stop"`` or ``"verifier"``); None takes the file's.
+        """
         self.path = Path(path)
         self.module, self.meta = load_head(self.path)
-        if self.meta["role"] != role:
-            raise HeadFileError(f"{self.path}: a {self.meta['role']!r} head, this policy needs a {role!r} head")
+        self.role = self.meta["role"]
+        if role is not None and self.role != role:
+            raise HeadFileError(f"{self.path}: a {self.role!r} head, this policy needs a {role!r} head")
         self._device: torch.device | None = None
         self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
         self.position = feature_position(self.meta)
@@ -30,11 +49,8 @@ class ExportedHead:
         return float(self.meta["threshold"]["value"])
 
     def check(self, draft) -> None:
-        """Refuse a draft whose hidden size differs from the head's."""
-        config = getattr(draft, "config", None)
-        size = getattr(config, "hidden_size", None)
-        if size is not None and int(size) != self.meta["hidden_size"]:
-            raise HeadFileError(f"{self.path}: head expects hidden size {self.meta['hidden_size']}, the draft has {size}")
+        """Refuse a draft the head was not trained for (``heads.export.check_model``)."""
+        check_model(self.meta, draft, path=self.path)
 
     @property
     def scores(self) -> list[str]:

@@ -1,0 +1,183 @@
+"""``make export-hf``: an exported head as a folder in transformers' ``custom_generate`` layout.
+
+    OUT/
+      README.md                         the usage snippet, the head's metadata and metrics
+      <head>.safetensors                the head file, as ``make train`` exported it
+      custom_generate/generate.py       ``heads/runtime.py``, copied
+      custom_generate/<module>.py       the project modules it (and the head's type) imports, copied with their
+                                        ``heads.``/``data_gen.`` imports made relative: ``heads/exported.py``,
+                                        ``heads/export.py``, the head's module, ``data_gen/label_math.py``, …
+      custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
+                                        into its module cache, and tells its ``generate`` no path)
+      custom_generate/requirements.txt  torch, transformers, safetensors
+
+``target.generate(**inputs, assistant_model=draft, custom_generate=OUT, trust_remote_code=True)`` then runs the
+head with nothing of this project installed. Usage: ``python -m heads.export_hf HEAD OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import base64
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import transformers
+
+from heads.export import read_metadata
+from heads.registry import HEADS
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("heads", "data_gen")
+"""Project packages the runtime may import from; their modules are copied into the folder."""
+RUNTIME = ROOT / "heads" / "runtime.py"
+_IMPORT = re.compile(rf"^(\s*)from (?:{'|'.join(PACKAGES)})\.(\w+) import ", flags=re.MULTILINE)
+
+ALGORITHMS = {
+    "stop": ("SpecDec++", "drafts until the head's predicted probability that some candidate is rejected exceeds "
+             "h, then verifies the round with transformers' own speculative sampling: the output is the target's "
+             "distribution (greedy: the target's greedy tokens)"),
+    "verifier": ("SPRINTER", "keeps each draft token the verifier accepts without the target; at the first it "
+                 "rejects, the target runs once and keeps that token with probability min(1, p/q). Approximate: "
+                 "the output mixes in the draft's distribution where the verifier accepts wrongly"),
+}
+
+
+class ExportError(ValueError):
+    """A module the folder would need cannot be copied into it."""
+
+
+def _project_imports(source: str, where: str) -> list[str]:
+    """The project modules (``heads.x``, ``data_gen.x``) a module's text imports; one that cannot be made relative
+    in a flat folder (``import heads``, ``from heads import x``) is an error."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top, _, rest = name.partition(".")
+            if top in PACKAGES:
+                if isinstance(node, ast.Import) or not rest or "." in rest:
+                    raise ExportError(f"{where}: `{name}` must be imported as `from {top}.<module> import …` to be "
+                                      "copied into a custom_generate folder")
+                found.append(name)
+    return found
+
+
+def module_closure(sources: dict[str, str]) -> dict[str, Path]:
+    """Every project module the given module texts ({name: text}) import, directly or not: {file name in the
+    folder: source file}."""
+    files: dict[str, Path] = {}
+    todo = list(sources.items())
+    while todo:
+        where, text = todo.pop()
+        for name in _project_imports(text, where):
+            source = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+            flat = source.name
+            if flat in files and files[flat] != source or flat in sources:
+                raise ExportError(f"{source} and {files.get(flat, flat)} would both be custom_generate/{flat}")
+            if flat not in files:
+                files[flat] = source
+                todo.append((str(source), source.read_text()))
+    return files
+
+
+def flatten(source: str) -> str:
+    """A module's text with its project imports made relative (``from heads.export import`` → ``from .export``)."""
+    return _IMPORT.sub(r"\1from .\2 import ", source)
+
+
+def write_folder(head: str | Path, out: str | Path) -> Path:
+    """Write the folder for the exported head file ``head`` into ``out`` (replacing a previous export there)."""
+    head, out = Path(head), Path(out)
+    meta = read_metadata(head)  # the validating loader: refuse a bad file before writing anything
+    head_class = HEADS.get_class(meta["head"]["type"])
+    data = head.read_bytes()
+    generated = {
+        "generate.py": RUNTIME.read_text(),
+        "bundled_head.py": (
+            f'"""The head this folder runs: the bytes of ../{head.name} (written by heads/export_hf.py)."""\n\n'
+            f"from {head_class.__module__} import {head_class.__name__}  # noqa: F401  (registers the head type)\n\n"
+            f"FILE_NAME = {head.name!r}\nSHA256 = {hashlib.sha256(data).hexdigest()!r}\n"
+            f"DATA = {base64.b64encode(data).decode()!r}\n"
+        ),
+    }
+    modules = module_closure(generated)
+    code = out / "custom_generate"
+    if code.exists():
+        shutil.rmtree(code)
+    code.mkdir(parents=True)
+    for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items():
+        (code / name).write_text(flatten(text))
+    (code / "requirements.txt").write_text(f"torch\ntransformers>={transformers.__version__}\nsafetensors\n")
+    shutil.copyfile(head, out / head.name)
+    (out / "README.md").write_text(readme(meta, head.name, out.name))
+    return out
+
+
+def readme(meta: dict, file_name: str, folder: str) -> str:
+    """The folder's README: what it runs, the snippet, the head's metadata and metrics."""
+    name, what = ALGORITHMS[meta["role"]]
+    threshold = meta["threshold"]
+    inputs = meta.get("inputs", {})
+    lines = [
+        f"# {name} head for transformers' `generate()`",
+        "",
+        f"`{file_name}`: a {meta['head']['type']} head (role `{meta['role']}`) trained for the draft "
+        f"`{meta['draft'].get('name', '?')}`. With it, `generate()` runs {name}: it {what}.",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        "tokenizer = AutoTokenizer.from_pretrained(TARGET)",
+        "target = AutoModelForCausalLM.from_pretrained(TARGET)",
+        "draft = AutoModelForCausalLM.from_pretrained(DRAFT)  # the draft the head was trained on",
+        'inputs = tokenizer("def fibonacci(n):", return_tensors="pt")',
+        f'out = target.generate(**inputs, assistant_model=draft, custom_generate="{folder}", trust_remote_code=True,',
+        "                      max_new_tokens=128)  # do_sample, temperature, top_k, top_p as usual",
+        "print(tokenizer.decode(out[0]))",
+        "```",
+        "",
+        f"Optional arguments: `threshold=` ({threshold['name']}, default {threshold['value']:g} chosen at export: "
+        f"{threshold.get('rule', '')}), `max_k=` (most candidates per SpecDec++ round, default 20), `head=` (another "
+        "head file). One sequence at a time (batch size 1), no beam search. The draft is checked against the head: "
+        "hidden size, vocabulary, and the identity below where the model tells it (else a warning).",
+        "",
+        "Needs torch, transformers and safetensors only (`custom_generate/requirements.txt`).",
+        "",
+        "## The head",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| type | `{meta['head']['type']}` {meta['head'].get('init_args', {})} |",
+        f"| role | `{meta['role']}` |",
+        f"| threshold | {threshold['name']} = {threshold['value']:g} |",
+        f"| feature | {inputs.get('hidden', 'draft hidden state')} |",
+        f"| draft scores | {', '.join(inputs.get('scores', {})) or 'none'} |",
+        f"| label | {meta['label']} |",
+        f"| draft | {meta['draft']} |",
+        f"| hidden size, vocabulary | {meta['hidden_size']}, {meta['vocab_size']} |",
+        "",
+        "## Metrics (held-out label rows)",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in meta["metrics"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m heads.export_hf")
+    parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
+    parser.add_argument("out", help="the folder to write")
+    args = parser.parse_args(argv)
+    print(write_folder(args.head, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Exported heads inside transformers' ``generate()``: SpecDec++'s stop head and SPRINTER's verifier as a custom
+generation method.
+
+    target.generate(**inputs, custom_generate=HeadDecoding(head_file, draft), …)
+
+or, from a folder written by ``make export-hf`` (this file becomes its ``custom_generate/generate.py``):
+
+    target.generate(**inputs, assistant_model=draft, custom_generate=folder, trust_remote_code=True, …)
+
+The head's role picks the algorithm. A stop head runs SpecDec++ (Algorithm 1) in transformers' own assisted
+decoding loop (``_assisted_decoding``: its verification is transformers' exact speculative sampling, greedy
+matching under greedy decoding); only the candidate generator is ours, an ``AssistedCandidateGenerator`` whose
+draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER (Algorithm 2): the same candidate
+generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
+that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
+
+This file imports nothing of this project but ``heads`` and ``data_gen.label_math``, which ``heads.export_hf``
+copies beside it, so an exported folder works with torch, transformers and safetensors alone. Design:
+``heads/DESIGN.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers.generation import (
+    AssistedCandidateGenerator,
+    GenerateDecoderOnlyOutput,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from data_gen.label_math import acceptance_probability, residual_distribution
+from heads.exported import ExportedHead, log_accept, verifier_accepts
+
+MAX_K = 20
+"""SpecDec++'s cap on the candidates of one round (the paper's and ``evaluation``'s default)."""
+
+
+class DraftTap:
+    """A forward hook on the draft's LM head: the input (the last layer's hidden state after the final norm) and the
+    raw logits of the last position of the draft's latest forward."""
+
+    def __init__(self, draft):
+        self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+        self._handle = draft.get_output_embeddings().register_forward_hook(self._read)
+
+    def _read(self, module, args, output) -> None:
+        self.hidden, self.logits = args[0][0, -1], output[0, -1]
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+class HeadRule(StoppingCriteria):
+    """The head's decision after each token the draft's ``generate()`` samples, as a stopping criterion.
+
+    When it is called, the tap holds the forward that produced q for the newest token y_j: its hidden state is y_j's
+    ``prev`` feature and y_{j-1}'s ``own`` one (SpecDec++'s e_{j-1}, read at y_{j-1}'s position). So a head on
+    ``prev`` decides on y_j; a head on ``own`` decides on y_{j-1}, after y_j was drawn from the same forward.
+
+    - role ``stop`` (SpecDec++ Eq. 4.1): stop when 1 − ∏ sigmoid(f) over the round's decided candidates exceeds h;
+      an ``own`` head thereby submits y_j, drawn from the forward that read y_{j-1} (Algorithm 1), a ``prev`` head
+      stops with y_j;
+    - role ``verifier`` (SPRINTER): stop at the first token with sigmoid(f) < τ (``rejected`` is then set).
+
+    The draft scores a head may read are those of its token, from ``softmax(logits / temperature)`` of the forward
+    that token was drawn from (before top-k/top-p; temperature 1 under greedy decoding), as in ``evaluation``.
+    """
+
+    def __init__(self, head: ExportedHead, threshold: float, tap: DraftTap, temperature: float):
+        self.head, self.threshold, self.tap, self.temperature = head, threshold, tap, temperature
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a round."""
+        self.log_all_accepted = 0.0
+        self.rejected = False
+        self._previous: tuple[int, torch.Tensor] | None = None  # (y_{j-1}, the logits it was drawn from)
+
+    def _logit(self, token: int, logits: torch.Tensor) -> float:
+        scores = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
+        return self.head.logit(self.tap.hidden, scores, token)
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        newest = (int(input_ids[0, -1]), self.tap.logits)
+        decided = newest if self.head.position == "prev" else self._previous
+        self._previous = newest
+        stop = False
+        if decided is not None:
+            logit = self._logit(*decided)
+            if self.head.role == "stop":
+                self.log_all_accepted += log_accept(logit)
+                stop = 1.0 - math.exp(self.log_all_accepted) > self.threshold
+            else:
+                stop = self.rejected = not verifier_accepts(logit, self.threshold)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+class HeadCandidateGenerator(AssistedCandidateGenerator):
+    """transformers' draft-model candidate generator with the head's rule added to the draft's stopping criteria,
+    a constant cap on a round (``max_k``; None: up to ``max_length``, SPRINTER's rounds) and none of transformers'
+    own stop rules (no confidence threshold, no K schedule)."""
+
+    def __init__(self, *args, rule: HeadRule, max_k: int | None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rule, self.max_k = rule, max_k
+        self.num_assistant_tokens = max_k
+        self.assistant_generation_config.num_assistant_tokens_schedule = "constant"
+        self.generation_config.assistant_confidence_threshold = 0.0  # None would be filled with its default, 0.4
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+        self.rule.reset()
+        return super().get_candidates(input_ids, **kwargs)
+
+    def _calculate_new_tokens(self, input_ids: torch.LongTensor) -> tuple[int, int]:
+        if self.max_k is not None:  # a verified round: the target's token must still fit
+            return super()._calculate_new_tokens(input_ids)
+        return 0, self.main_model_max_length - input_ids.shape[-1]
+
+    def _prepare_generation_args(self, input_ids, min_new_tokens: int, max_new_tokens: int) -> dict:
+        args = super()._prepare_generation_args(input_ids, min_new_tokens, max_new_tokens)
+        return {**args, "stopping_criteria": StoppingCriteriaList([self.rule])}
+
+
+def check_supported(model, input_ids: torch.LongTensor, generation_config, model_kwargs: dict, role: str) -> None:
+    """One clear error for each ``generate()`` setting this runtime does not run."""
+    config = generation_config
+    if model.config.is_encoder_decoder:
+        raise ValueError("speculative decoding with a head runs decoder-only models; this target is encoder-decoder")
+    if (config.num_beams or 1) > 1 or (config.num_beam_groups or 1) > 1:
+        raise ValueError(f"beam search (num_beams={config.num_beams}) is not supported by speculative decoding with a "
+                         "head; use greedy decoding or sampling (num_beams=1)")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError(f"num_return_sequences={config.num_return_sequences} is not supported; call generate() once "
+                         "per sequence")
+    if input_ids.shape[0] > 1:
+        raise ValueError(f"batch size {input_ids.shape[0]}: speculative decoding with a head runs one sequence at a "
+                         "time (batch size 1)")
+    if (config.penalty_alpha or 0) > 0 or config.constraints is not None or config.force_words_ids is not None:
+        raise ValueError("contrastive search and constrained decoding are not supported by speculative decoding with "
+                         "a head")
+    if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+        raise ValueError("prompt lookup and early-exit drafting replace the draft model; they cannot run with a head")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise ValueError("the attention mask hides some prompt tokens (padding); pass the unpadded prompt")
+    if role == "verifier" and (config.output_scores or config.output_logits or config.output_attentions
+                               or config.output_hidden_states):
+        raise ValueError("SPRINTER keeps tokens the target never scored: output_scores, output_logits, "
+                         "output_attentions and output_hidden_states are not available with a verifier head")
+
+
+@contextmanager
+def _generator_for(model, make):
+    """Let the model's assisted decoding loop use ``make(**its arguments)`` as its candidate generator.
+
+    ``_assisted_decoding`` builds its candidate generator itself, with no argument to pass one in, so this shadows
+    the model's ``_get_candidate_generator`` for the duration of one call."""
+    model._get_candidate_generator = make
+    try:
+        yield
+    finally:
+        del model._get_candidate_generator
+
+
+class HeadDecoding:
+    """SpecDec++ (stop head) or SPRINTER (verifier head) as a decoding method for ``generate(custom_generate=…)``.
+
+    transformers hands a callable ``custom_generate`` neither ``assistant_model`` nor ``streamer`` (only a folder's
+    ``generate`` receives them, see ``generate`` below), so both are given here.
+    """
+
+    def __init__(self, head: str | Path | ExportedHead, draft, *, threshold: float | None = None,
+                 max_k: int = MAX_K, streamer=None):
+        """
+        Args:
+            head: an exported head file (``make train``), or one already loaded.
+            draft: the draft model the head was trained on (checked: hidden size, vocabulary, identity).
+            threshold: h of a stop head, τ of a verifier; None takes the one chosen at export.
+            max_k: most candidates per SpecDec++ round.
+            streamer: gets the generated tokens, as ``generate(streamer=…)``.
+        """
+        self.head = head if isinstance(head, ExportedHead) else ExportedHead(head)
+        self.head.check(draft)
+        if self.head.role == "verifier" and self.head.position != "prev":
+            raise ValueError(f"{self.head.path}: this verifier reads the token's own hidden state; the runtime runs "
+                             "SPRINTER with the paper's feature, the previous token's state (export a `prev` head)")
+        self.threshold = self.head.threshold if threshold is None else float(threshold)
+        if not 0 <= self.threshold <= 1 or max_k < 1:
+            raise ValueError(f"need 0 <= threshold <= 1 and max_k >= 1, got {self.threshold}, {max_k}")
+        self.draft, self.max_k, self.streamer = draft, int(max_k), streamer
+
+    @torch.no_grad()
+    def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                 synced_gpus: bool = False, streamer=None, **model_kwargs):
+        check_supported(model, input_ids, generation_config, model_kwargs, self.head.role)
+        streamer = streamer if streamer is not None else self.streamer
+        temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
+        tap = DraftTap(self.draft)
+        rule = HeadRule(self.head, self.threshold, tap, temperature)
+        saved_k = self.draft.generation_config.num_assistant_tokens  # transformers writes its schedule's K back
+
+        def candidates(generation_config, input_ids, logits_processor, model_kwargs, **_):
+            max_k = self.max_k if self.head.role == "stop" else None
+            return HeadCandidateGenerator(input_ids, self.draft, generation_config, model_kwargs,
+                                          logits_processor=logits_processor, rule=rule, max_k=max_k)
+
+        try:
+            if self.head.role == "stop":
+                with _generator_for(model, candidates):
+                    return model._assisted_decoding(
+                        input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
+                        streamer=streamer, assistant_model=self.draft, **model_kwargs)
+            generator = candidates(generation_config, input_ids, logits_processor, model_kwargs)
+            return sprinter(model, generator, input_ids, logits_processor, stopping_criteria, generation_config,
+                            streamer, model_kwargs["past_key_values"])
+        finally:
+            tap.remove()
+            self.draft.generation_config.num_assistant_tokens = saved_k
+
+
+def sprinter(model, candidates: HeadCandidateGenerator, input_ids: torch.LongTensor, logits_processor,
+             stopping_criteria, generation_config, streamer, cache):
+    """SPRINTER's Algorithm 2: each round drafts until the verifier rejects a token (or the sequence ends); the
+    target then reads the pending tokens once and keeps the rejected token with probability min(1, p/q), else draws
+    from norm((p − q)+) (under greedy decoding: the target's argmax). Tokens the verifier accepted are kept
+    unchecked; a round the verifier accepts to the end has no target call."""
+    while True:
+        ids, draft_scores = candidates.get_candidates(input_ids)
+        new = ids[:, input_ids.shape[1]:].to(input_ids.device)
+        if candidates.rule.rejected:
+            prefix = torch.cat([input_ids, new[:, :-1]], dim=1)  # the sequence and the pending tokens
+            past = cache.get_seq_length()
+            extra = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
+            positions = torch.arange(past, prefix.shape[1], device=prefix.device).unsqueeze(0)
+            out = model(input_ids=prefix[:, past:], position_ids=positions, past_key_values=cache, use_cache=True,
+                        **extra)
+            p_scores = logits_processor(prefix, out.logits[:, -1].float())[0]
+            token = _check_last(int(new[0, -1]), p_scores, draft_scores[0, -1].to(p_scores.device),
+                                generation_config.do_sample)
+            new = torch.cat([new[:, :-1], torch.tensor([[token]], device=new.device)], dim=1)
+        input_ids = torch.cat([input_ids, new], dim=1)
+        if streamer is not None:
+            streamer.put(new.cpu())
+        if bool(stopping_criteria(input_ids, None).all()):
+            break
+    if streamer is not None:
+        streamer.end()
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache)
+    return input_ids
+
+
+def _check_last(token: int, p_scores: torch.Tensor, q_scores: torch.Tensor, do_sample: bool) -> int:
+    """The token that ends a SPRINTER round: the rejected draft token, kept with probability min(1, p/q), or a
+    draw from norm((p − q)+). ``p_scores``/``q_scores`` are the two models' processed logits at its position."""
+    if not do_sample:  # q and p are one-hots: keep the draft token iff it is the target's argmax
+        return int(p_scores.argmax())
+    logp, logq = p_scores.log_softmax(-1), q_scores.float().log_softmax(-1)
+    if torch.rand((), device=logp.device) < acceptance_probability(logq[token], logp[token]):
+        return token
+    return int(torch.multinomial(residual_distribution(logp, logq).exp(), 1))
+
+
+def bundled_head(directory: str | Path) -> Path:
+    """Write the head an exported folder carries (``custom_generate/bundled_head.py``) into ``directory``.
+
+    transformers copies only a folder's Python files into its module cache, and tells its ``generate`` no path, so
+    the folder carries its head as a Python module: the exact bytes of its ``head.safetensors``."""
+    try:
+        from .bundled_head import DATA, FILE_NAME
+    except ImportError:
+        raise ValueError("no head given: pass head=<exported .safetensors file> (only a folder written by "
+                         "`make export-hf` carries its own)") from None
+    path = Path(directory) / FILE_NAME
+    path.write_bytes(base64.b64decode(DATA))
+    return path
+
+
+def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
+             threshold: float | None = None, max_k: int = MAX_K, **kwargs):
+    """The entry point transformers calls for ``generate(custom_generate=<folder>, trust_remote_code=True)``, with
+    every argument of that ``generate()`` call: ``assistant_model`` (the draft; required) and ``streamer`` go to
+    ``HeadDecoding``, everything else back to ``model.generate`` with it as the decoding method.
+
+    Args:
+        head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k: as there.
+    """
+    if assistant_model is None:
+        raise ValueError("speculative decoding with a head needs the draft it was trained on: "
+                         "generate(..., assistant_model=draft)")
+    if head is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            loaded = ExportedHead(bundled_head(tmp))
+    else:
+        loaded = ExportedHead(head)
+    decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer)
+    return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,
+                          **kwargs)
