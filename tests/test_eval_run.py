@@ -217,8 +217,7 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
 def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
-    assert {s.family for s in cfg.policies} >= {"target_only", "draft_only", "sd", "specdecpp", "sprinter",
-                                                 "confidence", "svip"}
+    assert {s.family for s in cfg.policies} >= {"target_only", "sd", "specdecpp", "sprinter", "confidence"}
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
         assert vars(getattr(cfg, role)) == {"path": "", **labels[role]}
