@@ -10,6 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import torch
+
 IDENTITY_FILE = "identity.json"
 """Written beside a checkpoint converted from a GGUF file (``data_gen.models``): the GGUF's sha256."""
 
@@ -29,7 +31,10 @@ def model_identity(model) -> dict:
     """What a loaded transformers model tells of its identity, in ``draft_identity``'s keys: the ``sha256`` of the
     GGUF a converted checkpoint came from (its ``IDENTITY_FILE``), the ``fingerprint`` of any other local
     checkpoint directory, or the hub ``revision`` it was downloaded at. Empty of digests when it tells none (a
-    model built in memory, or loaded from a directory that has changed since)."""
+    model built in memory, or loaded from a directory that has changed since). Its ``quantization`` is read from the
+    model's modules (``data_gen.quantization.quantization_of``)."""
+    from data_gen.quantization import quantization_of
+
     config = getattr(model, "config", None)
     where = str(getattr(config, "name_or_path", "") or "")
     identity = {"name": where} if where else {}
@@ -40,4 +45,6 @@ def model_identity(model) -> dict:
         identity["fingerprint"] = checkpoint_fingerprint(path)
     elif getattr(config, "_commit_hash", None):
         identity["revision"] = config._commit_hash
+    if isinstance(model, torch.nn.Module):
+        identity["quantization"] = quantization_of(model)
     return identity

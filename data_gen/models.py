@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from data_gen import quantization
 from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,17 @@ class ModelSpec:
     """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
     name: str | None = None
     """Display name stored in the manifest; defaults to the path or package pattern."""
+    quantization: str = quantization.NONE
+    """``none`` or an int8 quantization of the Linear weights (``data_gen.quantization.QUANTIZATIONS``, CPU only):
+    the model then loads in float32 whatever the run's dtype, and is quantized after loading."""
 
     def __post_init__(self) -> None:
         if not self.path and not self.packages:
             raise LabelingError("a model needs either `path` or `packages`")
+        try:
+            quantization.check_name(self.quantization)
+        except ValueError as e:
+            raise LabelingError(str(e)) from None
 
     @property
     def display_name(self) -> str:
@@ -170,11 +178,16 @@ def resolve(spec: ModelSpec) -> tuple[str, dict]:
 
 
 def load_model(spec: ModelSpec, dtype: str = "float32"):
-    """Load (model, tokenizer, identity) in eval mode; identity goes into the manifest."""
+    """Load (model, tokenizer, identity) in eval mode on the CPU; identity goes into the manifest.
+
+    A quantized model (``spec.quantization``) loads in float32, the precision its int8 kernels read, whatever
+    ``dtype`` says."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
         raise LabelingError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    if spec.quantization != quantization.NONE:
+        dtype = "float32"
     where, identity = resolve(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype])
@@ -183,12 +196,14 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         raise LabelingError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
     model.eval()
     model.requires_grad_(False)
+    model = quantization.quantize(model, spec.quantization)
     identity = {
         "name": spec.display_name,
         **identity,
         "architecture": type(model).__name__,
         "hidden_size": model.config.hidden_size,
-        "vocab_size": model.get_output_embeddings().weight.shape[0],
+        "vocab_size": quantization.output_rows(model),
         "dtype": dtype,
+        "quantization": spec.quantization,
     }
     return model, tok, identity

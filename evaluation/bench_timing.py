@@ -12,8 +12,11 @@ Weights are random (timing does not depend on their values), so only a shape is 
   cost per call in Eq. 5.1);
 - ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call).
 
-CUDA runs in bfloat16 with synchronized timers; the CPU in float32. The JSON keeps every figure, so
-``evaluation`` can predict this device's latency from acceptance traces measured elsewhere (``timing:``).
+Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``data_gen.quantization`` (CPU
+only, on float32 weights). The table ends with the cost ratio c = t_draft / t_target of the decode step for each
+draft and target precision. CUDA timers are synchronized. The JSON keeps every figure, so ``evaluation`` can
+predict this device's latency from acceptance traces measured elsewhere (``timing:``; an entry is named
+``draft`` or ``draft@<precision>``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from data_gen.quantization import QUANTIZATIONS, quantize
 from evaluation.config import resolve_device, resolve_dtype
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
@@ -40,6 +44,14 @@ BUILTIN = {
                  num_key_value_heads=2, vocab_size=64, tie_word_embeddings=False),
 }
 DEFAULT_MODELS = ("draft=qwen2.5-0.5b", "target=qwen2.5-1.5b")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def default_precisions(device: torch.device) -> list[str]:
+    """Every precision worth timing on ``device``: on the CPU both dtypes and each int8 quantization."""
+    if device.type == "cpu":
+        return ["float32", "bfloat16", *QUANTIZATIONS]
+    return [resolve_dtype("auto", device)]
 
 
 def model_config(source: str):
@@ -59,18 +71,29 @@ def model_config(source: str):
     return AutoConfig.for_model(model_type, **raw)
 
 
-def build(config, device: torch.device, dtype: torch.dtype):
-    """A random-init causal LM of this shape on ``device`` (cheap init: values do not matter for timing)."""
+def build(config, device: torch.device, precision: str):
+    """A random-init causal LM of this shape on ``device`` at ``precision`` (a dtype or a quantization; cheap init:
+    values do not matter for timing)."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
+    dtype = getattr(torch, precision if precision in DTYPES else "float32")
     with no_init_weights(), torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():  # finite values: uninitialised memory could hold NaNs/denormals (slow on CPU)
             p.normal_(0.0, 0.02, generator=g)
-    return model.eval()
+    model.eval()
+    return model if precision in DTYPES else quantize(model, precision)
+
+
+def count_parameters(config) -> int:
+    """The parameters of a model of this shape (built on the meta device: no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
 
 
 def _sync(device: torch.device) -> None:
@@ -132,48 +155,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights and activations (auto: bfloat16 on CUDA and on CPUs with native bf16, else float32)")
-    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>-<dtype>.json)")
+    p.add_argument("--precision", nargs="+", default=None, choices=["auto", *DTYPES, *QUANTIZATIONS],
+                   help="dtypes and int8 quantizations to time (default: on the CPU float32, bfloat16 and every "
+                        "quantization; on CUDA the auto dtype, bfloat16)")
+    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
     return p.parse_args(argv)
 
 
 def table(result: dict) -> str:
     caches = sorted({int(c) for m in result["models"] for c in m["decode"]})
-    head = f"{'model':<10}{'shape':<30}{'params':>9}{'prefill':>10}" + "".join(f"{f'step@{c}':>11}" for c in caches)
+    head = f"{'model@precision':<46}{'shape':<30}{'params':>9}{'prefill':>10}" + "".join(f"{f'step@{c}':>11}" for c in caches)
     head += f"{'verify':>10}"
-    lines = [f"device: {result['device']} ({result['dtype']}); times in ms (median)", head, "-" * len(head)]
+    lines = [f"device: {result['device']}; times in ms (median)", head, "-" * len(head)]
     for m in result["models"]:
-        row = f"{m['name']:<10}{m['shape'][-29:]:<30}{m['params'] / 1e6:>8.0f}M{m['prefill']['median_s'] * 1e3:>10.1f}"
+        row = f"{m['name'] + '@' + m['precision']:<46.46}{m['shape'][-29:]:<30}{m['params'] / 1e6:>8.0f}M{m['prefill']['median_s'] * 1e3:>10.1f}"
         row += "".join(f"{m['decode'][str(c)]['median_s'] * 1e3:>11.2f}" if str(c) in m["decode"] else f"{'':>11}"
                        for c in caches)
         lines.append(row + f"{m['verify']['median_s'] * 1e3:>10.2f}")
     lines.append(f"prefill: {result['prefill']} tokens; step@L: one token after a cache of L; "
                  f"verify: {result['verify']} tokens after a cache of {caches[0]}")
+    drafts = [m for m in result["models"] if m["name"] == "draft"]
+    targets = [m for m in result["models"] if m["name"] == "target"]
+    if drafts and targets:
+        lines.append(f"cost ratio c = t_draft / t_target of the decode step after {caches[0]} tokens "
+                     f"(rows: draft precision, columns: target precision)")
+        lines.append(f"{'':<36}" + "".join(f"{t['precision']:>38.38}" for t in targets))
+        for d in drafts:
+            lines.append(f"{d['precision']:<36.36}" + "".join(f"{step_s(d) / step_s(t):>38.3f}" for t in targets))
     return "\n".join(lines)
+
+
+def step_s(entry: dict) -> float:
+    """An entry's decode step in seconds, at the shortest cache length measured."""
+    decode = entry["decode"]
+    return float(decode[min(decode, key=int)]["median_s"])
+
+
+def find_entry(timing: dict, name: str) -> dict:
+    """The entry ``name`` (``draft``: its first precision) or ``name@precision`` of a timing JSON."""
+    label, _, precision = name.partition("@")
+    for m in timing["models"]:
+        if m["name"] == label and precision in ("", m.get("precision", "")):
+            return m
+    raise KeyError(f"timing file has no model {name!r}; it has "
+                   f"{sorted(m['name'] + '@' + m.get('precision', '?') for m in timing['models'])}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     device = resolve_device(a.device)
-    dtype = getattr(torch, resolve_dtype(a.dtype, device))
+    precisions = [resolve_dtype(p, device) for p in a.precision] if a.precision else default_precisions(device)
+    if device.type != "cpu" and set(precisions) & set(QUANTIZATIONS):
+        raise SystemExit("error: the int8 quantizations run on the CPU only (--device cpu)")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads)"
-    result = {"device": name, "device_type": device.type, "dtype": str(dtype).removeprefix("torch."),
+    result = {"device": name, "device_type": device.type, "precisions": precisions,
               "torch": torch.__version__, "prefill": a.prefill, "verify": a.verify, "models": []}
     for spec in a.model or DEFAULT_MODELS:
         label, _, shape = spec.partition("=")
         if not shape:
             label, shape = Path(spec).name, spec
-        model = build(model_config(shape), device, dtype)
-        entry = {"name": label, "shape": shape, "params": sum(p.numel() for p in model.parameters()),
-                 **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats)}
-        result["models"].append(entry)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        config = model_config(shape)
+        params = count_parameters(config)
+        for precision in precisions:
+            model = build(config, device, precision)
+            entry = {"name": label, "precision": precision, "shape": shape, "params": params,
+                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats)}
+            result["models"].append(entry)
+            print(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr, flush=True)
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     print(table(result))
-    out = Path(a.out or f"runs/bench/timing-{device.type}-{result['dtype']}.json")
+    out = Path(a.out or f"runs/bench/timing-{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

@@ -23,6 +23,7 @@ import torch
 
 from data_gen.label_math import residual_distribution, sample_from_logprobs, warp_logits
 from data_gen.labeler import Sampling
+from data_gen.quantization import output_rows
 from heads.registry import Registry
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class ModelPair:
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
 
     def __post_init__(self) -> None:
-        vocab = {name: _vocab_size(m) for name, m in (("draft", self.draft), ("target", self.target))}
+        vocab = {name: output_rows(m) for name, m in (("draft", self.draft), ("target", self.target))}
         if vocab["draft"] != vocab["target"]:
             raise ValueError(f"draft and target vocabularies differ ({vocab}); speculative decoding needs one")
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
@@ -88,10 +89,6 @@ class ModelPair:
     @property
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
-
-
-def _vocab_size(model) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
 
 
 class Policy(Protocol):

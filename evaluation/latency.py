@@ -66,12 +66,9 @@ def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | Non
 
 
 def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> LatencyFit:
-    """Per-forward times from a ``bench_timing`` JSON (decode step at the shortest cache length measured)."""
-    def step(name: str) -> float:
-        models = {m["name"]: m for m in timing["models"]}
-        if name not in models:
-            raise KeyError(f"timing file has no model {name!r}; it has {sorted(models)}")
-        decode = models[name]["decode"]
-        return float(decode[min(decode, key=int)]["median_s"])
+    """Per-forward times from a ``bench_timing`` JSON (decode step at the shortest cache length measured); a name
+    is an entry's (its first precision) or ``name@precision``."""
+    from evaluation.bench_timing import find_entry, step_s
 
-    return LatencyFit(t_draft=step(draft), t_target=step(target), intercept=0.0, r2=float("nan"), n_runs=0)
+    return LatencyFit(t_draft=step_s(find_entry(timing, draft)), t_target=step_s(find_entry(timing, target)),
+                      intercept=0.0, r2=float("nan"), n_runs=0)

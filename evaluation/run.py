@@ -59,6 +59,10 @@ class Engine:
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
+        quantized = [f"{role}.quantization: {spec.quantization}" for role, spec in (("draft", cfg.draft),
+                     ("target", cfg.target)) if spec.quantization != "none"]
+        if quantized and device.type != "cpu":
+            raise EvalError(f"{', '.join(quantized)} runs on the CPU only; set device: cpu or quantization: none")
         try:
             draft, tok, d_id = load_model(cfg.draft, dtype)
             target, t_tok, t_id = load_model(cfg.target, dtype)

@@ -3,7 +3,7 @@
 The header's metadata (string → string) holds ``schema_version`` and one JSON blob under ``specheads``::
 
     head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
-    draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …}
+    draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …, "quantization": …}
     hidden_size, vocab_size
     inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;
                 ``prev``: the state that produced q for it), and the draft scores named in init_args
@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from data_gen.identity import model_identity
+from data_gen.quantization import NONE, output_rows
 from heads.features import SCORES
 from heads.registry import HEADS, build_head
 
@@ -52,8 +53,10 @@ class HeadFileError(ValueError):
 
 
 def draft_identity(draft: dict) -> dict:
-    """The identity of a draft model from a manifest's ``models.draft`` entry: name, source and its digest."""
-    return {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
+    """The identity of a draft model from a manifest's ``models.draft`` entry: name, source, its digest and its
+    quantization (``none`` for entries written before quantization existed)."""
+    identity = {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
+    return {**identity, "quantization": draft.get("quantization", NONE)}
 
 
 def feature_position(meta: dict) -> str:
@@ -120,7 +123,8 @@ def read_metadata(path: str | Path) -> dict:
 
 
 def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | None = None, path="head file") -> None:
-    """Refuse a head trained for another draft: hidden size, then the digest (or the source if no digest)."""
+    """Refuse a head trained for another draft: hidden size, quantization, then the digest (or the source if no
+    digest)."""
     if hidden_size is not None and int(hidden_size) != meta["hidden_size"]:
         raise HeadFileError(f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {hidden_size}")
     if draft is None:
@@ -129,7 +133,12 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
         raise HeadFileError(
             f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {draft['hidden_size']}"
         )
-    mine, theirs = meta["draft"], draft_identity(draft)
+    mine, theirs = draft_identity(meta["draft"]), draft_identity(draft)
+    if mine["quantization"] != theirs["quantization"]:
+        raise HeadFileError(
+            f"{path}: head was trained on the features of the {mine['quantization']!r} draft, this draft is "
+            f"{theirs['quantization']!r} (its hidden states differ); train a head on labels of this draft"
+        )
     keys = [k for k in DIGEST_KEYS if k in mine and k in theirs]
     keys = keys or [k for k in ("source",) if k in mine and k in theirs]
     if not keys:
@@ -149,13 +158,14 @@ def check_model(meta: dict, model, path="head file") -> None:
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     check_draft(meta, hidden_size=getattr(text, "hidden_size", None), path=path)
-    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if embeddings is not None and int(embeddings.weight.shape[0]) != int(meta["vocab_size"]):
+    rows = output_rows(model) if hasattr(model, "get_output_embeddings") else None
+    if rows is not None and rows != int(meta["vocab_size"]):
         raise HeadFileError(
-            f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has "
-            f"{embeddings.weight.shape[0]}"
+            f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has {rows}"
         )
     identity = model_identity(model)
+    if draft_identity(meta["draft"])["quantization"] != identity.get("quantization", NONE):
+        check_draft(meta, draft=identity, path=path)
     if any(k in identity and k in meta["draft"] for k in DIGEST_KEYS):
         check_draft(meta, draft=identity, path=path)
     else:

@@ -44,7 +44,7 @@ def test_fit_records_skips_runs_without_counts():
 def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):
     out = tmp_path / "timing.json"
     bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4", "8",
-                       "--verify", "2", "--repeats", "1", "--device", "cpu", "--out", str(out)])
+                       "--verify", "2", "--repeats", "1", "--device", "cpu", "--out", str(out), "--precision", "float32"])
     result = json.loads(out.read_text())
     assert [m["name"] for m in result["models"]] == ["draft", "target"]
     assert set(result["models"][0]["decode"]) == {"4", "8"}

@@ -220,4 +220,4 @@ def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     assert {s.family for s in cfg.policies} >= {"target_only", "sd", "specdecpp", "sprinter", "confidence"}
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
-        assert vars(getattr(cfg, role)) == {"path": "", **labels[role]}
+        assert vars(getattr(cfg, role)) == vars(ModelSpec(**labels[role]))

@@ -1,0 +1,122 @@
+"""Int8 drafts on the tiny pair: the quantization is told back from the modules, loads through a model entry, labels,
+trains and decodes, leaves exact decoding exact, and is part of the identity a head checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from data_gen import quantization as q
+from data_gen.models import LabelingError, ModelSpec, load_model
+
+
+def tiny_model(path):
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("name", list(q.QUANTIZATIONS))
+def test_each_quantization_is_told_back_from_the_modules(tiny_pair, name):
+    model = q.quantize(tiny_model(tiny_pair[0]), name)
+    assert q.quantization_of(model) == name
+    assert q.output_rows(model) == model.config.vocab_size
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 5, 6]])).logits
+    assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
+
+
+def test_plain_and_hand_mixed_models(tiny_pair):
+    model = tiny_model(tiny_pair[0])
+    assert q.quantization_of(model) == q.NONE and q.quantize(model, q.NONE) is model
+    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+
+    mixed = quantize_dynamic(tiny_model(tiny_pair[0]), {"model.layers.0.mlp.up_proj": default_dynamic_qconfig},
+                             dtype=torch.qint8)
+    assert q.quantization_of(mixed) == "custom"
+
+
+def test_bad_quantizations_are_one_clear_error(tiny_pair):
+    with pytest.raises(LabelingError, match="unknown quantization 'int4'; choose one of none, int8-dynamic"):
+        ModelSpec(path=str(tiny_pair[0]), quantization="int4")
+    with pytest.raises(ValueError, match="CPU in float32 only"):
+        q.quantize(tiny_model(tiny_pair[0]).to(torch.bfloat16), "int8-dynamic")
+
+
+def test_a_model_entry_loads_quantized_in_float32(tiny_pair):
+    spec = ModelSpec(path=str(tiny_pair[0]), quantization="int8-dynamic-per-channel")
+    model, _, identity = load_model(spec, "bfloat16")
+    assert identity["quantization"] == "int8-dynamic-per-channel" and identity["dtype"] == "float32"
+    assert q.quantization_of(model) == "int8-dynamic-per-channel"
+    assert identity["vocab_size"] == model.config.vocab_size
+
+
+def test_greedy_sd_with_an_int8_draft_equals_the_target(tiny_pair):
+    from data_gen.labeler import Sampling
+    from evaluation.decoder import ModelPair, build_policy
+
+    draft = q.quantize(tiny_model(tiny_pair[0]), "int8-dynamic")
+    pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(temperature=0.0,
+                                                                                         max_new_tokens=16))
+    for prompt in ([1, 10, 11, 12], [1, 30, 5]):
+        reference = build_policy("target_only").generate(pair, prompt, torch.Generator().manual_seed(0)).tokens
+        for policy in (build_policy("sd", k=4), build_policy("confidence")):
+            assert policy.generate(pair, prompt, torch.Generator().manual_seed(0)).tokens == reference
+
+
+def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp_path):
+    """The quantized draft labels (its identity in the manifest), a head trains on those labels and carries it,
+    loads against the same quantized draft, and refuses the float draft with one line (and the reverse)."""
+    from data_gen.run import run_labels
+    from data_gen.shards import read_manifest
+    from evaluation.decoder import ModelPair, build_policy
+    from heads.export import HeadFileError
+    from heads.exported import ExportedHead
+    from pipeline import train_all
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    cfg.draft.quantization = "int8-dynamic-per-channel"
+    run_labels(cfg, quiet=True)
+    manifest = read_manifest(cfg.output_dir)
+    assert manifest["models"]["draft"]["quantization"] == "int8-dynamic-per-channel"
+    assert manifest["models"]["target"]["quantization"] == "none"
+    results = train_all.main(["--labels", str(cfg.output_dir), "--out", str(tmp_path / "train"), "--checkpoints",
+                              str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1",
+                              "--quiet"])
+    stop = next(r.export for r in results if "specdecpp" in r.name)
+    head = ExportedHead(stop)
+    assert head.meta["draft"]["quantization"] == "int8-dynamic-per-channel"
+
+    draft, _, _ = load_model(cfg.draft)
+    head.check(draft)
+    from data_gen.labeler import Sampling
+
+    pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(max_new_tokens=8))
+    result = build_policy("specdecpp", head=stop).generate(pair, [1, 10, 11], torch.Generator().manual_seed(0))
+    assert len(result.tokens) == 8
+
+    with pytest.raises(HeadFileError, match="features of the 'int8-dynamic-per-channel' draft, this draft is 'none'"):
+        head.check(tiny_model(tiny_pair[0]))
+    float_head = ExportedHead(stop)
+    float_head.meta["draft"]["quantization"] = "none"
+    with pytest.raises(HeadFileError, match="features of the 'none' draft, this draft is 'int8-dynamic-per-channel'"):
+        float_head.check(draft)
+
+
+def test_bench_timing_times_each_precision(tmp_path):
+    import json
+
+    from evaluation import bench_timing
+    from evaluation.latency import timing_fit
+
+    out = tmp_path / "timing.json"
+    bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4",
+                       "--verify", "2", "--repeats", "1", "--device", "cpu", "--out", str(out),
+                       "--precision", "float32", "int8-dynamic-per-channel"])
+    result = json.loads(out.read_text())
+    assert [(m["name"], m["precision"]) for m in result["models"]] == [
+        ("draft", "float32"), ("draft", "int8-dynamic-per-channel"),
+        ("target", "float32"), ("target", "int8-dynamic-per-channel")]
+    fit = timing_fit(result, "draft@int8-dynamic-per-channel", "target@float32")
+    assert fit.t_draft == result["models"][1]["decode"]["4"]["median_s"]
+    with pytest.raises(KeyError, match="no model 'draft@bfloat16'"):
+        timing_fit(result, "draft@bfloat16")
