@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing export-hf
+.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing bench-precision export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -60,8 +60,11 @@ export-hf: $(STAMP) ## a head as a transformers custom_generate folder: make exp
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
 	$(PY) -m heads.export_hf $(HEAD) $(OUT)
 
-bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes on this device (JSON)
+bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes at each precision on this device, and the cost ratio c (JSON)
 	$(PY) -m evaluation.bench_timing $(ARGS)
+
+bench-precision: $(MODELS) ## the real draft at each precision (float, int8): decode step, c and 1 - TV against the target, same prompts
+	$(PY) -m evaluation.bench_precision $(ARGS)
 
 clean: ## remove generated outputs (keeps .venv and the model cache)
 	rm -rf runs checkpoints lightning_logs

@@ -31,6 +31,13 @@ class Int8Dynamic:
     keep: tuple[str, ...] = ()
     """Module name prefixes left in floating point, e.g. ``lm_head``."""
 
+    def snippet(self, model: str = "draft") -> str:
+        """One line of plain PyTorch that quantizes ``model`` this way (for users without this project)."""
+        qconfig = "per_channel_dynamic_qconfig" if self.per_channel else "default_dynamic_qconfig"
+        return (f"{model} = torch.ao.quantization.quantize_dynamic({model}, {{n: torch.ao.quantization.{qconfig} "
+                f"for n, m in {model}.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("
+                f"{self.keep!r})}}, dtype=torch.qint8)")
+
 
 QUANTIZATIONS = {
     "int8-dynamic": Int8Dynamic(per_channel=False),

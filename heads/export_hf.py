@@ -27,6 +27,7 @@ from pathlib import Path
 
 import transformers
 
+from data_gen.quantization import NONE, QUANTIZATIONS
 from heads.export import read_metadata
 from heads.registry import HEADS
 
@@ -123,6 +124,7 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
     """The folder's README: what it runs, the snippet, the head's metadata and metrics."""
     name, what = ALGORITHMS[meta["role"]]
     threshold = meta["threshold"]
+    quantization = meta["draft"].get("quantization", NONE)
     inputs = meta.get("inputs", {})
     lines = [
         f"# {name} head for transformers' `generate()`",
@@ -136,6 +138,8 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
         "tokenizer = AutoTokenizer.from_pretrained(TARGET)",
         "target = AutoModelForCausalLM.from_pretrained(TARGET)",
         "draft = AutoModelForCausalLM.from_pretrained(DRAFT)  # the draft the head was trained on",
+        *([f"{QUANTIZATIONS[quantization].snippet()}  # quantized as in training ({quantization})"]
+          if quantization in QUANTIZATIONS else []),
         'inputs = tokenizer("def fibonacci(n):", return_tensors="pt")',
         f'out = target.generate(**inputs, assistant_model=draft, custom_generate="{folder}", trust_remote_code=True,',
         "                      max_new_tokens=128)  # do_sample, temperature, top_k, top_p as usual",

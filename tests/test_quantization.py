@@ -25,6 +25,14 @@ def test_each_quantization_is_told_back_from_the_modules(tiny_pair, name):
     assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("name", list(q.QUANTIZATIONS))
+def test_the_plain_pytorch_snippet_quantizes_the_same_way(tiny_pair, name):
+    """The line the exported folder's README gives users without this project."""
+    scope = {"torch": torch, "draft": tiny_model(tiny_pair[0])}
+    exec(q.QUANTIZATIONS[name].snippet(), scope)
+    assert q.quantization_of(scope["draft"]) == name
+
+
 def test_plain_and_hand_mixed_models(tiny_pair):
     model = tiny_model(tiny_pair[0])
     assert q.quantization_of(model) == q.NONE and q.quantize(model, q.NONE) is model
@@ -120,3 +128,22 @@ def test_bench_timing_times_each_precision(tmp_path):
     assert fit.t_draft == result["models"][1]["decode"]["4"]["median_s"]
     with pytest.raises(KeyError, match="no model 'draft@bfloat16'"):
         timing_fit(result, "draft@bfloat16")
+
+
+def test_bench_precision_reads_each_draft_precision_on_the_same_positions(tiny_pair, tmp_path):
+    import yaml
+
+    from evaluation import bench_precision
+
+    config = tmp_path / "pair.yaml"
+    config.write_text(yaml.safe_dump({"draft": {"path": str(tiny_pair[0])}, "target": {"path": str(tiny_pair[1])}}))
+    result = bench_precision.main(["--config", str(config), "--prompts", "2", "--positions", "4", "--cache", "4",
+                                   "--verify", "2", "--prefill", "4", "--repeats", "1", "--out",
+                                   str(tmp_path / "p.json"), "--precision", "float32", "int8-dynamic"])
+    assert [d["precision"] for d in result["drafts"]] == ["float32", "int8-dynamic"]
+    assert result["positions"] == 8
+    for d in result["drafts"]:
+        assert 0 < d["acceptance"] < 1  # the tiny draft is a perturbed copy of the target
+    # the quantized draft's distributions differ from the float draft's, but not by much
+    assert result["drafts"][0]["acceptance"] != result["drafts"][1]["acceptance"]
+    assert abs(result["drafts"][0]["acceptance"] - result["drafts"][1]["acceptance"]) < 0.1
