@@ -14,7 +14,6 @@ run, so c is a ratio measured side by side.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from data_gen.label_math import tv_distance, warp_logits
 from data_gen.models import ModelSpec, load_model
 from data_gen.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from data_gen.quantization import NONE, QUANTIZATIONS
-from evaluation.bench_timing import DTYPES, bench_model, step_s
+from evaluation.bench_timing import DTYPES, bench_model, step_s, write_json
 
 DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)
 
@@ -114,10 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
               file=sys.stderr, flush=True)
         del draft
     print(table(result))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(result, Path(a.out))
     return result
 
 

@@ -227,11 +227,15 @@ def main(argv: list[str] | None = None) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(table(result))
-    out = Path(a.out or f"runs/bench/timing-{device.type}.json")
+    write_json(result, Path(a.out or f"runs/bench/timing-{device.type}.json"))
+    return result
+
+
+def write_json(result: dict, out: Path) -> None:
+    """Write a benchmark's figures as JSON and say where."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
-    return result
 
 
 if __name__ == "__main__":
