@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing bench-precision export-hf
+.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a 
 
 eval: $(MODELS) ## every policy + HF peer on the real pair with the exported heads; report under runs/eval/humaneval
 	$(PY) -m evaluation --config $(EVAL_CONFIG) $(ARGS)
+
+simulate: $(STAMP) ## replay every policy over the label traces: predicted rates and speedups at c, the oracle (ARGS="--c 0.12 --eval configs/eval/sampling.yaml")
+	$(PY) -m evaluation.simulate $(ARGS)
 
 export-hf: $(STAMP) ## a head as a transformers custom_generate folder: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }

@@ -1,0 +1,121 @@
+"""The trace simulator: its exact expectations against a Monte Carlo replay of the same rounds (and a broken
+recursion rejected by the same check), the count identity, the stop rules' round lengths, the oracle as a ceiling,
+and the command on tiny labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluation import simulate as sim
+
+
+def monte_carlo(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: int = 0) -> np.ndarray:
+    """(reps, 3) draft forwards, target calls, discarded of speculative sampling, replayed round by round."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((reps, 3))
+    for r in range(reps):
+        s = 0
+        while s < len(acceptance):
+            n = int(lengths[s])
+            kept = 0
+            while kept < n and rng.random() < acceptance[s + kept]:
+                kept += 1
+            out[r] += (n, 1, n - kept)
+            s += kept + 1
+    return out
+
+
+def agrees(counts: sim.Counts, draws: np.ndarray) -> bool:
+    mean, se = draws.mean(0), draws.std(0) / np.sqrt(len(draws)) + 1e-9
+    return bool(np.all(np.abs(np.array([counts.draft, counts.target, counts.discarded]) - mean) < 4 * se))
+
+
+def broken_expected_counts(acceptance, lengths):
+    """The recursion with the next round starting at the rejected candidate instead of after it."""
+    length = len(acceptance)
+    draft, target, discarded = (np.zeros(length + 2) for _ in range(3))
+    for s in range(length - 1, -1, -1):
+        n, reach, d, t, x = int(lengths[s]), 1.0, 0.0, 0.0, 0.0
+        for j in range(n):
+            p = reach * (1 - acceptance[s + j])
+            nxt = min(s + max(j, 1), length)
+            d, t, x = d + p * draft[nxt], t + p * target[nxt], x + p * (discarded[nxt] + n - j)
+            reach *= acceptance[s + j]
+        nxt = min(s + n + 1, length)
+        draft[s], target[s], discarded[s] = n + d + reach * draft[nxt], 1 + t + reach * target[nxt], x + reach * discarded[nxt]
+    return sim.Counts(n=length, draft=draft[0], target=target[0], discarded=discarded[0])
+
+
+@pytest.fixture
+def trace_acceptance():
+    return np.random.default_rng(1).uniform(0.3, 1.0, size=40)
+
+
+@pytest.mark.parametrize("rule", ["sd3", "stops"])
+def test_expectations_match_a_monte_carlo_replay_and_a_broken_recursion_does_not(trace_acceptance, rule):
+    a = trace_acceptance
+    if rule == "sd3":
+        lengths = np.minimum(3, np.maximum(len(a) - np.arange(len(a)) - 1, 0))
+    else:
+        lengths = sim.round_lengths(np.random.default_rng(2).random(len(a)) < 0.3, True, 6)
+    draws = monte_carlo(a, lengths, reps=4000)
+    assert agrees(sim.expected_counts(a, lengths), draws)
+    assert not agrees(broken_expected_counts(a, lengths), draws)
+
+
+def test_every_position_is_produced_once(trace_acceptance):
+    """SpecDec++ §3: N_draft + N_target = N + N_discarded, in expectation too."""
+    for k in (1, 4, 9):
+        lengths = np.minimum(k, np.maximum(len(trace_acceptance) - np.arange(len(trace_acceptance)) - 1, 0))
+        c = sim.expected_counts(trace_acceptance, lengths)
+        assert c.draft + c.target == pytest.approx(c.n + c.discarded)
+    ones = sim.expected_counts(np.ones(12), np.minimum(3, np.maximum(11 - np.arange(12), 0)))
+    assert ones.target == 3 and ones.discarded == 0  # rounds of 3 + bonus: 12 tokens in 3 calls
+
+
+def test_round_lengths_follow_the_decoders_rounds():
+    stops = np.array([False, True, False, False, False, False])
+    assert sim.round_lengths(stops, False, 20).tolist() == [2, 1, 3, 2, 1, 0]  # stop with the candidate
+    assert sim.round_lengths(stops, True, 20).tolist() == [3, 2, 3, 2, 1, 0]  # one more from its forward
+    assert sim.round_lengths(stops, False, 1).tolist() == [1, 1, 1, 1, 1, 0]
+    # SpecDec++: 1 − ∏ sigmoid > h; log sigmoid = log 0.5 per candidate: two candidates give 0.75
+    half = np.full(6, np.log(0.5))
+    assert sim.head_round_lengths(half, 0.7, False, 20).tolist() == [2, 2, 2, 2, 1, 0]
+    assert sim.head_round_lengths(half, 1.0, False, 20).tolist() == [5, 4, 3, 2, 1, 0]  # never stops: like SD
+
+
+def test_the_oracle_is_the_ceiling(trace_acceptance):
+    oracle = sim.oracle_counts(trace_acceptance)
+    assert oracle.draft + oracle.target == oracle.n and oracle.discarded == 0
+    for k in range(1, 10):
+        lengths = np.minimum(k, np.maximum(len(trace_acceptance) - np.arange(len(trace_acceptance)) - 1, 0))
+        counts = sim.expected_counts(trace_acceptance, lengths)
+        for c in (0.0, 0.1, 0.5):
+            assert counts.speedup(c) <= oracle.speedup(c) + 1e-9
+
+
+def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
+    from data_gen.run import run_labels
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+    from heads.sprinter import SprinterHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    draft = {"name": "tiny", "source": "test"}
+    paths = []
+    for head, role, name in ((ResNetHead(hidden_size=32, depth=1), "stop", "h"), (SprinterHead(hidden_size=32),
+                             "verifier", "tau")):
+        paths.append(str(export_head(head, tmp_path / f"{role}.safetensors", draft=draft, vocab_size=57,
+                                     label={"kind": "test"}, role=role, threshold={"name": name, "value": 0.5},
+                                     metrics={})))
+    rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--heads", *paths,
+                     "--c", "0.1", "0.5"])
+    out = capsys.readouterr().out
+    assert "oracle (Thm 4.1)" in out and "fastest at c = 0.1" in out
+    families = {r["family"] for r in rows}
+    assert families == {"oracle", "sd", "confidence", "svip", "specdecpp", "sprinter"}
+    oracle = rows[0]["counts"]
+    assert all(r["counts"].speedup(0.1) <= oracle.speedup(0.1) + 1e-9 for r in rows if r["family"] != "sprinter")
+    assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
