@@ -21,11 +21,18 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 
-from data_gen import label_math as lm
-from data_gen import shards
-from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
-from data_gen.models import DTYPES, LabelingError, ModelSpec, load_model
-from data_gen.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core import label_math as lm
+from core import shards
+from core.adapter import HFCausalLM
+from core.errors import UserError
+from core.models import DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model
+from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core.sampling import Sampling
+from data_gen.labeler import Labeler, Prompt
+
+
+class LabelingError(UserError):
+    """A labeling run that cannot go on: its settings, its output folder or its prompts."""
 
 
 class LabelingInterrupted(LabelingError):
@@ -191,26 +198,6 @@ def _check_run_settings(out: Path, cfg: LabelConfig) -> None:
     shards.write_json(run_file, settings)
 
 
-def _check_pair(d_tok, t_tok, d_id: dict, t_id: dict) -> None:
-    if d_id["vocab_size"] != t_id["vocab_size"] or d_tok.get_vocab() != t_tok.get_vocab():
-        raise LabelingError(
-            f"draft and target vocabularies differ ({d_id['name']}: {d_id['vocab_size']} ids, "
-            f"{t_id['name']}: {t_id['vocab_size']} ids, tokenizers {'equal' if d_tok.get_vocab() == t_tok.get_vocab() else 'differ'}); "
-            "speculative decoding needs one vocabulary"
-        )
-
-
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
-    ids = model.generation_config.eos_token_id
-    ids = ids if isinstance(ids, list) else [ids]
-    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
-
-
-def _context_window(model) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
-
-
 def build_records(cfg: LabelConfig, tokenizer, context: int) -> list[dict]:
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     splits = split_by_prompt(len(table), cfg.split_fractions, cfg.seed)
@@ -250,8 +237,8 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     draft, d_tok, d_id = load_model(cfg.draft, cfg.dtype)
     target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
-    _check_pair(d_tok, t_tok, d_id, t_id)
-    records = build_records(cfg, t_tok, min(_context_window(draft), _context_window(target)))
+    check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
+    records = build_records(cfg, t_tok, min(context_window(draft), context_window(target)))
     _check_run_settings(out, cfg)
 
     batches = make_batches(records, cfg.batch_size)

@@ -8,20 +8,21 @@ from typing import Any, Literal
 
 import torch
 
-from data_gen.labeler import Sampling
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from core.errors import UserError
+from core.models import ModelSpec
+from core.prompts import PromptConfig
+from core.sampling import Sampling
 
 FAMILIES = ("target_only", "draft_only", "sd", "specdecpp", "sprinter", "hf_heuristic", "confidence", "svip", "fuzzy")
-"""Policy names of ``evaluation.decoder.build_policy``."""
+"""Policy names of ``evaluation.policies.build_policy``."""
 APPROXIMATE = ("sprinter", "fuzzy", "draft_only")
 """Policies whose output distribution differs from the target's: their setting is chosen under a quality floor."""
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` (the external peer)."""
 
 
-class EvalError(RuntimeError):
-    """A problem with the user's input, reported as one clear line."""
+class EvalError(UserError):
+    """An evaluation setting or input that cannot be used."""
 
 
 def resolve_device(name: str) -> torch.device:

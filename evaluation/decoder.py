@@ -1,4 +1,4 @@
-"""The speculative decoder: one generation state (two KV-cached models) and the policies' registry.
+"""The speculative decoder: one generation state (two KV-cached models) and the steps every policy is made of.
 
 A policy is one class with ``name`` and ``generate(pair, prompt_ids, generator)``; it drives a ``Decoding``,
 which owns the sequence, both models' caches and the bookkeeping, and offers the steps every policy is made of:
@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from data_gen.label_math import residual_distribution, sample_from_logprobs, warp_logits
-from data_gen.labeler import Sampling
-from data_gen.quantization import output_rows
-from heads.registry import Registry
+from core.adapter import HFCausalLM
+from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, warp_logits
+from core.models import check_vocabularies
+from core.quantization import output_rows
+from core.sampling import Sampling
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -81,9 +82,8 @@ class ModelPair:
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
 
     def __post_init__(self) -> None:
-        vocab = {name: output_rows(m) for name, m in (("draft", self.draft), ("target", self.target))}
-        if vocab["draft"] != vocab["target"]:
-            raise ValueError(f"draft and target vocabularies differ ({vocab}); speculative decoding needs one")
+        check_vocabularies(*({"name": name, "vocab_size": output_rows(m)} for name, m in
+                             (("draft", self.draft), ("target", self.target))))
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
 
     @property
@@ -98,21 +98,6 @@ class Policy(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# registry
-
-POLICIES = Registry("policy", attr="name")
-register = POLICIES.register
-"""Class decorator: make a policy buildable by ``name`` with ``build_policy(name, **kwargs)``."""
-
-
-def build_policy(name: str, **kwargs) -> Policy:
-    """Build a registered policy, e.g. ``build_policy("sd", k=4)``; an unknown name lists the known ones."""
-    import evaluation.policies  # noqa: F401  (registers every policy)
-
-    return POLICIES.get_class(name)(**kwargs)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # one model with its KV cache
 
 
@@ -121,17 +106,13 @@ class CachedLM:
 
     ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
     (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
-    The hidden state is the base model's output after the final norm, what the LM head reads.
+    The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits).
     """
 
     def __init__(self, model, sampling: Sampling):
-        from transformers import DynamicCache, PretrainedConfig
-
-        self.base = model.get_decoder()
-        self.head = model.get_output_embeddings()
+        self.lm = HFCausalLM(model)
         self.sampling = sampling
-        config = getattr(model, "config", None)
-        self.cache = DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+        self.cache = self.lm.new_cache()
         self.device = next(model.parameters()).device
         self.ids: list[int] = []
         self.calls = 0
@@ -167,10 +148,10 @@ class CachedLM:
         x = torch.tensor([new], dtype=torch.long, device=self.device)
         start = len(self.ids)
         positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-        out = self.base(input_ids=x, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        hidden = out.last_hidden_state[0]
+        hidden, _ = self.lm.forward(x, None, positions, self.cache)
+        hidden = hidden[0]
         s = self.sampling
-        logits = self.head(hidden[-rows:])
+        logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
         self.ids.extend(new)
         self.calls += 1
@@ -223,8 +204,7 @@ RejectRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
     """Speculative sampling: keep y with probability min(1, p(y)/q(y))."""
-    ratio = torch.exp((logp[token] - logq[token]).clamp(max=0)).item()
-    return dec.uniform() < ratio
+    return dec.uniform() < acceptance_probability(logq[token], logp[token]).item()
 
 
 class Decoding:

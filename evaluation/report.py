@@ -16,7 +16,7 @@ import torch
 
 from evaluation import quality
 from evaluation.config import FAMILIES, HF_FAMILY, EvalConfig
-from evaluation.latency import LatencyFit, fit_records, timing_fit
+from evaluation.latency import LatencyFit, latency_fits, selection_fit
 from evaluation.summary import (Totals, agreement, choose, index, per_prompt_speedup, spread, sprinter_theorem7,
                                 totals)
 
@@ -79,10 +79,8 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     all_ids = [p["prompt"] for p in prompts]
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
     refs = {p["prompt"]: p["reference"] for p in prompts}
-    fits = {"fit": fit_records([r for r in records if r["family"] != HF_FAMILY])}
-    if cfg.timing:
-        fits["timing"] = timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
-    select_fit = fits.get("timing") or fits["fit"]
+    fits = latency_fits(cfg, records)
+    select_fit = selection_fit(fits)
     out = {"device": _device(), "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.label_math import ROWS_FOR_LABEL
+from core.label_math import ROWS_FOR_LABEL
 from evaluation.config import APPROXIMATE, HF_FAMILY
 from evaluation.latency import LatencyFit
 
@@ -198,7 +198,7 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
 def label_tv(labels_dir: str | Path) -> dict:
     """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories (the
     verifier's rows, ``ROWS_FOR_LABEL``), with the sampling and the draft the labels were made with (manifest)."""
-    from data_gen.shards import load_split, read_manifest
+    from core.shards import load_split, read_manifest
 
     manifest = read_manifest(labels_dir)
     categories = ROWS_FOR_LABEL["sprinter"]

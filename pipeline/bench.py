@@ -17,8 +17,8 @@ import pyarrow as pa
 import torch
 from datasets.arrow_writer import ArrowWriter
 
-from data_gen import label_math as lm
-from data_gen.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
+from core import label_math as lm
+from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
 
 SHARD_ROWS = 100_000
 
@@ -87,7 +87,7 @@ def pipeline_epoch(folder: Path, batch_size: int) -> tuple[float, int]:
 
 def tensor_epoch(folder: Path, batch_size: int) -> tuple[float, float, int]:
     """(seconds to load all features into memory, seconds for the same epoch as a plain tensor loop, rows)."""
-    from data_gen.shards import load_split
+    from core.shards import load_split
     from heads.sprinter import SprinterHead
     from pipeline.loss import weighted_bce
 

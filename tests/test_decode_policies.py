@@ -17,8 +17,10 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM
 
-from data_gen.labeler import Sampling
-from evaluation.decoder import POLICIES, Decoding, ModelPair, build_policy
+from core.errors import UserError
+from core.sampling import Sampling
+from evaluation.decoder import Decoding, ModelPair
+from evaluation.policies import POLICIES, build_policy
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -281,7 +283,7 @@ def test_head_checks(models, heads):
     with pytest.raises(HeadFileError, match="hidden size"):
         generate(build_policy("specdecpp", head=path), pair_with(models, max_new_tokens=4), PROMPTS[0])
     assert build_policy("specdecpp", head=heads["stop"]).h == 0.5  # h from the file
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError, match="vocabularies differ"):
         ModelPair(models[0], _resized(models[1]), eos_token_ids=[])
 
 

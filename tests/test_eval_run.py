@@ -9,8 +9,8 @@ import pytest
 import yaml
 from test_eval_fakes import fake_engine, write_prompt_file
 
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from core.models import ModelSpec
+from core.prompts import PromptConfig
 from evaluation.__main__ import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep, resolve_device, resolve_dtype
 from evaluation.report import _theorem7_md, write_report
@@ -77,7 +77,7 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
     from datasets import List
 
-    from data_gen.shards import SCHEMA_VERSION, features, write_json, write_shard
+    from core.shards import SCHEMA_VERSION, features, write_json, write_shard
 
     n = len(rows)
     cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
+from evaluation.decoder import DecodeResult, Decoding, ModelPair
+from evaluation.policies.registry import register
 
 
 @register("target_only")

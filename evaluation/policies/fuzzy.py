@@ -18,8 +18,9 @@ import math
 
 import torch
 
-from data_gen.label_math import js_divergence
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
+from core.label_math import js_divergence
+from evaluation.decoder import DecodeResult, Decoding, ModelPair
+from evaluation.policies.registry import register
 
 
 @register("fuzzy")

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from evaluation.decoder import Decoding, DraftStep, ModelPair, register
-from heads.exported import ExportedHead, log_accept
+from evaluation.decoder import Decoding, DraftStep, ModelPair
+from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
+from heads.exported import ExportedHead, log_accept
 
 
 class HeadStop:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule, register
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule
+from evaluation.policies.registry import register
 
 
 class SpeculativePolicy:

@@ -26,8 +26,9 @@ from typing import Protocol
 
 import torch
 
-from data_gen.label_math import residual_distribution
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept, register
+from core.label_math import residual_distribution
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept
+from evaluation.policies.registry import register
 from heads.exported import ExportedHead, verifier_accepts
 
 

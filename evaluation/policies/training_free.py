@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from data_gen.label_math import entropy
-from evaluation.decoder import Decoding, DraftStep, ModelPair, register
+from core.label_math import entropy
+from evaluation.decoder import Decoding, DraftStep, ModelPair
+from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
 
 

@@ -34,6 +34,7 @@ FLOAT_COLUMNS = (
 )
 
 
+
 def features(hidden_size: int) -> Features:
     return Features(
         {
