@@ -12,11 +12,8 @@ from core.errors import UserError
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from core.sampling import Sampling
+from evaluation.policies import POLICIES
 
-FAMILIES = ("target_only", "draft_only", "sd", "specdecpp", "sprinter", "hf_heuristic", "confidence", "svip", "fuzzy")
-"""Policy names of ``evaluation.policies.build_policy``."""
-APPROXIMATE = ("sprinter", "fuzzy", "draft_only")
-"""Policies whose output distribution differs from the target's: their setting is chosen under a quality floor."""
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` (the external peer)."""
 
@@ -59,9 +56,10 @@ class Mode:
     """Policy families (and ``hf_assisted``) run in this mode; None = every configured one."""
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.families or ()) - set(FAMILIES) - {HF_FAMILY})
+        unknown = sorted(set(self.families or ()) - set(POLICIES) - {HF_FAMILY})
         if unknown:
-            raise EvalError(f"mode {self.name!r}: unknown families {unknown}; known: {', '.join(FAMILIES)}, {HF_FAMILY}")
+            raise EvalError(f"mode {self.name!r}: unknown families {unknown}; "
+                            f"known: {', '.join(POLICIES)}, {HF_FAMILY}")
 
     def sampling(self, max_new_tokens: int) -> Sampling:
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -76,7 +74,7 @@ class Sweep:
     """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
 
     family: str
-    """A ``build_policy`` name (see ``FAMILIES``)."""
+    """A registered policy (``evaluation.policies.POLICIES``); the report lists families in this order."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
@@ -84,8 +82,8 @@ class Sweep:
     threshold). With more than one setting the lowest-latency one represents the family in the table."""
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise EvalError(f"unknown policy family {self.family!r}; known: {', '.join(FAMILIES)}")
+        if self.family not in POLICIES:
+            raise EvalError(f"unknown policy family {self.family!r}; known: {', '.join(POLICIES)}")
         empty = [k for k, v in self.grid.items() if not isinstance(v, list) or not v]
         if empty:
             raise EvalError(f"{self.family}: grid entries {empty} must be non-empty lists")

@@ -174,13 +174,13 @@ class DraftStep:
     logq: torch.Tensor
     """q, the warped log-probs (V,) the candidate is sampled from."""
     logits: torch.Tensor
-    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_scores``)."""
+    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_confidence``)."""
 
 
 class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
-    ``step`` is the draft forward the candidate was sampled from; ``scores`` the draft's confidence distribution
+    ``step`` is the draft forward the candidate was sampled from; ``confidence`` the draft's confidence distribution
     there: softmax(logits / temperature) before top-k/top-p, read at temperature 1 under greedy decoding (where
     the sampled distribution is a one-hot and would make confidence and entropy rules vacuous).
 
@@ -193,7 +193,7 @@ class StopRule(Protocol):
 
     def reset(self) -> None: ...
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool: ...
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool: ...
 
 
 AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
@@ -265,19 +265,19 @@ class Decoding:
         """q(· | seq + candidates), the draft's next-token log-probs (V,)."""
         return self.draft_step(candidates).logq
 
-    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+    def confidence(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probs of a model's confidence distribution (see ``StopRule``) from its raw logits."""
         temperature = self.pair.sampling.temperature or 1.0
         return (logits.float() / temperature).log_softmax(-1)
 
-    def draft_scores(self, step: DraftStep) -> torch.Tensor:
+    def draft_confidence(self, step: DraftStep) -> torch.Tensor:
         """The draft's confidence log-probs where ``step.logq`` was drawn: ``logq`` itself when the sampling only
         divides by a temperature (the same log-softmax; one pass over the vocabulary per token saved), else
         computed from the raw logits."""
         s = self.pair.sampling
         if s.temperature > 0 and not s.top_k and s.top_p >= 1.0:
             return step.logq
-        return self.scores(step.logits)
+        return self.confidence(step.logits)
 
     def draft_feature(self, candidates: list[int]) -> torch.Tensor:
         """The draft's hidden state of the last candidate, read at its own position (d,): one draft forward, which
@@ -307,7 +307,7 @@ class Decoding:
             logqs.append(step.logq)
             if stopping or y in self.eos or len(candidates) == cap:
                 break
-            if stop is not None and stop(self, candidates, step, self.draft_scores(step)):
+            if stop is not None and stop(self, candidates, step, self.draft_confidence(step)):
                 if not stop.reads_candidate:
                     break
                 stopping = True  # the rule's forward gave q for the next candidate: draw it, then verify
@@ -317,7 +317,7 @@ class Decoding:
                on_reject: RejectRule = residual_distribution) -> int:
         """One target call over the candidates: keep them up to the first rejection, then add one target token
         (drawn from ``on_reject(p, q)`` at the rejection, or from p after the last candidate); return the number
-        of candidates kept. With the defaults this is exact speculative sampling (seed 001)."""
+        of candidates kept. With the defaults this is exact speculative sampling (Leviathan et al. 2023, Alg. 1)."""
         logps = self.target_dist(candidates, rows=len(candidates) + 1)
         n = 0
         while n < len(candidates) and accept(self, logps[n], logqs[n], candidates[n]):

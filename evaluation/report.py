@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from evaluation import quality
-from evaluation.config import FAMILIES, HF_FAMILY, EvalConfig
+from evaluation.config import HF_FAMILY, EvalConfig
 from evaluation.latency import LatencyFit, latency_fits, selection_fit
+from evaluation.policies import POLICIES
 from evaluation.summary import (Totals, agreement, choose, index, per_prompt_speedup, spread, sprinter_theorem7,
                                 totals)
 
@@ -67,9 +68,15 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
     return row
 
 
-def _sweep_order(family: str, params: dict, run: str) -> tuple:
+def _family_order(cfg: EvalConfig, family: str) -> int:
+    """Families in the order the config lists its policies."""
+    order = [s.family for s in cfg.policies]
+    return order.index(family) if family in order else len(order)
+
+
+def _sweep_order(cfg: EvalConfig, family: str, params: dict, run: str) -> tuple:
     """Sweep rows by family, then by numeric setting (k=2 before k=10; a head file's own threshold last)."""
-    return (FAMILIES.index(family) if family in FAMILIES else 99,
+    return (_family_order(cfg, family),
             tuple((0, float(v)) if isinstance(v, (int, float)) else (1, str(v)) for v in params.values()), run)
 
 
@@ -90,7 +97,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         if not runs:
             continue
         fam_of = {run: next(iter(by.values()))["family"] for run, by in runs.items()}
-        ours = sorted({f for f in fam_of.values() if f != HF_FAMILY}, key=FAMILIES.index)
+        ours = sorted({f for f in fam_of.values() if f != HF_FAMILY}, key=lambda f: _family_order(cfg, f))
         chosen = choose(records, mode.name, ours, sweep_ids, cfg.select_by, select_fit, cfg.max_pass_drop)
         base = runs.get(chosen.get("target_only", "target_only"))
         base_t = totals(base) if base else None
@@ -107,7 +114,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             t = totals(runs[run])
             table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy), "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
-        for run in sorted(runs, key=lambda r: _sweep_order(fam_of[r], next(iter(runs[r].values()))["params"], r)):
+        for run in sorted(runs, key=lambda r: _sweep_order(cfg, fam_of[r], next(iter(runs[r].values()))["params"], r)):
             if fam_of[run] == HF_FAMILY:
                 continue
             t = totals(runs[run], sweep_ids)
@@ -115,7 +122,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
                 continue
             row = _row(t, {p: runs[run][p] for p in sweep_ids}, base, totals(base, sweep_ids) if base else None,
                        totals(sd, sweep_ids) if sd else None, fits, greedy)
-            if fam_of[run] in ("sprinter", "fuzzy", "draft_only", "sd", "target_only"):
+            if not POLICIES[fam_of[run]].exact or POLICIES[fam_of[run]].reference:
                 row["rouge"] = _rouge_rows({p: runs[run][p] for p in sweep_ids}, sd, refs)
             row["chosen"] = chosen.get(fam_of[run]) == run
             sweep.append(row)
@@ -202,24 +209,36 @@ def _plt():
     return plt
 
 
+def _families(mode: dict, keep) -> list[str]:
+    """The families of a mode's sweep rows whose policy class passes ``keep``, in table order."""
+    return list(dict.fromkeys(r["family"] for r in mode["sweep"] if keep(POLICIES[r["family"]])))
+
+
+def _pareto_curve(policy: type) -> bool:
+    """SpecDec++ Fig. 3's curves: the exact policies swept over a setting, fixed-K SD and the trained stop head."""
+    return bool(policy.exact and policy.setting and (policy.reference or policy.trained))
+
+
 def plot_pareto(summary: dict, path: Path) -> Path:
     """SpecDec++ Fig. 3: verification rate N_target/N against discard rate N_discarded/N, h sweep vs fixed K."""
     plt = _plt()
     modes = list(summary["modes"].items())
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.5), squeeze=False)
     for ax, (name, m) in zip(axes[0], modes):
-        for fam, style, key in (("sd", "o-", "k"), ("specdecpp", "s-", "h")):
+        for fam, style in zip(_families(m, _pareto_curve), ("o-", "s-")):
+            key = POLICIES[fam].setting
             rows = [r for r in m["sweep"] if r["family"] == fam and r["discard_rate"] is not None]
             rows.sort(key=lambda r: r["discard_rate"])
             if rows:
                 ax.plot([r["discard_rate"] for r in rows], [r["verification_rate"] for r in rows], style,
-                        label="fixed K" if fam == "sd" else "SpecDec++ (h sweep)")
+                        label="fixed K" if POLICIES[fam].reference else f"{fam} ({key} sweep)")
                 for r in rows:
                     v = r["params"].get(key)
                     ax.annotate(f"{key}={'file' if v is None else v}", (r["discard_rate"], r["verification_rate"]),
                                 fontsize=7, xytext=(3, 3), textcoords="offset points")
         for r in m["sweep"]:
-            if r["family"] not in ("sd", "specdecpp", "target_only") and r["discard_rate"] is not None:
+            p = POLICIES[r["family"]]
+            if not _pareto_curve(p) and not (p.reference and p.exact) and r["discard_rate"] is not None:
                 ax.plot(r["discard_rate"], r["verification_rate"], "x", color="gray")
                 ax.annotate(r["run"], (r["discard_rate"], r["verification_rate"]), fontsize=6, color="gray",
                             xytext=(3, -8), textcoords="offset points")
@@ -264,7 +283,7 @@ def plot_quality(summary: dict, path: Path) -> Path:
             vs = (r.get("rouge") or {}).get("vs_sd")
             return vs["rougeL"] if vs else None
 
-        for fam, style in (("sprinter", "o-"), ("fuzzy", "s--")):
+        for fam, style in zip(_families(m, lambda p: not p.exact and p.setting), ("o-", "s--")):
             rows = sorted((r for r in m["sweep"] if r["family"] == fam and y(r) is not None),
                           key=lambda r: r["speedup_vs_target"] or 0)
             if rows:
@@ -273,7 +292,7 @@ def plot_quality(summary: dict, path: Path) -> Path:
                     ax.annotate(r["run"].split("[")[-1].rstrip("]"), (r["speedup_vs_target"], y(r)), fontsize=7,
                                 xytext=(3, 3), textcoords="offset points")
         for r in m["sweep"]:
-            if r["family"] in ("sd", "target_only", "draft_only") and (r["chosen"] or r["family"] != "sd") \
+            if POLICIES[r["family"]].reference and (r["chosen"] or not POLICIES[r["family"]].setting) \
                     and y(r) is not None and r["speedup_vs_target"] is not None:
                 ax.plot(r["speedup_vs_target"], y(r), "*", ms=12, label=r["run"])
         ax.set(title=f"{name}: quality vs speed", xlabel="speedup over target-only (measured)", ylabel=metric)

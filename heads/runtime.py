@@ -85,8 +85,8 @@ class HeadRule(StoppingCriteria):
         self._previous: tuple[int, torch.Tensor] | None = None  # (y_{j-1}, the logits it was drawn from)
 
     def _logit(self, token: int, logits: torch.Tensor) -> float:
-        scores = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
-        return self.head.logit(self.tap.hidden, scores, token)
+        confidence = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
+        return self.head.logit(self.tap.hidden, confidence, token)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         newest = (int(input_ids[0, -1]), self.tap.logits)

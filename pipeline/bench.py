@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     make_bench_labels(folder, a.rows, a.hidden_size)
     print(f"bench: {a.rows} rows × {a.hidden_size} fp16 under {folder} ({time.perf_counter() - t:.1f} s to prepare)")
-    torch.set_num_threads(torch.get_num_threads())
     pipe_s, n = pipeline_epoch(folder, a.batch_size)
     load_s, plain_s, _ = tensor_epoch(folder, a.batch_size)
     print(f"{'':<34}{'seconds':>9}{'rows/s':>12}")

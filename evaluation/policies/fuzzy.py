@@ -23,7 +23,7 @@ from evaluation.decoder import DecodeResult, Decoding, ModelPair
 from evaluation.policies.registry import register
 
 
-@register("fuzzy")
+@register("fuzzy", exact=False, setting="T")
 class FuzzySD:
     def __init__(self, T: float, k: int = 5):
         """
