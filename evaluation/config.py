@@ -110,6 +110,20 @@ class HFPeer:
 
 
 @dataclass
+class Goals:
+    """The targets the report checks its measurements against (its ``Goals`` table)."""
+
+    sd_vs_hf: float = 1.0
+    """Our fixed-K SD's tokens/s over HF assisted generation's at the same K, in the greedy mode."""
+    specdecpp_vs_sd: float = 1.10
+    """SpecDec++'s tokens/s over the best fixed-K SD's."""
+    sprinter_vs_sd: float = 1.6
+    """SPRINTER's tokens/s over SD's."""
+    sprinter_pass_drop: float = 0.03
+    """The most pass@1 SPRINTER may lose against SD."""
+
+
+@dataclass
 class EvalConfig:
     """Settings of one evaluation run: the pair, the prompts, the sampling modes, the policies and their grids."""
 
@@ -136,6 +150,9 @@ class EvalConfig:
     the chosen SD's (ignored when pass@1 is unavailable)."""
     hf_peer: HFPeer = field(default_factory=HFPeer)
     """The external peer."""
+    goals: Goals = field(default_factory=Goals)
+    """What the report's goals table checks (not part of the run's settings: a report can be rewritten with
+    other goals)."""
     train_dir: str | None = "runs/train"
     """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
     labels_dir: str | None = "runs/labels/humaneval"
