@@ -33,7 +33,7 @@ labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sam
 	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
 
 smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min); outputs under runs/smoke
-	$(PY) -m data_gen.smoke
+	$(PY) -m scripts.smoke
 
 test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke run
 	$(PY) -m pytest -q -m "not slow"

@@ -6,7 +6,7 @@ import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from data_gen.models import LabelingError
+from core.errors import UserError
 from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except LabelingInterrupted as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return 130
-    except LabelingError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

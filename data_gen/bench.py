@@ -16,10 +16,12 @@ from collections import defaultdict
 import torch
 from jsonargparse import ArgumentParser
 
+from core.adapter import HFCausalLM
+from core.errors import UserError
+from core.models import context_window, eos_token_ids, load_model
 from data_gen.__main__ import parser as label_parser
-from data_gen.labeler import HFCausalLM, Labeler
-from data_gen.models import LabelingError, load_model
-from data_gen.run import LabelConfig, _context_window, build_records, eos_token_ids, make_batches
+from data_gen.labeler import Labeler
+from data_gen.run import LabelConfig, build_records, make_batches
 
 
 def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:
@@ -57,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
         draft, _, _ = load_model(cfg.draft, cfg.dtype)
         target, tok, _ = load_model(cfg.target, cfg.dtype)
-    except LabelingError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "cpu")
     draft.to(device)
     target.to(device)
-    records = build_records(cfg, tok, min(_context_window(draft), _context_window(target)))
+    records = build_records(cfg, tok, min(context_window(draft), context_window(target)))
     records = sorted(records, key=lambda r: r["prompt"].prompt_id)[:n_prompts]
     batches = make_batches(records, cfg.batch_size)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

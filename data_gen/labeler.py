@@ -24,70 +24,12 @@ prompt comes from its own generator (seed, prompt id), so a prompt's rows do not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from data_gen import label_math as lm
-
-
-class CausalLM(Protocol):
-    """The two calls labeling needs from a model; ``HFCausalLM`` adapts a transformers model."""
-
-    def forward(self, input_ids, attention_mask, position_ids, cache): ...  # -> (last hidden (B,T,d), cache)
-
-    def logits(self, hidden): ...  # (B,T,d) -> (B,T,V)
-
-    def new_cache(self): ...
-
-
-class HFCausalLM:
-    """A transformers causal LM seen as (base model -> last hidden state, output head -> logits).
-
-    Splitting the two lets labeling run the vocabulary projection only where a distribution is needed.
-    The hidden state is the base model's output (after the final norm), i.e. what the LM head reads.
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.base = model.get_decoder()
-        self.head = model.get_output_embeddings()
-
-    def forward(self, input_ids, attention_mask, position_ids, cache):
-        out = self.base(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=cache is not None,
-        )
-        return out.last_hidden_state, out.past_key_values
-
-    def logits(self, hidden):
-        return self.head(hidden)
-
-    def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
-
-
-@dataclass
-class Sampling:
-    """How the target samples its responses; the same warping defines both models' label distributions."""
-
-    temperature: float = 1.0
-    """Softmax temperature (0 = greedy)."""
-    top_k: int = 0
-    """Keep the k most likely tokens (0 = off)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1 = off)."""
-    max_new_tokens: int = 128
-    """Response length cap; also the number of rows taken from an ``original`` prompt."""
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
-            raise ValueError(f"bad sampling settings: {self}")
+from core import label_math as lm
+from core.adapter import CausalLM
+from core.sampling import Sampling, prompt_generator
 
 
 @dataclass
@@ -100,10 +42,6 @@ class Prompt:
 
 U_X, U_Y, U_MIX, U_C = range(4)
 """Rows of a prompt's uniforms (``Labeler.label``)."""
-
-
-def prompt_generator(seed: int, prompt_id: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + prompt_id) % (2**63))
 
 
 def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,7 +218,7 @@ class Labeler:
             rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets))
 
         # SpecDec++ token mixing: Z takes X_i with probability r, else Y_i; the label stays on the clean X<i
-        from_target = u[:, U_MIX, :n] < self.mixing_ratio
+        from_target = lm.mixing_mask(u[:, U_MIX, :n], self.mixing_ratio)
         z = torch.where(from_target, x, y)
         if cache is not None:  # (stub models keep no cache)
             cache.crop(p_len - cache.get_seq_length())  # a negative count removes what follows the prompt

@@ -9,7 +9,6 @@ its batch is fully written, so a resumed run skips exactly the finished batches.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import time
@@ -21,11 +20,18 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 
-from data_gen import label_math as lm
-from data_gen import shards
-from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
-from data_gen.models import DTYPES, LabelingError, ModelSpec, load_model
-from data_gen.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core import label_math as lm
+from core import shards
+from core.adapter import HFCausalLM
+from core.errors import UserError
+from core.models import DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model
+from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core.sampling import Sampling
+from data_gen.labeler import Labeler, Prompt
+
+
+class LabelingError(UserError):
+    """A labeling run that cannot go on: its settings, its output folder or its prompts."""
 
 
 class LabelingInterrupted(LabelingError):
@@ -191,26 +197,6 @@ def _check_run_settings(out: Path, cfg: LabelConfig) -> None:
     shards.write_json(run_file, settings)
 
 
-def _check_pair(d_tok, t_tok, d_id: dict, t_id: dict) -> None:
-    if d_id["vocab_size"] != t_id["vocab_size"] or d_tok.get_vocab() != t_tok.get_vocab():
-        raise LabelingError(
-            f"draft and target vocabularies differ ({d_id['name']}: {d_id['vocab_size']} ids, "
-            f"{t_id['name']}: {t_id['vocab_size']} ids, tokenizers {'equal' if d_tok.get_vocab() == t_tok.get_vocab() else 'differ'}); "
-            "speculative decoding needs one vocabulary"
-        )
-
-
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
-    ids = model.generation_config.eos_token_id
-    ids = ids if isinstance(ids, list) else [ids]
-    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
-
-
-def _context_window(model) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
-
-
 def build_records(cfg: LabelConfig, tokenizer, context: int) -> list[dict]:
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     splits = split_by_prompt(len(table), cfg.split_fractions, cfg.seed)
@@ -240,30 +226,57 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     t_start = time.perf_counter()
     out = _prepare_output(cfg)
     shards.clean_temporaries(out)
+    manifest = _finished_run(out, cfg)
+    if manifest is None:
+        # cheap checks before loading models: prompts exist, are non-empty, have the field
+        load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+        draft, target, tok, models = _load_pair(cfg)
+        records = build_records(cfg, tok, min(context_window(draft), context_window(target)))
+        _check_run_settings(out, cfg)
+        batches = make_batches(records, cfg.batch_size)
+        if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
+            return {}  # another rank: rank 0 writes the manifest
+        _check_complete(out, batches)
+        manifest = shards.write_manifest(
+            out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
+            response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling),
+            mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
+            settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
+            seconds=round(time.perf_counter() - t_start, 1),
+        )
+    if not quiet:
+        print_summary(manifest, out)
+    return manifest
+
+
+def _finished_run(out: Path, cfg: LabelConfig) -> dict | None:
+    """The manifest of a finished run with these settings in ``out`` (nothing to do), else None."""
     if (out / "manifest.json").exists() and not cfg.overwrite and (out / "run.json").exists():
         if json.loads((out / "run.json").read_text()) == json.loads(json.dumps(cfg.settings())):
-            manifest = shards.read_manifest(out)
-            if not quiet:
-                print_summary(manifest, out)
-            return manifest
-    # cheap checks before loading models: prompts exist, are non-empty, have the field
-    load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+            return shards.read_manifest(out)
+    return None
+
+
+def _load_pair(cfg: LabelConfig):
+    """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked."""
     draft, d_tok, d_id = load_model(cfg.draft, cfg.dtype)
     target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
-    _check_pair(d_tok, t_tok, d_id, t_id)
-    records = build_records(cfg, t_tok, min(_context_window(draft), _context_window(target)))
-    _check_run_settings(out, cfg)
+    check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
+    return draft, target, t_tok, {"draft": d_id, "target": t_id}
 
-    batches = make_batches(records, cfg.batch_size)
+
+def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict, batches: list[dict],
+                   callbacks: list | None, quiet: bool) -> bool:
+    """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
     todo = [b for b in batches if not (out / f"{b['key']}.arrow").exists()]
-    pad = t_tok.pad_token_id if t_tok.pad_token_id is not None else t_tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     module = LabelingModule(
         draft,
         target,
         dict(
             sampling=cfg.sampling,
             seed=cfg.seed,
-            eos_token_ids=eos_token_ids(target, t_tok),
+            eos_token_ids=eos_token_ids(target, tok),
             pad_token_id=pad,
             mixing_ratio=cfg.mixing_ratio,
         ),
@@ -277,51 +290,28 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
         enable_model_summary=False,
         use_distributed_sampler=False,
         enable_progress_bar=not quiet,
-        callbacks=[ShardWriter(out, d_id["hidden_size"]), *( [] if quiet else [LabelProgress()]), *(callbacks or [])],
+        callbacks=[ShardWriter(out, models["draft"]["hidden_size"]), *([] if quiet else [LabelProgress()]),
+                   *(callbacks or [])],
     )
     if not quiet:
-        print(f"labeling {len(records)} prompts in {len(batches)} batches ({len(batches) - len(todo)} already done)")
+        n_prompts = sum(len(b["prompts"]) for b in batches)
+        print(f"labeling {n_prompts} prompts in {len(batches)} batches ({len(batches) - len(todo)} already done)")
     if todo:
         # every rank labels every world_size-th remaining batch (the list is the same on all ranks)
         rank, world = trainer.global_rank, trainer.world_size
         loader = torch.utils.data.DataLoader(BatchList(todo[rank::world]), batch_size=None, collate_fn=lambda b: b)
         trainer.predict(module, loader, return_predictions=False)
         trainer.strategy.barrier()
-    if trainer.global_rank != 0:
-        return {}
+    return trainer.global_rank == 0
+
+
+def _check_complete(out: Path, batches: list[dict]) -> None:
     missing = [b["key"] for b in batches if not (out / f"{b['key']}.arrow").exists()]
     if missing:
         raise LabelingInterrupted(
             f"stopped with {len(missing)} of {len(batches)} batches left (first: {missing[0]}); "
             "run the same command again to resume"
         )
-    manifest = {
-        "schema_version": shards.SCHEMA_VERSION,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "models": {"draft": d_id, "target": t_id},
-        "feature": {
-            "columns": {"hidden": "draft last-layer hidden state (after the final norm) after reading the token",
-                        "hidden_prev": "the same at the previous position: the state that produced q for the token"},
-            "hidden_size": d_id["hidden_size"],
-            "dtype": "float16",
-        },
-        "prompts": {**dataclasses.asdict(cfg.prompts), "count": len(records)},
-        "response_source": cfg.response_source,
-        "sampling": dataclasses.asdict(cfg.sampling),
-        "mixing_ratio": cfg.mixing_ratio,
-        "label_context": {"sprinter rows (original, draft, target, interleaved)": "the candidate's own prefix",
-                          f"{lm.TOKEN_MIXED} rows": "clean target prefix X<i (SpecDec++ §4.4)"},
-        "rows_for_label": {k: list(v) for k, v in lm.ROWS_FOR_LABEL.items()},
-        "categories": cfg.categories,
-        "seed": cfg.seed,
-        "splits": {s: shards.split_summary(out, s) for s in shards.SPLITS},
-        "settings_sha256": hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
-        "seconds": round(time.perf_counter() - t_start, 1),
-    }
-    shards.write_json(out / "manifest.json", manifest)
-    if not quiet:
-        print_summary(manifest, out)
-    return manifest
 
 
 def print_summary(manifest: dict, out: Path) -> None:

@@ -85,9 +85,9 @@ def write_prompts(path: str | Path, n: int = 12, seed: int = 0, field: str = "pr
 
 def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12, batch_size: int = 4, **overrides):
     """A CPU ``LabelConfig`` for a tiny pair and a prompt file from ``write_prompts`` (its answers in ``answer``)."""
-    from data_gen.labeler import Sampling
-    from data_gen.models import ModelSpec
-    from data_gen.prompts import PromptConfig
+    from core.models import ModelSpec
+    from core.prompts import PromptConfig
+    from core.sampling import Sampling
     from data_gen.run import LabelConfig
 
     kw = dict(

@@ -6,7 +6,8 @@ import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from evaluation.config import EvalConfig, EvalError
+from core.errors import UserError
+from evaluation.config import EvalConfig
 
 
 def parser() -> ArgumentParser:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             write_report(out, cfg, ResultStore(out / "results.jsonl").records(), load_prompts(cfg.prompts))
         else:
             out = run_eval(cfg)
-    except EvalError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"report: {out / 'report.md'}")

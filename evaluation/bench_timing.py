@@ -12,7 +12,7 @@ Weights are random (timing does not depend on their values), so only a shape is 
   cost per call in Eq. 5.1);
 - ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call).
 
-Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``data_gen.quantization`` (CPU
+Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``core.quantization`` (CPU
 only, on float32 weights). The table ends with the cost ratio c = t_draft / t_target of the decode step for each
 draft and target precision. CUDA timers are synchronized. The JSON keeps every figure, so ``evaluation`` can
 predict this device's latency from acceptance traces measured elsewhere (``timing:``; an entry is named
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from data_gen.quantization import QUANTIZATIONS, quantize
+from core.quantization import QUANTIZATIONS, quantize
 from evaluation.config import resolve_device, resolve_dtype
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).

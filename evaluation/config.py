@@ -8,20 +8,18 @@ from typing import Any, Literal
 
 import torch
 
-from data_gen.labeler import Sampling
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from core.errors import UserError
+from core.models import ModelSpec
+from core.prompts import PromptConfig
+from core.sampling import Sampling
+from evaluation.policies import POLICIES
 
-FAMILIES = ("target_only", "draft_only", "sd", "specdecpp", "sprinter", "hf_heuristic", "confidence", "svip", "fuzzy")
-"""Policy names of ``evaluation.decoder.build_policy``."""
-APPROXIMATE = ("sprinter", "fuzzy", "draft_only")
-"""Policies whose output distribution differs from the target's: their setting is chosen under a quality floor."""
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` (the external peer)."""
 
 
-class EvalError(RuntimeError):
-    """A problem with the user's input, reported as one clear line."""
+class EvalError(UserError):
+    """An evaluation setting or input that cannot be used."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,9 +56,10 @@ class Mode:
     """Policy families (and ``hf_assisted``) run in this mode; None = every configured one."""
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.families or ()) - set(FAMILIES) - {HF_FAMILY})
+        unknown = sorted(set(self.families or ()) - set(POLICIES) - {HF_FAMILY})
         if unknown:
-            raise EvalError(f"mode {self.name!r}: unknown families {unknown}; known: {', '.join(FAMILIES)}, {HF_FAMILY}")
+            raise EvalError(f"mode {self.name!r}: unknown families {unknown}; "
+                            f"known: {', '.join(POLICIES)}, {HF_FAMILY}")
 
     def sampling(self, max_new_tokens: int) -> Sampling:
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -75,7 +74,7 @@ class Sweep:
     """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
 
     family: str
-    """A ``build_policy`` name (see ``FAMILIES``)."""
+    """A registered policy (``evaluation.policies.POLICIES``); the report lists families in this order."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
@@ -83,8 +82,8 @@ class Sweep:
     threshold). With more than one setting the lowest-latency one represents the family in the table."""
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise EvalError(f"unknown policy family {self.family!r}; known: {', '.join(FAMILIES)}")
+        if self.family not in POLICIES:
+            raise EvalError(f"unknown policy family {self.family!r}; known: {', '.join(POLICIES)}")
         empty = [k for k, v in self.grid.items() if not isinstance(v, list) or not v]
         if empty:
             raise EvalError(f"{self.family}: grid entries {empty} must be non-empty lists")
@@ -108,6 +107,20 @@ class HFPeer:
     same_k_as_sd: bool = True
     """One run with a constant schedule of K = the best fixed-K SD's K and no confidence stop (the like-for-like
     comparison of our SD with HF's)."""
+
+
+@dataclass
+class Goals:
+    """The targets the report checks its measurements against (its ``Goals`` table)."""
+
+    sd_vs_hf: float = 1.0
+    """Our fixed-K SD's tokens/s over HF assisted generation's at the same K, in the greedy mode."""
+    specdecpp_vs_sd: float = 1.10
+    """SpecDec++'s tokens/s over the best fixed-K SD's."""
+    sprinter_vs_sd: float = 1.6
+    """SPRINTER's tokens/s over SD's."""
+    sprinter_pass_drop: float = 0.03
+    """The most pass@1 SPRINTER may lose against SD."""
 
 
 @dataclass
@@ -137,6 +150,9 @@ class EvalConfig:
     the chosen SD's (ignored when pass@1 is unavailable)."""
     hf_peer: HFPeer = field(default_factory=HFPeer)
     """The external peer."""
+    goals: Goals = field(default_factory=Goals)
+    """What the report's goals table checks (not part of the run's settings: a report can be rewritten with
+    other goals)."""
     train_dir: str | None = "runs/train"
     """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
     labels_dir: str | None = "runs/labels/humaneval"

@@ -1,4 +1,4 @@
-"""The speculative decoder: one generation state (two KV-cached models) and the policies' registry.
+"""The speculative decoder: one generation state (two KV-cached models) and the steps every policy is made of.
 
 A policy is one class with ``name`` and ``generate(pair, prompt_ids, generator)``; it drives a ``Decoding``,
 which owns the sequence, both models' caches and the bookkeeping, and offers the steps every policy is made of:
@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from data_gen.label_math import residual_distribution, sample_from_logprobs, warp_logits
-from data_gen.labeler import Sampling
-from data_gen.quantization import output_rows
-from heads.registry import Registry
+from core.adapter import HFCausalLM
+from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, warp_logits
+from core.models import check_vocabularies
+from core.quantization import output_rows
+from core.sampling import Sampling
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -81,9 +82,8 @@ class ModelPair:
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
 
     def __post_init__(self) -> None:
-        vocab = {name: output_rows(m) for name, m in (("draft", self.draft), ("target", self.target))}
-        if vocab["draft"] != vocab["target"]:
-            raise ValueError(f"draft and target vocabularies differ ({vocab}); speculative decoding needs one")
+        check_vocabularies(*({"name": name, "vocab_size": output_rows(m)} for name, m in
+                             (("draft", self.draft), ("target", self.target))))
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
 
     @property
@@ -98,21 +98,6 @@ class Policy(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# registry
-
-POLICIES = Registry("policy", attr="name")
-register = POLICIES.register
-"""Class decorator: make a policy buildable by ``name`` with ``build_policy(name, **kwargs)``."""
-
-
-def build_policy(name: str, **kwargs) -> Policy:
-    """Build a registered policy, e.g. ``build_policy("sd", k=4)``; an unknown name lists the known ones."""
-    import evaluation.policies  # noqa: F401  (registers every policy)
-
-    return POLICIES.get_class(name)(**kwargs)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # one model with its KV cache
 
 
@@ -121,17 +106,13 @@ class CachedLM:
 
     ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
     (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
-    The hidden state is the base model's output after the final norm, what the LM head reads.
+    The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits).
     """
 
     def __init__(self, model, sampling: Sampling):
-        from transformers import DynamicCache, PretrainedConfig
-
-        self.base = model.get_decoder()
-        self.head = model.get_output_embeddings()
+        self.lm = HFCausalLM(model)
         self.sampling = sampling
-        config = getattr(model, "config", None)
-        self.cache = DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+        self.cache = self.lm.new_cache()
         self.device = next(model.parameters()).device
         self.ids: list[int] = []
         self.calls = 0
@@ -167,10 +148,10 @@ class CachedLM:
         x = torch.tensor([new], dtype=torch.long, device=self.device)
         start = len(self.ids)
         positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-        out = self.base(input_ids=x, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        hidden = out.last_hidden_state[0]
+        hidden, _ = self.lm.forward(x, None, positions, self.cache)
+        hidden = hidden[0]
         s = self.sampling
-        logits = self.head(hidden[-rows:])
+        logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
         self.ids.extend(new)
         self.calls += 1
@@ -193,13 +174,13 @@ class DraftStep:
     logq: torch.Tensor
     """q, the warped log-probs (V,) the candidate is sampled from."""
     logits: torch.Tensor
-    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_scores``)."""
+    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_confidence``)."""
 
 
 class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
-    ``step`` is the draft forward the candidate was sampled from; ``scores`` the draft's confidence distribution
+    ``step`` is the draft forward the candidate was sampled from; ``confidence`` the draft's confidence distribution
     there: softmax(logits / temperature) before top-k/top-p, read at temperature 1 under greedy decoding (where
     the sampled distribution is a one-hot and would make confidence and entropy rules vacuous).
 
@@ -212,7 +193,7 @@ class StopRule(Protocol):
 
     def reset(self) -> None: ...
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool: ...
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool: ...
 
 
 AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
@@ -223,8 +204,7 @@ RejectRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
     """Speculative sampling: keep y with probability min(1, p(y)/q(y))."""
-    ratio = torch.exp((logp[token] - logq[token]).clamp(max=0)).item()
-    return dec.uniform() < ratio
+    return dec.uniform() < acceptance_probability(logq[token], logp[token]).item()
 
 
 class Decoding:
@@ -285,19 +265,19 @@ class Decoding:
         """q(· | seq + candidates), the draft's next-token log-probs (V,)."""
         return self.draft_step(candidates).logq
 
-    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+    def confidence(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probs of a model's confidence distribution (see ``StopRule``) from its raw logits."""
         temperature = self.pair.sampling.temperature or 1.0
         return (logits.float() / temperature).log_softmax(-1)
 
-    def draft_scores(self, step: DraftStep) -> torch.Tensor:
+    def draft_confidence(self, step: DraftStep) -> torch.Tensor:
         """The draft's confidence log-probs where ``step.logq`` was drawn: ``logq`` itself when the sampling only
         divides by a temperature (the same log-softmax; one pass over the vocabulary per token saved), else
         computed from the raw logits."""
         s = self.pair.sampling
         if s.temperature > 0 and not s.top_k and s.top_p >= 1.0:
             return step.logq
-        return self.scores(step.logits)
+        return self.confidence(step.logits)
 
     def draft_feature(self, candidates: list[int]) -> torch.Tensor:
         """The draft's hidden state of the last candidate, read at its own position (d,): one draft forward, which
@@ -327,7 +307,7 @@ class Decoding:
             logqs.append(step.logq)
             if stopping or y in self.eos or len(candidates) == cap:
                 break
-            if stop is not None and stop(self, candidates, step, self.draft_scores(step)):
+            if stop is not None and stop(self, candidates, step, self.draft_confidence(step)):
                 if not stop.reads_candidate:
                     break
                 stopping = True  # the rule's forward gave q for the next candidate: draw it, then verify
@@ -337,7 +317,7 @@ class Decoding:
                on_reject: RejectRule = residual_distribution) -> int:
         """One target call over the candidates: keep them up to the first rejection, then add one target token
         (drawn from ``on_reject(p, q)`` at the rejection, or from p after the last candidate); return the number
-        of candidates kept. With the defaults this is exact speculative sampling (seed 001)."""
+        of candidates kept. With the defaults this is exact speculative sampling (Leviathan et al. 2023, Alg. 1)."""
         logps = self.target_dist(candidates, rows=len(candidates) + 1)
         n = 0
         while n < len(candidates) and accept(self, logps[n], logqs[n], candidates[n]):

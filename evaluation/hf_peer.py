@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from data_gen.labeler import Sampling
+from core.sampling import Sampling
 
 DEFAULTS = "defaults"
 

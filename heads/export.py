@@ -30,8 +30,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from data_gen.identity import model_identity
-from data_gen.quantization import NONE, output_rows
+from core.errors import UserError
+from core.identity import model_identity
+from core.label_math import FEATURE_POSITIONS
+from core.quantization import NONE, output_rows
 from heads.features import SCORES
 from heads.registry import HEADS, build_head
 
@@ -41,14 +43,8 @@ DIGEST_KEYS = ("sha256", "fingerprint", "revision")
 REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics")
 
 
-FEATURE_POSITIONS = {
-    "own": "draft last-layer hidden state (after the final norm) at the token's own position, after reading it",
-    "prev": "draft last-layer hidden state (after the final norm) at the previous position: the one that produced q",
-}
-"""Which of the draft's hidden states a head reads for a token Y_i (label columns ``hidden`` and ``hidden_prev``)."""
 
-
-class HeadFileError(ValueError):
+class HeadFileError(UserError, ValueError):
     """A head file that is malformed or does not fit the given draft model."""
 
 
@@ -75,7 +71,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "head": {"type": head.head_type, "init_args": dict(head.config)},
         "draft": draft_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
-        "inputs": {"hidden": FEATURE_POSITIONS[position], "position": position,
+        "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])}},
         "vocab_size": int(vocab_size),
         "label": label,
@@ -125,14 +121,11 @@ def read_metadata(path: str | Path) -> dict:
 def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | None = None, path="head file") -> None:
     """Refuse a head trained for another draft: hidden size, quantization, then the digest (or the source if no
     digest)."""
-    if hidden_size is not None and int(hidden_size) != meta["hidden_size"]:
-        raise HeadFileError(f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {hidden_size}")
+    for size in (hidden_size, (draft or {}).get("hidden_size")):
+        if size is not None and int(size) != meta["hidden_size"]:
+            raise HeadFileError(f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {size}")
     if draft is None:
         return
-    if draft.get("hidden_size") is not None and int(draft["hidden_size"]) != meta["hidden_size"]:
-        raise HeadFileError(
-            f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {draft['hidden_size']}"
-        )
     mine, theirs = draft_identity(meta["draft"]), draft_identity(draft)
     if mine["quantization"] != theirs["quantization"]:
         raise HeadFileError(

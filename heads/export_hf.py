@@ -5,8 +5,8 @@
       <head>.safetensors                the head file, as ``make train`` exported it
       custom_generate/generate.py       ``heads/runtime.py``, copied
       custom_generate/<module>.py       the project modules it (and the head's type) imports, copied with their
-                                        ``heads.``/``data_gen.`` imports made relative: ``heads/exported.py``,
-                                        ``heads/export.py``, the head's module, ``data_gen/label_math.py``, …
+                                        ``heads.``/``core.`` imports made relative: ``heads/exported.py``,
+                                        ``heads/export.py``, the head's module, ``core/label_math.py``, …
       custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
                                         into its module cache, and tells its ``generate`` no path)
       custom_generate/requirements.txt  torch, transformers, safetensors
@@ -32,7 +32,7 @@ from heads.export import read_metadata
 from heads.registry import HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("heads", "data_gen")
+PACKAGES = ("heads", "core")
 """Project packages the runtime may import from; their modules are copied into the folder."""
 RUNTIME = ROOT / "heads" / "runtime.py"
 _IMPORT = re.compile(rf"^(\s*)from (?:{'|'.join(PACKAGES)})\.(\w+) import ", flags=re.MULTILINE)
@@ -52,7 +52,7 @@ class ExportError(ValueError):
 
 
 def _project_imports(source: str, where: str) -> list[str]:
-    """The project modules (``heads.x``, ``data_gen.x``) a module's text imports; one that cannot be made relative
+    """The project modules (``heads.x``, ``core.x``) a module's text imports; one that cannot be made relative
     in a flat folder (``import heads``, ``from heads import x``) is an error."""
     found = []
     for node in ast.walk(ast.parse(source, where)):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from data_gen.label_math import entropy
+from core.label_math import entropy
 
 LOGP_FLOOR = -20.0
 

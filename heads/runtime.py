@@ -14,7 +14,7 @@ draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER 
 generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
 that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
 
-This file imports nothing of this project but ``heads`` and ``data_gen.label_math``, which ``heads.export_hf``
+This file imports nothing of this project but ``heads`` and ``core.label_math``, which ``heads.export_hf``
 copies beside it, so an exported folder works with torch, transformers and safetensors alone. Design:
 ``heads/DESIGN.md``.
 """
@@ -35,7 +35,7 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
-from data_gen.label_math import acceptance_probability, residual_distribution
+from core.label_math import acceptance_probability, residual_distribution
 from heads.exported import ExportedHead, log_accept, verifier_accepts
 
 MAX_K = 20
@@ -85,8 +85,8 @@ class HeadRule(StoppingCriteria):
         self._previous: tuple[int, torch.Tensor] | None = None  # (y_{j-1}, the logits it was drawn from)
 
     def _logit(self, token: int, logits: torch.Tensor) -> float:
-        scores = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
-        return self.head.logit(self.tap.hidden, scores, token)
+        confidence = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
+        return self.head.logit(self.tap.hidden, confidence, token)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         newest = (int(input_ids[0, -1]), self.tap.logits)

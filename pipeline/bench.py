@@ -17,8 +17,8 @@ import pyarrow as pa
 import torch
 from datasets.arrow_writer import ArrowWriter
 
-from data_gen import label_math as lm
-from data_gen.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
+from core import label_math as lm
+from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
 
 SHARD_ROWS = 100_000
 
@@ -87,7 +87,7 @@ def pipeline_epoch(folder: Path, batch_size: int) -> tuple[float, int]:
 
 def tensor_epoch(folder: Path, batch_size: int) -> tuple[float, float, int]:
     """(seconds to load all features into memory, seconds for the same epoch as a plain tensor loop, rows)."""
-    from data_gen.shards import load_split
+    from core.shards import load_split
     from heads.sprinter import SprinterHead
     from pipeline.loss import weighted_bce
 
@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     make_bench_labels(folder, a.rows, a.hidden_size)
     print(f"bench: {a.rows} rows × {a.hidden_size} fp16 under {folder} ({time.perf_counter() - t:.1f} s to prepare)")
-    torch.set_num_threads(torch.get_num_threads())
     pipe_s, n = pipeline_epoch(folder, a.batch_size)
     load_s, plain_s, _ = tensor_epoch(folder, a.batch_size)
     print(f"{'':<34}{'seconds':>9}{'rows/s':>12}")

@@ -16,11 +16,9 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_gen import label_math as lm
-from data_gen.shards import load_split, read_manifest
+from core import label_math as lm
+from core.shards import load_split, read_manifest
 
-FEATURE_COLUMNS = {"own": "hidden", "prev": "hidden_prev"}
-"""The label column behind each feature position (``heads.export.FEATURE_POSITIONS``)."""
 SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "read_logp_draft", "read_entropy_draft")
 
 
@@ -153,8 +151,9 @@ class LabelDataModule(pl.LightningDataModule):
         unknown = sorted(set(categories or ()) - set(lm.ROW_CATEGORIES))
         if unknown:
             raise ValueError(f"unknown categories {unknown}; known: {', '.join(lm.ROW_CATEGORIES)}")
-        if feature_position not in FEATURE_COLUMNS:
-            raise ValueError(f"feature_position must be one of {', '.join(FEATURE_COLUMNS)}, got {feature_position!r}")
+        if feature_position not in lm.FEATURE_POSITIONS:
+            raise ValueError(f"feature_position must be one of {', '.join(lm.FEATURE_POSITIONS)}, "
+                             f"got {feature_position!r}")
         self.save_hyperparameters()
         self.labels, self.label, self.lam = labels, label, lam
         self.categories = list(categories or lm.ROWS_FOR_LABEL[label])
@@ -177,7 +176,7 @@ class LabelDataModule(pl.LightningDataModule):
         if split not in self.splits:
             self.splits[split] = LabelRows(self.labels, split, label=self.label, lam=self.lam,
                                            categories=self.categories,
-                                           feature_column=FEATURE_COLUMNS[self.feature_position])
+                                           feature_column=lm.FEATURE_POSITIONS[self.feature_position].column)
         return self.splits[split]
 
     def _loader(self, split: str, train: bool) -> DataLoader:

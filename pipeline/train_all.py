@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,11 +68,9 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             "--checkpoint.dirpath", str(checkpoints / name), *extra]
     if quiet:
         args += ["--trainer.enable_progress_bar", "false"]
-    argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI reads only ``args``, not this driver's own flags
-    try:
+    with warnings.catch_warnings():  # the CLI reads ``args``; it would warn that this driver has flags of its own
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         cli = HeadCLI(args=args, run=False)
-    finally:
-        sys.argv = argv
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=dm)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

@@ -26,10 +26,11 @@ import torch
 from scipy import stats
 from torch import nn
 
+from core.label_math import residual_distribution, tv_distance
+from core.sampling import Sampling
+from evaluation.decoder import DecodeStats, Decoding, ModelPair
+from evaluation.policies import build_policy
 import evaluation.policies.sprinter as sprinter_module
-from data_gen.label_math import residual_distribution, tv_distance
-from data_gen.labeler import Sampling
-from evaluation.decoder import DecodeStats, Decoding, ModelPair, build_policy
 from evaluation.policies.sprinter import Sprinter
 from heads.export import export_head
 from heads.resnet import ResNetHead
@@ -66,8 +67,9 @@ class MarkovLM(nn.Module):
             self.lm_head.weight.copy_(table.T)
         self.vocab = vocab
 
-    def _base(self, input_ids, **_):
-        return SimpleNamespace(last_hidden_state=nn.functional.one_hot(input_ids, self.vocab).float())
+    def _base(self, input_ids, past_key_values=None, **_):
+        hidden = nn.functional.one_hot(input_ids, self.vocab).float()
+        return SimpleNamespace(last_hidden_state=hidden, past_key_values=past_key_values)
 
     def get_decoder(self):
         return self._base

@@ -17,8 +17,10 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM
 
-from data_gen.labeler import Sampling
-from evaluation.decoder import POLICIES, Decoding, ModelPair, build_policy
+from core.errors import UserError
+from core.sampling import Sampling
+from evaluation.decoder import Decoding, ModelPair
+from evaluation.policies import POLICIES, build_policy
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -281,7 +283,7 @@ def test_head_checks(models, heads):
     with pytest.raises(HeadFileError, match="hidden size"):
         generate(build_policy("specdecpp", head=path), pair_with(models, max_new_tokens=4), PROMPTS[0])
     assert build_policy("specdecpp", head=heads["stop"]).h == 0.5  # h from the file
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError, match="vocabularies differ"):
         ModelPair(models[0], _resized(models[1]), eos_token_ids=[])
 
 
@@ -321,12 +323,12 @@ def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=0.7, top_p=0.5), dict(temperature=0.0),
                                       dict(temperature=1.0, top_k=3)])
-def test_draft_scores_are_the_confidence_distribution_however_q_is_warped(models, sampling):
-    """``draft_scores`` reuses q when q is the plain tempered softmax, and equals ``scores(logits)`` always."""
+def test_draft_confidence_is_the_confidence_distribution_however_q_is_warped(models, sampling):
+    """``draft_confidence`` reuses q when q is the plain tempered softmax, and equals ``confidence(logits)``."""
     dec = Decoding(pair_with(models, max_new_tokens=4, **sampling), PROMPTS[0], torch.Generator().manual_seed(0))
     step = dec.draft_step()
-    got = dec.draft_scores(step)
-    assert torch.equal(got, dec.scores(dec.draft.last_logits))
+    got = dec.draft_confidence(step)
+    assert torch.equal(got, dec.confidence(dec.draft.last_logits))
     assert (got is step.logq) == (sampling["temperature"] > 0 and len(sampling) == 1)
 
 

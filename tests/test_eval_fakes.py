@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from data_gen.labeler import Sampling
+from core.sampling import Sampling
 from evaluation.decoder import DecodeStats
 from evaluation.run import Engine
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from data_gen.labeler import Sampling
-from data_gen.models import ModelSpec, load_model
-from data_gen.run import eos_token_ids
+from core.models import ModelSpec, load_model
+from core.models import eos_token_ids
+from core.sampling import Sampling
 from evaluation.hf_peer import hf_generate, peer_settings
 
 

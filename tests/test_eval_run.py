@@ -9,11 +9,12 @@ import pytest
 import yaml
 from test_eval_fakes import fake_engine, write_prompt_file
 
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from core.models import ModelSpec
+from core.prompts import PromptConfig
 from evaluation.__main__ import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep, resolve_device, resolve_dtype
-from evaluation.report import _theorem7_md, write_report
+from evaluation.markdown import theorem7_md
+from evaluation.report import write_report
 from evaluation.results import ResultStore
 from evaluation.run import load_prompts, run_eval
 from evaluation.summary import agreement, sprinter_theorem7
@@ -77,7 +78,7 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
     from datasets import List
 
-    from data_gen.shards import SCHEMA_VERSION, features, write_json, write_shard
+    from core.shards import SCHEMA_VERSION, features, write_json, write_shard
 
     n = len(rows)
     cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),
@@ -151,7 +152,7 @@ def test_theorem_7_reads_each_runs_head_from_its_grid(tmp_path):
     assert t7["heads"][a]["predicted"] == pytest.approx(0.6) and t7["heads"][b]["predicted"] == pytest.approx(0.8)
     assert t7["heads"][b]["exported_tau"] == 0.3
     assert len(t7["not_checked"]) == 1 and "c.safetensors: head was trained for draft" in t7["not_checked"][0]
-    line = _theorem7_md(t7)
+    line = theorem7_md(t7)
     assert "`a.safetensors` at its exported τ = 0.500: predicted with η_FP = P(P̂ ≥ τ | q/p > 1) 0.200 → 0.600" in line
     assert "`b.safetensors` at its exported τ = 0.300" in line and "not checked: " in line
 

@@ -142,7 +142,7 @@ def test_model_identity_from_a_loaded_model(tmp_path):
     converted by labeling, a local checkpoint's fingerprint, the hub revision it was downloaded at."""
     from types import SimpleNamespace
 
-    from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint, model_identity
+    from core.identity import IDENTITY_FILE, checkpoint_fingerprint, model_identity
 
     def model(where, commit=None):
         return SimpleNamespace(config=SimpleNamespace(name_or_path=str(where), _commit_hash=commit))

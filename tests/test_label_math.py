@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from data_gen import label_math as lm
+from core import label_math as lm
 
 
 def logp(*probs):
@@ -74,5 +74,5 @@ def test_category_shares_are_equal():
 
 
 def test_mixing_mask_share():
-    m = lm.mixing_mask(20000, 0.15, torch.Generator().manual_seed(0))
+    m = lm.mixing_mask(torch.rand(20000, generator=torch.Generator().manual_seed(0)), 0.15)
     assert m.float().mean().item() == pytest.approx(0.15, abs=0.01)

@@ -6,8 +6,9 @@ import pytest
 import torch
 from stubs import StubLM, shift_table
 
-from data_gen.labeler import Labeler, Prompt, Sampling
-from data_gen.label_math import TOKEN_MIXED
+from core.label_math import TOKEN_MIXED
+from core.sampling import Sampling
+from data_gen.labeler import Labeler, Prompt
 
 V = 16
 PAD, EOS = 0, 15  # EOS never has mass in these tables, so responses run to max_new_tokens

@@ -12,9 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from data_gen import shards
+from core import shards
+from core.adapter import HFCausalLM
+from core.sampling import Sampling
 from data_gen.__main__ import main as cli_main
-from data_gen.labeler import HFCausalLM, Labeler, Prompt, Sampling
+from data_gen.labeler import Labeler, Prompt
 from data_gen.run import run_labels
 from data_gen.tiny import make_tokenizer
 
@@ -136,9 +138,9 @@ KILL_AFTER = textwrap.dedent(
     """
     import os, signal, sys
     import pytorch_lightning as pl
-    from data_gen.labeler import Sampling
-    from data_gen.models import ModelSpec
-    from data_gen.prompts import PromptConfig
+    from core.sampling import Sampling
+    from core.models import ModelSpec
+    from core.prompts import PromptConfig
     from data_gen.run import LabelConfig, run_labels
 
     class Die(pl.Callback):
@@ -193,7 +195,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(label_config, tmp_path):
 
 def test_resume_with_other_settings_is_refused(label_config):
     run_labels(label_config(), quiet=True)
-    from data_gen.models import LabelingError
+    from data_gen.run import LabelingError
 
     with pytest.raises(LabelingError, match="other settings.*seed"):
         run_labels(label_config(seed=5), quiet=True)
@@ -270,7 +272,7 @@ def test_categories_in_equal_shares_per_split(label_config):
 
 
 def test_chat_template_wraps_the_prompt():
-    from data_gen.prompts import tokenize_prompt
+    from core.prompts import tokenize_prompt
 
     tok = make_tokenizer()
     assert tokenize_prompt(tok, "def f", chat_template=True) == tok("def f :", add_special_tokens=False)["input_ids"]

@@ -11,7 +11,7 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
-from data_gen import label_math as lm
+from core import label_math as lm
 from pipeline.loss import binary_kl, weighted_bce
 from pipeline.metrics import CalibrationError, SplitMetrics
 from pipeline.train_all import youden_threshold

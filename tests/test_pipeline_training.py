@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_gen import label_math as lm
-from data_gen.shards import load_split, read_manifest
+from core import label_math as lm
+from core.shards import load_split, read_manifest
 from pipeline.cli import HeadCLI
 from pipeline.data import BlockSampler, LabelDataModule
 
@@ -20,9 +20,9 @@ CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/train/*.yaml"
 @pytest.fixture(scope="module")
 def tiny_labels(tmp_path_factory):
     """A complete labeled dataset written by the labeling stage (d = 32), with rows in train, val and test."""
-    from data_gen.labeler import Sampling
-    from data_gen.models import ModelSpec
-    from data_gen.prompts import PromptConfig
+    from core.sampling import Sampling
+    from core.models import ModelSpec
+    from core.prompts import PromptConfig
     from data_gen.run import LabelConfig, run_labels
     from data_gen.tiny import make_pair, write_prompts
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from data_gen import quantization as q
-from data_gen.models import LabelingError, ModelSpec, load_model
+from core import quantization as q
+from core.errors import UserError
+from core.models import ModelSpec, load_model
 
 
 def tiny_model(path):
@@ -44,7 +45,7 @@ def test_plain_and_hand_mixed_models(tiny_pair):
 
 
 def test_bad_quantizations_are_one_clear_error(tiny_pair):
-    with pytest.raises(LabelingError, match="unknown quantization 'int4'; choose one of none, int8-dynamic"):
+    with pytest.raises(UserError, match="unknown quantization 'int4'; choose one of none, int8-dynamic"):
         ModelSpec(path=str(tiny_pair[0]), quantization="int4")
     with pytest.raises(ValueError, match="CPU in float32 only"):
         q.quantize(tiny_model(tiny_pair[0]).to(torch.bfloat16), "int8-dynamic")
@@ -59,8 +60,9 @@ def test_a_model_entry_loads_quantized_in_float32(tiny_pair):
 
 
 def test_greedy_sd_with_an_int8_draft_equals_the_target(tiny_pair):
-    from data_gen.labeler import Sampling
-    from evaluation.decoder import ModelPair, build_policy
+    from core.sampling import Sampling
+    from evaluation.decoder import ModelPair
+    from evaluation.policies import build_policy
 
     draft = q.quantize(tiny_model(tiny_pair[0]), "int8-dynamic")
     pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(temperature=0.0,
@@ -75,8 +77,9 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
     """The quantized draft labels (its identity in the manifest), a head trains on those labels and carries it,
     loads against the same quantized draft, and refuses the float draft with one line (and the reverse)."""
     from data_gen.run import run_labels
-    from data_gen.shards import read_manifest
-    from evaluation.decoder import ModelPair, build_policy
+    from core.shards import read_manifest
+    from evaluation.decoder import ModelPair
+    from evaluation.policies import build_policy
     from heads.export import HeadFileError
     from heads.exported import ExportedHead
     from pipeline import train_all
@@ -96,7 +99,7 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
 
     draft, _, _ = load_model(cfg.draft)
     head.check(draft)
-    from data_gen.labeler import Sampling
+    from core.sampling import Sampling
 
     pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(max_new_tokens=8))
     result = build_policy("specdecpp", head=stop).generate(pair, [1, 10, 11], torch.Generator().manual_seed(0))

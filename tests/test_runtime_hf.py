@@ -28,9 +28,10 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from data_gen.labeler import Sampling
-from data_gen.models import ModelSpec, resolve
-from evaluation.decoder import Decoding, ModelPair, build_policy
+from core.models import ModelSpec, resolve
+from core.sampling import Sampling
+from evaluation.decoder import Decoding, ModelPair
+from evaluation.policies import build_policy
 from heads import export_hf, runtime
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
@@ -325,7 +326,7 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
         import importlib.util, json, sys
         sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__
                             and "editable" not in str(getattr(f, "__module__", ""))]
-        blocked = [m for m in ("heads", "data_gen", "evaluation", "pipeline") if importlib.util.find_spec(m)]
+        blocked = [m for m in ("core", "heads", "data_gen", "evaluation", "pipeline") if importlib.util.find_spec(m)]
         import torch
         from transformers import AutoModelForCausalLM
         draft = AutoModelForCausalLM.from_pretrained({str(draft_dir)!r})

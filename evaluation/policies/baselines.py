@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
+from evaluation.decoder import DecodeResult, Decoding, ModelPair
+from evaluation.policies.registry import register
 
 
-@register("target_only")
+@register("target_only", reference=True)
 class TargetOnly:
     """Autoregressive sampling from the target: one target call per token (target_calls == new_tokens)."""
 
@@ -18,7 +19,7 @@ class TargetOnly:
         return dec.result()
 
 
-@register("draft_only")
+@register("draft_only", exact=False, reference=True)
 class DraftOnly:
     """Autoregressive sampling from the draft: one draft call per token, no target call."""
 

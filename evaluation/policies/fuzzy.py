@@ -18,11 +18,12 @@ import math
 
 import torch
 
-from data_gen.label_math import js_divergence
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, register
+from core.label_math import js_divergence
+from evaluation.decoder import DecodeResult, Decoding, ModelPair
+from evaluation.policies.registry import register
 
 
-@register("fuzzy")
+@register("fuzzy", exact=False, setting="T")
 class FuzzySD:
     def __init__(self, T: float, k: int = 5):
         """

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from evaluation.decoder import Decoding, DraftStep, ModelPair, register
-from heads.exported import ExportedHead, log_accept
+from evaluation.decoder import Decoding, DraftStep, ModelPair
+from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
+from heads.exported import ExportedHead, log_accept
 
 
 class HeadStop:
@@ -32,14 +33,14 @@ class HeadStop:
     def reset(self) -> None:
         self.log_all_accepted = 0.0
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
         hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
-        logit = self.head.logit(hidden, scores, candidates[-1])
+        logit = self.head.logit(hidden, confidence, candidates[-1])
         self.log_all_accepted += log_accept(logit)
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 
 
-@register("specdecpp")
+@register("specdecpp", setting="h", trained=True)
 class SpecDecPP(SpeculativePolicy):
     def __init__(self, head: str | Path, h: float | None = None, max_k: int = 20):
         self.head = ExportedHead(head, role="stop")

@@ -1,4 +1,4 @@
-"""Exact speculative sampling with a candidate length chosen per round (Leviathan et al.; Chen et al.; seed 001).
+"""Exact speculative sampling with a candidate length chosen per round (Leviathan et al. 2023; Chen et al. 2023).
 
 Every policy here is exact: only how many candidates a round drafts differs, and the target's verification
 (``Decoding.verify``: keep y with probability min(1, p(y)/q(y)), resample from norm((p − q)+) at the first
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule, register
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule
+from evaluation.policies.registry import register
 
 
 class SpeculativePolicy:
@@ -38,7 +39,7 @@ class SpeculativePolicy:
         return dec.result()
 
 
-@register("sd")
+@register("sd", setting="k", reference=True)
 class FixedK(SpeculativePolicy):
     """Speculative sampling with K candidates per round (SpecDec++ sweeps K = 2, 4, …, 14)."""
 

@@ -26,19 +26,20 @@ from typing import Protocol
 
 import torch
 
-from data_gen.label_math import residual_distribution
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept, register
+from core.label_math import residual_distribution
+from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept
+from evaluation.policies.registry import register
 from heads.exported import ExportedHead, verifier_accepts
 
 
 class Verifier(Protocol):
     """Accept the last token of ``ids``? ``hidden`` is the draft's hidden state at the verifier's ``position``
     attribute (``prev``, the default: the one that produced q for the token; ``own``: after reading it),
-    ``scores`` the draft's confidence log-probs (V,) at the token's position (``Decoding.draft_scores``); None for a
-    head that reads no draft scores."""
+    ``confidence`` the draft's confidence log-probs (V,) at the token's position (``Decoding.draft_confidence``);
+    None for a head that reads no draft scores."""
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
-                 scores: torch.Tensor | None) -> bool: ...
+                 confidence: torch.Tensor | None) -> bool: ...
 
 
 class HeadVerifier:
@@ -49,11 +50,11 @@ class HeadVerifier:
         self.position = head.position
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
-                 scores: torch.Tensor | None) -> bool:
-        return verifier_accepts(self.head.logit(hidden, scores, ids[-1]), self.tau)
+                 confidence: torch.Tensor | None) -> bool:
+        return verifier_accepts(self.head.logit(hidden, confidence, ids[-1]), self.tau)
 
 
-@register("sprinter")
+@register("sprinter", exact=False, setting="tau", trained=True)
 class Sprinter:
     def __init__(self, head: str | Path | None = None, tau: float | None = None, verifier: Verifier | None = None):
         """
@@ -75,7 +76,7 @@ class Sprinter:
         self.verifier = verifier
         self.position = getattr(verifier, "position", "prev")  # a plain callable reads the paper's feature
         # a log-softmax over the vocabulary per token: only for verifiers that may read it
-        self.needs_scores = self.head is None or bool(self.head.scores)
+        self.needs_confidence = self.head is None or bool(self.head.scores)
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.head is not None:
@@ -87,9 +88,9 @@ class Sprinter:
             while len(pending) < dec.remaining:
                 step = dec.draft_step(pending)
                 y = dec.sample(step.logq)
-                scores = dec.draft_scores(step) if self.needs_scores else None
+                confidence = dec.draft_confidence(step) if self.needs_confidence else None
                 hidden = step.hidden if self.position == "prev" else dec.draft_feature(pending + [y])
-                if not self.verifier(hidden, dec.seq + pending + [y], generator, scores):
+                if not self.verifier(hidden, dec.seq + pending + [y], generator, confidence):
                     rejected = (y, step.logq)
                     break
                 pending.append(y)

@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from data_gen.label_math import entropy
-from evaluation.decoder import Decoding, DraftStep, ModelPair, register
+from core.label_math import entropy
+from evaluation.decoder import Decoding, DraftStep, ModelPair
+from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
 
 
@@ -24,26 +25,26 @@ class StatelessStop:
 
 
 class ConfidenceStop(StatelessStop):
-    """Stop after a candidate y whose own draft probability (``scores``) is below the threshold."""
+    """Stop after a candidate y whose own draft probability (``confidence``) is below the threshold."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
-        return scores[candidates[-1]].exp().item() < self.threshold
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
+        return confidence[candidates[-1]].exp().item() < self.threshold
 
 
 class EntropyStop(StatelessStop):
-    """SVIP (Zhang et al., Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``scores`` > h."""
+    """SVIP (Zhang et al., Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``confidence`` > h."""
 
     def __init__(self, h: float):
         self.h = h
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, scores: torch.Tensor) -> bool:
-        return math.sqrt(max(entropy(scores).item(), 0.0)) > self.h
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
+        return math.sqrt(max(entropy(confidence).item(), 0.0)) > self.h
 
 
-@register("confidence")
+@register("confidence", setting="threshold")
 class Confidence(SpeculativePolicy):
     """Stop drafting on low draft confidence (as transformers' ``assistant_confidence_threshold``), ≤ max_k."""
 
@@ -59,7 +60,7 @@ class Confidence(SpeculativePolicy):
         return ConfidenceStop(self.threshold)
 
 
-@register("svip")
+@register("svip", setting="h")
 class SVIP(SpeculativePolicy):
     """SVIP's entropy stop rule (Zhang et al.), at most max_k candidates per round."""
 

@@ -1,6 +1,6 @@
 """Label shards on disk: Arrow files written through ``datasets``, one per batch, atomically; a manifest at the end.
 
-Layout of an output folder (see SCHEMA.md for the columns)::
+Layout of an output folder (see data_gen/SCHEMA.md for the columns)::
 
     run.json                  the settings of the run (a resume must match them)
     train/<batch key>.arrow   one shard per labeled batch
@@ -10,6 +10,7 @@ Layout of an output folder (see SCHEMA.md for the columns)::
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
+
+from core import label_math as lm
 
 SCHEMA_VERSION = 2
 SPLITS = ("train", "val", "test")
@@ -32,6 +35,7 @@ FLOAT_COLUMNS = (
     "read_logp_draft",
     "read_entropy_draft",
 )
+
 
 
 def features(hidden_size: int) -> Features:
@@ -131,3 +135,35 @@ def split_summary(out_dir: Path, split: str) -> dict:
         "mean_1_minus_tv": float(1 - cols["tv"][mask].mean()) if mask.any() else None,
         "categories": {str(c): int(n) for c, n in zip(cats, counts)},
     }
+
+
+def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
+                   mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
+                   seconds: float) -> dict:
+    """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
+    shards' own counts; return it. ``read_manifest`` reads it back."""
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "models": models,
+        "feature": {
+            "columns": {"hidden": "draft last-layer hidden state (after the final norm) after reading the token",
+                        "hidden_prev": "the same at the previous position: the state that produced q for the token"},
+            "hidden_size": models["draft"]["hidden_size"],
+            "dtype": "float16",
+        },
+        "prompts": prompts,
+        "response_source": response_source,
+        "sampling": sampling,
+        "mixing_ratio": mixing_ratio,
+        "label_context": {"sprinter rows (original, draft, target, interleaved)": "the candidate's own prefix",
+                          f"{lm.TOKEN_MIXED} rows": "clean target prefix X<i (SpecDec++ §4.4)"},
+        "rows_for_label": {k: list(v) for k, v in lm.ROWS_FOR_LABEL.items()},
+        "categories": categories,
+        "seed": seed,
+        "splits": {s: split_summary(out_dir, s) for s in SPLITS},
+        "settings_sha256": settings_sha256,
+        "seconds": seconds,
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from data_gen.models import ModelSpec
-from data_gen.prompts import PromptConfig
+from core.models import ModelSpec
+from core.prompts import PromptConfig
 from data_gen.run import run_labels
 from data_gen.tiny import label_config, make_pair, write_prompts
 

@@ -11,6 +11,7 @@ q is the draft's distribution and p the target's (SpecDec++'s letters; SPRINTER 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +37,25 @@ ROWS_FOR_LABEL = {"sprinter": CATEGORIES, "soft": ("target", TOKEN_MIXED)}
 """Which rows each head trains on: the SPRINTER verifier on the four §3.2 prefix categories (label and feature at
 the same prefix); the SpecDec++ head (soft label min(1, p/q)) on rows labeled on the clean prefix X<i: the
 token-mixed ones and the ``target`` ones, whose input (prompt, X<i, Y_i) is §4.4's ideal one."""
+
+
+@dataclass(frozen=True)
+class FeaturePosition:
+    column: str
+    """The label column that holds the hidden state."""
+    description: str
+    """What the hidden state is (recorded in exported heads)."""
+
+
+FEATURE_POSITIONS = {
+    "own": FeaturePosition(
+        "hidden", "draft last-layer hidden state (after the final norm) at the token's own position, after reading it"),
+    "prev": FeaturePosition(
+        "hidden_prev",
+        "draft last-layer hidden state (after the final norm) at the previous position: the one that produced q"),
+}
+"""Which of the draft's hidden states a head reads for a token Y_i: at its own position (SpecDec++ Eq. 4.1) or at
+the previous one, which produced q for it (SPRINTER §3.2)."""
 
 
 def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -127,9 +147,10 @@ def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, t
     }
 
 
-def mixing_mask(n: int, target_share: float, generator: torch.Generator) -> torch.Tensor:
-    """SpecDec++ token mixing: True where Z_i is taken from the target (share r), False where from the draft."""
-    return torch.rand(n, generator=generator) < target_share
+def mixing_mask(uniforms: torch.Tensor, target_share: float) -> torch.Tensor:
+    """SpecDec++ token mixing: True where Z_i is taken from the target (share r), False where from the draft;
+    one uniform in [0, 1) per token."""
+    return uniforms < target_share
 
 
 def assign_categories(n_prompts: int, categories: tuple[str, ...], generator: torch.Generator) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from data_gen.models import LabelingError
+from core.errors import UserError
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".gz": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -38,7 +38,7 @@ def humaneval_path() -> Path:
 
 
 def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
-    """Rows with ``text`` (and ``response``), validated; raises LabelingError with one clear line."""
+    """Rows with ``text`` (and ``response``), validated; raises UserError with one clear line."""
     import datasets
 
     source = cfg.source
@@ -48,23 +48,23 @@ def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
     try:
         if path.suffix in LOCAL_FORMATS or path.exists():
             if not path.is_file():
-                raise LabelingError(f"prompt file not found: {cfg.source}")
+                raise UserError(f"prompt file not found: {cfg.source}")
             if path.stat().st_size == 0:
-                raise LabelingError(f"prompt file is empty: {cfg.source}")
+                raise UserError(f"prompt file is empty: {cfg.source}")
             builder = LOCAL_FORMATS.get(path.suffix, "json")
             ds = datasets.load_dataset(builder, data_files=str(path), split="train")
         else:
             ds = datasets.load_dataset(source, split=cfg.hub_split)
-    except LabelingError:
+    except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the user needs one line
-        raise LabelingError(f"cannot read prompts from {cfg.source}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot read prompts from {cfg.source}: {str(e).splitlines()[0]}") from None
     if len(ds) == 0:
-        raise LabelingError(f"no prompts in {cfg.source}")
+        raise UserError(f"no prompts in {cfg.source}")
     if cfg.text_field not in ds.column_names:
-        raise LabelingError(f"prompts in {cfg.source} have no field {cfg.text_field!r}; fields: {ds.column_names}")
+        raise UserError(f"prompts in {cfg.source} have no field {cfg.text_field!r}; fields: {ds.column_names}")
     if need_response and (not cfg.response_field or cfg.response_field not in ds.column_names):
-        raise LabelingError(
+        raise UserError(
             f"response_source: dataset needs a response field; {cfg.response_field!r} is not in {ds.column_names}"
         )
     if cfg.limit is not None:
@@ -74,7 +74,7 @@ def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
     rows = []
     for i, (t, r) in enumerate(zip(texts, responses)):
         if not isinstance(t, str) or not t.strip():
-            raise LabelingError(f"prompt {i} in {cfg.source} is empty or not text")
+            raise UserError(f"prompt {i} in {cfg.source} is empty or not text")
         rows.append({"text": t, "response": r})
     return rows
 
@@ -82,7 +82,7 @@ def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
 def tokenize_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
     if chat_template:
         if not tokenizer.chat_template:
-            raise LabelingError("chat_template: true, but the tokenizer has no chat template")
+            raise UserError("chat_template: true, but the tokenizer has no chat template")
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return tokenizer(text)["input_ids"]
@@ -91,7 +91,7 @@ def tokenize_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
 def split_by_prompt(n: int, fractions: tuple[float, float, float], seed: int) -> list[str]:
     """Assign each prompt (not each token) to train/val/test, so no prompt leaks across splits."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise LabelingError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
+        raise UserError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = round(n * fractions[1])
     n_test = round(n * fractions[2])

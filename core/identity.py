@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 IDENTITY_FILE = "identity.json"
-"""Written beside a checkpoint converted from a GGUF file (``data_gen.models``): the GGUF's sha256."""
+"""Written beside a checkpoint converted from a GGUF file (``core.models``): the GGUF's sha256."""
 
 
 def checkpoint_fingerprint(path: str | Path) -> str:
@@ -32,8 +32,8 @@ def model_identity(model) -> dict:
     GGUF a converted checkpoint came from (its ``IDENTITY_FILE``), the ``fingerprint`` of any other local
     checkpoint directory, or the hub ``revision`` it was downloaded at. Empty of digests when it tells none (a
     model built in memory, or loaded from a directory that has changed since). Its ``quantization`` is read from the
-    model's modules (``data_gen.quantization.quantization_of``)."""
-    from data_gen.quantization import quantization_of
+    model's modules (``core.quantization.quantization_of``)."""
+    from core.quantization import quantization_of
 
     config = getattr(model, "config", None)
     where = str(getattr(config, "name_or_path", "") or "")

@@ -19,16 +19,13 @@ from pathlib import Path
 
 import torch
 
-from data_gen import quantization
-from data_gen.identity import IDENTITY_FILE, checkpoint_fingerprint
+from core import quantization
+from core.errors import UserError
+from core.identity import IDENTITY_FILE, checkpoint_fingerprint
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class LabelingError(RuntimeError):
-    """A problem with the user's input, reported as one clear line."""
 
 
 @dataclass
@@ -45,16 +42,16 @@ class ModelSpec:
     name: str | None = None
     """Display name stored in the manifest; defaults to the path or package pattern."""
     quantization: str = quantization.NONE
-    """``none`` or an int8 quantization of the Linear weights (``data_gen.quantization.QUANTIZATIONS``, CPU only):
+    """``none`` or an int8 quantization of the Linear weights (``core.quantization.QUANTIZATIONS``, CPU only):
     the model then loads in float32 whatever the run's dtype, and is quantized after loading."""
 
     def __post_init__(self) -> None:
         if not self.path and not self.packages:
-            raise LabelingError("a model needs either `path` or `packages`")
+            raise UserError("a model needs either `path` or `packages`")
         try:
             quantization.check_name(self.quantization)
         except ValueError as e:
-            raise LabelingError(str(e)) from None
+            raise UserError(str(e)) from None
 
     @property
     def display_name(self) -> str:
@@ -79,12 +76,12 @@ def _package_part(dist_name: str) -> Path:
     try:
         files = importlib.metadata.files(dist_name) or []
     except importlib.metadata.PackageNotFoundError:
-        raise LabelingError(
+        raise UserError(
             f"model package {dist_name!r} is not installed (run `make labels`, which installs the model packages)"
         ) from None
     parts = [f for f in files if f.parts[-2:-1] == ("data",) and f.name.endswith(".bin")]
     if len(parts) != 1:
-        raise LabelingError(f"package {dist_name!r} should hold exactly one data/*.bin file, found {len(parts)}")
+        raise UserError(f"package {dist_name!r} should hold exactly one data/*.bin file, found {len(parts)}")
     return Path(parts[0].locate())
 
 
@@ -94,7 +91,7 @@ def assemble_gguf(pattern: str, expected_size: int | None = None) -> Path:
     parts = [_package_part(n) for n in names]
     size = sum(p.stat().st_size for p in parts)
     if expected_size is not None and size != expected_size:
-        raise LabelingError(f"packages {pattern} hold {size} bytes, expected {expected_size}: a part is missing or wrong")
+        raise UserError(f"packages {pattern} hold {size} bytes, expected {expected_size}: a part is missing or wrong")
     out = cache_root() / "gguf" / (re.sub(r"[^A-Za-z0-9_.-]", "_", pattern) + ".gguf")
     if out.exists() and out.stat().st_size == size:
         return out
@@ -159,15 +156,15 @@ def resolve(spec: ModelSpec) -> tuple[str, dict]:
     path = Path(spec.path).expanduser()
     if spec.path.endswith(".gguf"):
         if not path.is_file():
-            raise LabelingError(f"model file not found: {spec.path}")
+            raise UserError(f"model file not found: {spec.path}")
         digest = file_sha256(path)
         return str(_convert_gguf(path, digest)), {"source": f"gguf:{path.name}", "sha256": digest}
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise LabelingError(f"model directory has no config.json: {spec.path}")
+            raise UserError(f"model directory has no config.json: {spec.path}")
         return str(path), {"source": f"dir:{path.name}", "fingerprint": checkpoint_fingerprint(path)}
     if spec.path.startswith((".", "/", "~")) or os.sep in spec.path.strip("/").replace("/", "", 1):
-        raise LabelingError(f"model path not found: {spec.path}")
+        raise UserError(f"model path not found: {spec.path}")
     try:  # a hub id: only resolvable when online or already in the HF cache
         from huggingface_hub import model_info
 
@@ -185,7 +182,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
-        raise LabelingError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if spec.quantization != quantization.NONE:
         dtype = "float32"
     where, identity = resolve(spec)
@@ -193,7 +190,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype])
         tok = AutoTokenizer.from_pretrained(where)
     except OSError as e:
-        raise LabelingError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
     model.eval()
     model.requires_grad_(False)
     model = quantization.quantize(model, spec.quantization)
@@ -207,3 +204,26 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         "quantization": spec.quantization,
     }
     return model, tok, identity
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = ids if isinstance(ids, list) else [ids]
+    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
+def context_window(model) -> int:
+    """The longest sequence ``model`` reads (prompt plus response), from its config; unbounded when it tells none."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+def check_vocabularies(draft: dict, target: dict, same_tokens: bool = True) -> None:
+    """Refuse a pair that does not share one vocabulary: ``draft`` and ``target`` hold ``name`` and ``vocab_size``
+    (a ``load_model`` identity), ``same_tokens`` tells whether their tokenizers map the same strings to the same ids."""
+    if draft["vocab_size"] != target["vocab_size"] or not same_tokens:
+        raise UserError(
+            f"draft and target vocabularies differ ({draft['name']}: {draft['vocab_size']} ids, "
+            f"{target['name']}: {target['vocab_size']} ids, tokenizers {'equal' if same_tokens else 'differ'}); "
+            "speculative decoding needs one vocabulary"
+        )

@@ -1,0 +1,125 @@
+"""The import graph, read from the sources: stages import downward only, no module imports itself through others,
+and no module takes a private name (``_x``) from another."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED = {
+    "core": {"core"},
+    "heads": {"core", "heads"},
+    "data_gen": {"core", "data_gen"},
+    "pipeline": {"core", "heads", "pipeline"},
+    "evaluation": {"core", "heads", "pipeline", "evaluation"},
+    "scripts": {"core", "heads", "data_gen", "pipeline", "evaluation", "scripts"},
+}
+"""Per stage (top-level package), the packages its modules may import: the layers below it and itself."""
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """{dotted module name: file} of every module in the stage packages (a package is its ``__init__``)."""
+    modules = {}
+    for package in ALLOWED:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imports(name: str, source: str, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """The project modules ``source`` (module ``name``) imports anywhere in its text, each with the names it takes
+    from it: ``from a.b import c`` is module ``a.b.c`` when that is a module, else names ``c`` of ``a.b``."""
+    package = name if modules.get(name, Path()).name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            for a in node.names:
+                if f"{base}.{a.name}" in modules:
+                    found.append((f"{base}.{a.name}", []))
+                elif base in modules:
+                    found.append((base, [a.name]))
+    return found
+
+
+def violations(modules: dict[str, Path], sources: dict[str, str]) -> list[str]:
+    """Upward imports, imports of private names, and import cycles, one line each."""
+    problems = []
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        stage = name.split(".")[0]
+        graph[name] = set()
+        for target, names in imports(name, sources[name], modules):
+            if target.split(".")[0] not in ALLOWED[stage]:
+                problems.append(f"{name} imports {target}: against the layers "
+                                f"({stage} may import {', '.join(sorted(ALLOWED[stage]))})")
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private and target != name:
+                problems.append(f"{name} imports private {', '.join(private)} from {target}")
+            if target != name:
+                graph[name].add(target)
+    problems += [f"import cycle among {', '.join(c)}" for c in cycles(graph)]
+    return list(dict.fromkeys(problems))  # one line per pair of modules, not per imported name
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each import cycle: every strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_project_imports_flow_downward():
+    modules = project_modules()
+    sources = {name: path.read_text() for name, path in modules.items()}
+    assert violations(modules, sources) == []
+
+
+def test_checks_can_fail():
+    modules = {name: Path(f"{name.replace('.', '/')}.py") for name in
+               ("core.a", "heads.b", "heads.c", "evaluation.d", "data_gen.e")}
+    sources = {
+        "core.a": "from heads.b import thing\n",  # upward
+        "heads.b": "def f():\n    from heads.c import x\n",  # a lazy import still counts
+        "heads.c": "from heads.b import y\n",  # ... and closes a cycle
+        "evaluation.d": "from data_gen.e import _private\n",  # a stage beside it, and a private name
+        "data_gen.e": "from core.a import ok\n",
+    }
+    found = violations(modules, sources)
+    assert any(p.startswith("core.a imports heads.b: against the layers") for p in found)
+    assert "import cycle among heads.b, heads.c" in found
+    assert any(p.startswith("evaluation.d imports data_gen.e: against the layers") for p in found)
+    assert "evaluation.d imports private _private from data_gen.e" in found
+    assert not any(p.startswith("data_gen.e") for p in found)
