@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from data_gen.label_math import tv_distance, warp_logits
-from data_gen.models import ModelSpec, load_model
-from data_gen.prompts import PromptConfig, load_prompt_table, tokenize_prompt
-from data_gen.quantization import NONE, QUANTIZATIONS
+from core.label_math import tv_distance, warp_logits
+from core.models import ModelSpec, load_model
+from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from core.quantization import NONE, QUANTIZATIONS
 from evaluation.bench_timing import DTYPES, bench_model, step_s, write_json
 
 DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_gen.shards import SPLITS, load_split
+from core.shards import SPLITS, load_split
 from heads.features import draft_scores
 from heads.exported import ExportedHead
 

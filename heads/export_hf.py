@@ -27,7 +27,7 @@ from pathlib import Path
 
 import transformers
 
-from data_gen.quantization import NONE, QUANTIZATIONS
+from core.quantization import NONE, QUANTIZATIONS
 from heads.export import read_metadata
 from heads.registry import HEADS
 
