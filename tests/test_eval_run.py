@@ -222,3 +222,26 @@ def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
         assert vars(getattr(cfg, role)) == vars(ModelSpec(**labels[role]))
+
+
+def test_every_head_is_checked_before_the_first_run(tmp_path):
+    from heads.export import HeadFileError
+
+    names = ("a", "b", "other")
+    for name in names:
+        (tmp_path / f"{name}.safetensors").write_bytes(b"")
+    a, b, other = (str(tmp_path / f"{n}.safetensors") for n in names)
+    checked, calls = [], []
+
+    def check(path):
+        checked.append(path)
+        if path == other:
+            raise HeadFileError(f"{path}: head was trained for draft 'another'")
+
+    engine = fake_engine(calls)
+    engine.check_head = check
+    cfg = make_cfg(tmp_path, policies=[Sweep("target_only"), Sweep("specdecpp", fixed={"head": a}),
+                                       Sweep("sprinter", grid={"head": [b, other, a]})])
+    with pytest.raises(HeadFileError, match="trained for draft 'another'"):
+        run_eval(cfg, engine, quiet=True)
+    assert checked == [a, b, other] and calls == []  # nothing decoded before the bad head was found

@@ -288,3 +288,22 @@ def test_every_label_config_parses_through_the_cli(path):
     ns = p.instantiate(p.parse_args(["--config", str(path)]))
     cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
     assert cfg.draft.display_name and cfg.target.display_name
+
+
+def test_a_gguf_file_that_does_not_match_its_pin_is_refused_before_converting(tmp_path, monkeypatch):
+    import hashlib
+
+    from core import models
+    from core.errors import UserError
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    converted = []
+    monkeypatch.setattr(models, "_convert_gguf", lambda path, digest: converted.append(digest) or str(tmp_path))
+    with pytest.raises(UserError, match="the config pins 00000000"):
+        models.resolve(models.ModelSpec(path=str(gguf), gguf_sha256="0" * 64))
+    assert converted == []
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    assert models.resolve(models.ModelSpec(path=str(gguf), gguf_sha256=digest.upper()))[1]["sha256"] == digest
+    assert converted == [digest]
