@@ -18,8 +18,16 @@ def cell(v, fmt=".2f", none="") -> str:
     return format(v, fmt)
 
 
+def with_interval(value, interval) -> str:
+    """``1.50 [1.32, 1.71]``: a ratio with its paired bootstrap interval (the value alone when there is none, or
+    when it is exactly 1: a run against itself)."""
+    if value is None or interval is None or interval[0] == interval[1]:
+        return cell(value)
+    return f"{cell(value)} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> list[str]:
-    cols = ["policy", "tok/s", "× target", "× SD", "per-prompt × target (mean ± std)", "N_target/N",
+    cols = ["policy", "tok/s", "× target [95 %]", "× SD [95 %]", "per-prompt × target (mean ± std)", "N_target/N",
             "N_draft/N", "N_discarded/N", "unused fwd", "mean accepted", "pass@1", "ROUGE-L vs SD",
             "ROUGE-L vs ref"]
     cols += [f"pred. × target ({n})" for n in fit_names]
@@ -32,7 +40,8 @@ def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> li
     for r in rows:
         pp = r["per_prompt_speedup"]
         rg = r.get("rouge") or {}
-        cells = [f"`{r['run']}`", cell(r["tokens_per_s"]), cell(r["speedup_vs_target"]), cell(r["speedup_vs_sd"]),
+        cells = [f"`{r['run']}`", cell(r["tokens_per_s"]), with_interval(r["speedup_vs_target"], r.get("speedup_vs_target_ci")),
+                 with_interval(r["speedup_vs_sd"], r.get("speedup_vs_sd_ci")),
                  f"{pp['mean']:.2f} ± {pp['std']:.2f}" if pp and pp["n"] else "",
                  cell(r["verification_rate"], ".3f"), cell(r.get("draft_rate"), ".3f"), cell(r["discard_rate"], ".3f"),
                  cell(r.get("unused_forwards"), "d"), cell(r["mean_accepted"]),
@@ -122,12 +131,17 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
         else:
             lines.append(f"- from `{cfg.timing}`: t_draft = {f['t_draft'] * 1e3:.2f} ms, "
                          f"t_target = {f['t_target'] * 1e3:.2f} ms (bench_timing decode step)")
-    lines += ["", "## Goals", "", "| goal | mode | target | measured | met | margin | detail |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Goals", "",
+              "Intervals: paired bootstrap 95 % over prompts; \"clears\" when the whole interval is on the goal's side.",
+              "", "| goal | mode | target | measured | 95 % interval | met | interval clears | margin | detail |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for g in s["goals"]:
         met = "n/a" if g["met"] is None else ("met" if g["met"] else "**missed**")
-        lines.append(f"| {g['goal']} | {g['mode'] or ''} | {g['target']:g} | {cell(g['value'], '.3f', 'n/a')} | {met} | "
-                     f"{cell(g['margin'], '+.3f')} | {g['detail']} |")
+        iv = g.get("interval")
+        clears = {None: "n/a", True: "yes", False: "**no**"}[g.get("interval_clears")]
+        lines.append(f"| {g['goal']} | {g['mode'] or ''} | {g['target']:g} | {cell(g['value'], '.3f', 'n/a')} | "
+                     f"{f'{iv[0]:.3f}–{iv[1]:.3f}' if iv else ''} | {met} | {clears} | {cell(g['margin'], '+.3f')} | "
+                     f"{g['detail']} |")
     lines += ["", theorem7_md(s["theorem7"])]
     for name, m in s["modes"].items():
         smp = m["sampling"]

@@ -16,6 +16,7 @@ import torch
 
 from evaluation import quality
 from evaluation.config import HF_FAMILY, EvalConfig
+from evaluation.intervals import mean_interval, speedup_interval
 from evaluation.latency import LatencyFit, latency_fits, selection_fit
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
@@ -42,13 +43,25 @@ def _rouge_rows(run: dict[int, dict], other: dict[int, dict] | None, refs: dict[
     return out
 
 
+def _ratio_interval(runs: dict[int, dict], other: dict[int, dict] | None) -> list[float] | None:
+    """The paired bootstrap 95 % interval of ``runs``' tokens/s over ``other``'s on the prompts both decoded."""
+    ids = sorted(set(runs) & set(other or {}))
+    if len(ids) < 2:
+        return None
+    iv = speedup_interval([runs[i]["stats"] for i in ids], [other[i]["stats"] for i in ids])
+    return [iv.low, iv.high]
+
+
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
-         sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False) -> dict:
+         sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False,
+         sd: dict[int, dict] | None = None) -> dict:
     row = {
         "run": t.run, "family": t.family, "params": t.params, "prompts": len(t.prompts),
         "new_tokens": t.new_tokens, "wall_s": t.wall_s, "tokens_per_s": t.tokens_per_s,
         "speedup_vs_target": t.tokens_per_s / base_t.tokens_per_s if base_t else None,
         "speedup_vs_sd": t.tokens_per_s / sd_t.tokens_per_s if sd_t else None,
+        "speedup_vs_target_ci": _ratio_interval(by_prompt, base),
+        "speedup_vs_sd_ci": _ratio_interval(by_prompt, sd),
         "n_target": t.target_calls, "n_draft": t.draft_calls, "n_discarded": t.discarded,
         "verification_rate": t.verification_rate, "discard_rate": t.discard_rate,
         "draft_rate": t.draft_calls / t.new_tokens if t.draft_calls is not None and t.new_tokens else None,
@@ -105,11 +118,12 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         for fam in ours:
             if fam in chosen:
                 t = totals(runs[chosen[fam]])
-                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy),
+                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy, sd),
                               **{"rouge": _rouge_rows(runs[t.run], sd, refs)}})
         for run in sorted(r for r, f in fam_of.items() if f == HF_FAMILY):
             t = totals(runs[run])
-            table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy), "rouge": _rouge_rows(runs[run], sd, refs)})
+            table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy, sd),
+                          "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
         for run in sorted(runs, key=lambda r: _sweep_order(cfg, fam_of[r], next(iter(runs[r].values()))["params"], r)):
             if fam_of[run] == HF_FAMILY:
@@ -118,14 +132,14 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             if t is None:
                 continue
             row = _row(t, {p: runs[run][p] for p in sweep_ids}, base, totals(base, sweep_ids) if base else None,
-                       totals(sd, sweep_ids) if sd else None, fits, greedy)
+                       totals(sd, sweep_ids) if sd else None, fits, greedy, sd)
             if not POLICIES[fam_of[run]].exact or POLICIES[fam_of[run]].reference:
                 row["rouge"] = _rouge_rows({p: runs[run][p] for p in sweep_ids}, sd, refs)
             row["chosen"] = chosen.get(fam_of[run]) == run
             sweep.append(row)
         out["modes"][mode.name] = {"sampling": vars(mode.sampling(cfg.max_new_tokens)), "chosen": chosen,
                                    "table": table, "sweep": sweep}
-    out["goals"] = goals(cfg, out)
+    out["goals"] = goals(cfg, out, idx)
     fixed_head = next((s.fixed.get("head") for s in cfg.policies if s.family == "sprinter"), None)
     out["theorem7"] = sprinter_theorem7(records, cfg.modes, fixed_head, cfg.labels_dir)
     return out
@@ -140,31 +154,36 @@ def _find(mode: dict | None, family: str, run: str | None = None) -> dict | None
     return None
 
 
-def goals(cfg: EvalConfig, summary: dict) -> list[dict]:
-    """The goals of ``cfg.goals``: target, measured value, met or missed and by how much."""
+def goals(cfg: EvalConfig, summary: dict, idx: dict | None = None) -> list[dict]:
+    """The goals of ``cfg.goals``: target, measured value, met or missed and by how much, and the paired bootstrap
+    95 % interval over prompts with whether all of it clears the target (``interval_clears``)."""
     targets = cfg.goals
     modes = summary["modes"]
     greedy = next((m.name for m in cfg.modes if m.temperature == 0 and m.name in modes), None)
     primary = next((m.name for m in cfg.modes if m.name in modes), None)
     out = []
 
-    def goal(name, mode, value, target, detail, higher=True):
+    def goal(name, mode, value, target, detail, higher=True, interval=None):
         if value is None or (isinstance(value, float) and math.isnan(value)):
             out.append({"goal": name, "mode": mode, "target": target, "value": None, "met": None,
-                        "margin": None, "detail": detail or "not measured"})
+                        "margin": None, "interval": None, "interval_clears": None, "detail": detail or "not measured"})
             return
         margin = value - target if higher else target - value
+        clears = None if interval is None else (interval[0] >= target if higher else interval[1] <= target)
         out.append({"goal": name, "mode": mode, "target": target, "value": value, "met": margin >= 0,
-                    "margin": margin, "detail": detail})
+                    "margin": margin, "interval": interval, "interval_clears": clears, "detail": detail})
 
     g = modes.get(greedy) if greedy else None
     sd = _find(g, "sd")
     k = sd["params"]["k"] if sd else None
     hf = _find(g, HF_FAMILY, f"{HF_FAMILY}[k={k}]") if k is not None else None
+    runs = idx or {}
     goal("our SD ≥ HF assisted at the same K (greedy): tokens/s ratio", greedy,
          sd["tokens_per_s"] / hf["tokens_per_s"] if sd and hf else None, targets.sd_vs_hf,
          f"K={k}: ours {sd['tokens_per_s']:.2f} tok/s vs HF {hf['tokens_per_s']:.2f} tok/s" if sd and hf
-         else "needs a greedy mode with SD and the HF peer at K")
+         else "needs a greedy mode with SD and the HF peer at K",
+         interval=_ratio_interval(runs.get((greedy, sd["run"]), {}), runs.get((greedy, hf["run"]))) if sd and hf
+         else None)
     p = modes.get(primary)
     sd_p = _find(p, "sd")
 
@@ -177,17 +196,30 @@ def goals(cfg: EvalConfig, summary: dict) -> list[dict]:
 
     spp = _find(p, "specdecpp")
     goal(f"SpecDec++ ≥ {targets.specdecpp_vs_sd:.2f}× best fixed-K SD (tokens/s)", primary,
-         spp["speedup_vs_sd"] if spp else None, targets.specdecpp_vs_sd, why(spp))
+         spp["speedup_vs_sd"] if spp else None, targets.specdecpp_vs_sd, why(spp),
+         interval=spp.get("speedup_vs_sd_ci") if spp else None)
     spr = _find(p, "sprinter")
     goal(f"SPRINTER ≥ {targets.sprinter_vs_sd:g}× SD (tokens/s)", primary, spr["speedup_vs_sd"] if spr else None,
-         targets.sprinter_vs_sd, why(spr))
+         targets.sprinter_vs_sd, why(spr), interval=spr.get("speedup_vs_sd_ci") if spr else None)
     drop = (sd_p["pass_at_1"] - spr["pass_at_1"]) if spr and sd_p and spr["pass_at_1"] is not None \
         and sd_p["pass_at_1"] is not None else None
     goal(f"SPRINTER pass@1 within {targets.sprinter_pass_drop * 100:g} points of SD (drop)", primary, drop,
          targets.sprinter_pass_drop,
          f"SD {sd_p['pass_at_1']:.3f}, SPRINTER {spr['pass_at_1']:.3f}" if drop is not None
-         else "needs HumanEval prompts", higher=False)
+         else "needs HumanEval prompts", higher=False,
+         interval=_drop_interval(runs.get((primary, sd_p["run"])), runs.get((primary, spr["run"])))
+         if drop is not None else None)
     return out
+
+
+def _drop_interval(sd: dict[int, dict] | None, other: dict[int, dict] | None) -> list[float] | None:
+    """The bootstrap 95 % interval of SD's pass@1 minus another run's, paired by prompt."""
+    ids = sorted(i for i in set(sd or {}) & set(other or {})
+                 if sd[i]["passed"] is not None and other[i]["passed"] is not None)
+    if len(ids) < 2:
+        return None
+    iv = mean_interval([float(sd[i]["passed"]) - float(other[i]["passed"]) for i in ids])
+    return [iv.low, iv.high]
 
 
 def write_report(out: Path, cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict:

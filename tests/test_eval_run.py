@@ -58,6 +58,16 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
         counts[(r["mode"], r["run"])] = counts.get((r["mode"], r["run"]), 0) + 1
     assert counts[("sample", "sd[k=3]")] == 4 and counts[("sample", "sd[k=6]")] == 2
     assert counts[("sample", "target_only")] == 4 and ("greedy", "draft_only") not in counts
+    # every ratio goal and table row carries its paired bootstrap interval, and the goal says whether it clears
+    sd_row = next(r for r in rep["modes"]["sample"]["table"] if r["family"] == "sd")
+    low, high = sd_row["speedup_vs_target_ci"]
+    assert low <= sd_row["speedup_vs_target"] <= high
+    for g in rep["goals"]:
+        if g["value"] is not None:
+            lo, hi = g["interval"]
+            assert lo <= g["value"] <= hi + 1e-12
+            assert g["interval_clears"] == (lo >= g["target"] if "drop" not in g["goal"] else hi <= g["target"])
+    assert "| 95 % interval |" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
     assert "## Goals" in md and "SPRINTER ≥ 1.6× SD" in md and "| `sd[k=3]` |" in md
     goals = {g["goal"]: g for g in rep["goals"]}
