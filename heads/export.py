@@ -11,8 +11,8 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}
     metrics:    validation (and test) metrics of the exported weights
-    weights_sha256: digest of the tensors (``weights_digest``); a file whose weights no longer match it is refused
-                (files exported before it existed load without the check)
+    weights_sha256: digest of the tensors (``weights_digest``); a file without it, or whose weights no longer match
+                it, is refused, and so are non-finite weights
 
 Loading never unpickles: ``safe_open`` reads the header and the raw tensors. ``check_model`` compares a head with a
 loaded transformers draft (hidden size, vocabulary and, where the model tells it, the identity recorded here).
@@ -40,7 +40,7 @@ from heads.registry import HEADS, build_head
 SCHEMA_VERSION = "1"
 META_KEY = "specheads"
 DIGEST_KEYS = ("sha256", "fingerprint", "revision")
-REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics")
+REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics", "weights_sha256")
 
 
 
@@ -188,8 +188,11 @@ def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int |
         head.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise HeadFileError(f"{path}: weights do not fit head {spec}: {e}") from e
-    if "weights_sha256" in meta and weights_digest(state) != meta["weights_sha256"]:
+    if weights_digest(state) != meta["weights_sha256"]:
         raise HeadFileError(f"{path}: the weights do not match the digest recorded at export (the file was modified)")
+    bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise HeadFileError(f"{path}: non-finite weights in {', '.join(bad)}")
     if head.config["hidden_size"] != meta["hidden_size"]:
         raise HeadFileError(f"{path}: head init_args disagree with hidden_size {meta['hidden_size']}")
     return head.eval(), meta

@@ -174,9 +174,12 @@ class LabelDataModule(pl.LightningDataModule):
 
     def rows(self, split: str) -> LabelRows:
         if split not in self.splits:
-            self.splits[split] = LabelRows(self.labels, split, label=self.label, lam=self.lam,
-                                           categories=self.categories,
-                                           feature_column=lm.FEATURE_POSITIONS[self.feature_position].column)
+            rows = LabelRows(self.labels, split, label=self.label, lam=self.lam, categories=self.categories,
+                             feature_column=lm.FEATURE_POSITIONS[self.feature_position].column)
+            if rows.hidden_size != self.hidden_size:
+                raise ValueError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
+                                 f"shards hold features of size {rows.hidden_size}; label again or fix the manifest")
+            self.splits[split] = rows
         return self.splits[split]
 
     def _loader(self, split: str, train: bool) -> DataLoader:

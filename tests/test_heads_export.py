@@ -113,14 +113,27 @@ def test_malformed_metadata_and_weights(tmp_path):
 
 
 def test_weights_edited_after_export_are_refused(tmp_path):
-    """The digest of the tensors recorded at export catches weights changed afterwards (a file exported before the
-    digest existed has none and loads unchecked)."""
+    """The digest of the tensors recorded at export catches weights changed afterwards; a file without the digest,
+    or with non-finite weights under a recomputed digest, is refused too."""
+    from heads.export import weights_digest
+
     src = _export(tmp_path, build_head("sprinter", hidden_size=16))
     assert len(read_metadata(src)["weights_sha256"]) == 64
     with pytest.raises(HeadFileError, match="do not match the digest recorded at export"):
         load_head(_rewrite(tmp_path, src, tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
-    load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m.pop("weights_sha256"),
-                       tensors_edit=lambda t: t["linear.bias"].add_(1e-3)))
+    with pytest.raises(HeadFileError, match="lacks weights_sha256"):
+        load_head(_rewrite(tmp_path, src, meta_edit=lambda m: m.pop("weights_sha256")))
+
+    def nan_weights(meta):  # a hostile edit that keeps the digest consistent
+        from safetensors import safe_open
+
+        with safe_open(str(src), framework="pt") as f:
+            tensors = {k: f.get_tensor(k).fill_(float("nan")) for k in f.keys()}
+        meta["weights_sha256"] = weights_digest(tensors)
+
+    with pytest.raises(HeadFileError, match="non-finite weights in linear"):
+        load_head(_rewrite(tmp_path, src, meta_edit=nan_weights, tensors_edit=lambda t: [v.fill_(float("nan"))
+                                                                                          for v in t.values()]))
 
 
 def test_feature_position_travels_in_the_file(tmp_path):

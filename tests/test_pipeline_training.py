@@ -92,6 +92,19 @@ def test_bad_settings_are_refused(tiny_labels):
         LabelDataModule(str(tiny_labels), label="hard")
 
 
+def test_a_manifest_whose_hidden_size_disagrees_with_the_shards_is_refused(tiny_labels, tmp_path):
+    import json
+    import shutil
+
+    copy = tmp_path / "labels"
+    shutil.copytree(tiny_labels, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["feature"]["hidden_size"] = 896
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="manifest gives hidden size 896, the train shards hold features of size 32"):
+        LabelDataModule(str(copy)).rows("train")
+
+
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_sampler_covers_every_row_once_per_epoch(block_size):
     s = BlockSampler(103, 10, shuffle=True, block_size=block_size)
