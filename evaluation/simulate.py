@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,8 @@ class Trace:
     """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
     hidden_prev: torch.Tensor
     """(L, d) the state that produced q for it (``prev``)."""
+    logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
 
     def __len__(self) -> int:
         return len(self.acceptance)
@@ -176,31 +179,43 @@ def sprinter_counts(accepts: np.ndarray) -> Counts:
 # policies
 
 
+cached_head = functools.lru_cache(maxsize=None)(ExportedHead)
+"""An exported head by file, loaded once per process."""
+
+
+def sd_round_lengths(length: int, k: int) -> np.ndarray:
+    """n(s) of fixed-K SD: K candidates, fewer where the round's target token would not fit."""
+    return np.minimum(k, np.maximum(length - np.arange(length) - 1, 0))
+
+
 def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
-    hidden = trace.hidden if head.position == "own" else trace.hidden_prev
-    scores = draft_scores(head.scores, torch.from_numpy(trace.logp_draft), torch.from_numpy(trace.entropy_draft))
-    with torch.no_grad():
-        out = head.module(hidden.float(), scores) if head.scores else head.module(hidden.float())
-    return out.double().numpy()
+    """The head's logit at every position of the trace (one batched forward, remembered on the trace)."""
+    key = str(head.path)
+    if key not in trace.logits:
+        hidden = trace.hidden if head.position == "own" else trace.hidden_prev
+        scores = draft_scores(head.scores, torch.from_numpy(trace.logp_draft), torch.from_numpy(trace.entropy_draft))
+        with torch.no_grad():
+            out = head.module(hidden.float(), scores) if head.scores else head.module(hidden.float())
+        trace.logits[key] = out.double().numpy()
+    return trace.logits[key]
 
 
 def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
     """Expected counts of one policy (``sd`` k, ``confidence`` threshold, ``svip`` h, ``specdecpp`` head + h,
     ``sprinter`` head + tau, ``oracle``) summed over the traces."""
     total = Counts()
-    heads = {}
     for tr in traces:
         if family == "oracle":
             total += oracle_counts(tr.acceptance)
             continue
         if family == "sd":
-            lengths = np.minimum(params["k"], np.maximum(len(tr) - np.arange(len(tr)) - 1, 0))
+            lengths = sd_round_lengths(len(tr), params["k"])
         elif family == "confidence":
             lengths = round_lengths(np.exp(tr.logp_draft) < params["threshold"], False, max_k)
         elif family == "svip":
             lengths = round_lengths(np.sqrt(np.maximum(tr.entropy_draft, 0)) > params["h"], False, max_k)
         elif family in ("specdecpp", "sprinter"):
-            head = heads.setdefault(params["head"], ExportedHead(params["head"]))
+            head = cached_head(params["head"])
             logits = head_logits(head, tr)
             threshold = params.get("h" if family == "specdecpp" else "tau")
             threshold = head.threshold if threshold is None else threshold
@@ -222,7 +237,7 @@ def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
     grid += [("confidence", {"threshold": t}) for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)]
     grid += [("svip", {"h": h}) for h in (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)]
     for path in heads:
-        role = ExportedHead(path).role
+        role = cached_head(path).role
         family, name = ("specdecpp", "h") if role == "stop" else ("sprinter", "tau")
         grid += [(family, {"head": path, name: v}) for v in (None, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)]
     return grid

@@ -56,7 +56,7 @@ def trace_acceptance():
 def test_expectations_match_a_monte_carlo_replay_and_a_broken_recursion_does_not(trace_acceptance, rule):
     a = trace_acceptance
     if rule == "sd3":
-        lengths = np.minimum(3, np.maximum(len(a) - np.arange(len(a)) - 1, 0))
+        lengths = sim.sd_round_lengths(len(a), 3)
     else:
         lengths = sim.round_lengths(np.random.default_rng(2).random(len(a)) < 0.3, True, 6)
     draws = monte_carlo(a, lengths, reps=4000)
@@ -67,10 +67,10 @@ def test_expectations_match_a_monte_carlo_replay_and_a_broken_recursion_does_not
 def test_every_position_is_produced_once(trace_acceptance):
     """SpecDec++ §3: N_draft + N_target = N + N_discarded, in expectation too."""
     for k in (1, 4, 9):
-        lengths = np.minimum(k, np.maximum(len(trace_acceptance) - np.arange(len(trace_acceptance)) - 1, 0))
+        lengths = sim.sd_round_lengths(len(trace_acceptance), k)
         c = sim.expected_counts(trace_acceptance, lengths)
         assert c.draft + c.target == pytest.approx(c.n + c.discarded)
-    ones = sim.expected_counts(np.ones(12), np.minimum(3, np.maximum(11 - np.arange(12), 0)))
+    ones = sim.expected_counts(np.ones(12), sim.sd_round_lengths(12, 3))
     assert ones.target == 3 and ones.discarded == 0  # rounds of 3 + bonus: 12 tokens in 3 calls
 
 
@@ -89,7 +89,7 @@ def test_the_oracle_is_the_ceiling(trace_acceptance):
     oracle = sim.oracle_counts(trace_acceptance)
     assert oracle.draft + oracle.target == oracle.n and oracle.discarded == 0
     for k in range(1, 10):
-        lengths = np.minimum(k, np.maximum(len(trace_acceptance) - np.arange(len(trace_acceptance)) - 1, 0))
+        lengths = sim.sd_round_lengths(len(trace_acceptance), k)
         counts = sim.expected_counts(trace_acceptance, lengths)
         for c in (0.0, 0.1, 0.5):
             assert counts.speedup(c) <= oracle.speedup(c) + 1e-9
