@@ -15,7 +15,13 @@ from core.sampling import Sampling
 from evaluation.policies import POLICIES
 
 HF_FAMILY = "hf_assisted"
-"""Runs of Hugging Face's ``target.generate(assistant_model=draft)`` (the external peer)."""
+"""Runs of Hugging Face's ``target.generate(assistant_model=draft)`` with its own stop rules (the external peer)."""
+HF_TARGET_ONLY = "hf_target_only"
+"""Runs of the target's own ``generate()`` with no draft."""
+HF_HEAD_FAMILIES = {"stop": "hf_specdecpp", "verifier": "hf_sprinter"}
+"""Runs of ``generate()`` with an exported head (``heads.runtime``), by the head's role."""
+PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
+"""Every run of transformers' ``generate()``: peers, not policies of our decoder."""
 
 
 class EvalError(UserError):
@@ -53,13 +59,14 @@ class Mode:
     top_p: float = 1.0
     """Nucleus sampling mass (1 = off)."""
     families: list[str] | None = None
-    """Policy families (and ``hf_assisted``) run in this mode; None = every configured one."""
+    """Policy families (and peers: ``hf_assisted``, ``hf_target_only``, ``hf_specdecpp``, ``hf_sprinter``) run in
+    this mode; None = every configured one."""
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.families or ()) - set(POLICIES) - {HF_FAMILY})
+        unknown = sorted(set(self.families or ()) - set(POLICIES) - set(PEER_FAMILIES))
         if unknown:
             raise EvalError(f"mode {self.name!r}: unknown families {unknown}; "
-                            f"known: {', '.join(POLICIES)}, {HF_FAMILY}")
+                            f"known: {', '.join([*POLICIES, *PEER_FAMILIES])}")
 
     def sampling(self, max_new_tokens: int) -> Sampling:
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -107,6 +114,12 @@ class HFPeer:
     same_k_as_sd: bool = True
     """One run with a constant schedule of K = the best fixed-K SD's K and no confidence stop (the like-for-like
     comparison of our SD with HF's)."""
+    target_only: bool = False
+    """One run of the target's own ``generate()`` with no draft (``hf_target_only``: the baseline of the runs
+    below)."""
+    heads: list[str] = field(default_factory=list)
+    """Exported heads run inside ``generate()`` by ``heads.runtime``, each with the threshold exported with it: a
+    stop head as ``hf_specdecpp`` (SpecDec++ in transformers' assisted decoding), a verifier as ``hf_sprinter``."""
 
 
 @dataclass
@@ -121,6 +134,12 @@ class Goals:
     """SPRINTER's tokens/s over SD's."""
     sprinter_pass_drop: float = 0.03
     """The most pass@1 SPRINTER may lose against SD."""
+    hf_head_vs_hf: float = 1.05
+    """``generate()`` with our SpecDec++ head over transformers' best own rule (tokens/s), per mode."""
+    runtime_overhead: float = 0.10
+    """The most our decoder may be faster than ``generate()`` with the same head (tokens/s ratio − 1)."""
+    hf_sprinter_vs_target: float = 1.0
+    """``generate()`` with a SPRINTER verifier over the target's own ``generate()`` (tokens/s)."""
 
 
 @dataclass

@@ -1,6 +1,11 @@
-"""The external peer: Hugging Face assisted generation, ``target.generate(input_ids, assistant_model=draft)``.
+"""The external peers: transformers' ``generate()`` on the same prompts and seeds as our decoder.
 
-Settings go where transformers reads them, on ``draft.generation_config`` (``num_assistant_tokens``,
+- ``hf_assisted``: assisted generation, ``target.generate(input_ids, assistant_model=draft)``, with transformers'
+  own stop rules (its defaults, a confidence threshold, a constant K);
+- ``hf_target_only``: ``target.generate(input_ids)``, no draft;
+- ``hf_specdecpp`` / ``hf_sprinter``: an exported head inside ``generate()`` (``heads.runtime.HeadDecoding``).
+
+Assisted-generation settings go where transformers reads them, on ``draft.generation_config`` (``num_assistant_tokens``,
 ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``), and are restored afterwards. Forward
 hooks count the draft's and the target's forward calls, so N_target and N_draft are known; how many drafted
 tokens were discarded is not (HF does not expose it), so those columns stay blank.
@@ -11,12 +16,61 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 from core.sampling import Sampling
+from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
 
 DEFAULTS = "defaults"
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """One ``generate()`` configuration run on every prompt."""
+
+    family: str
+    """``hf_assisted``, ``hf_target_only``, ``hf_specdecpp`` or ``hf_sprinter``."""
+    params: dict = field(default_factory=dict)
+    """What names the run in the report (``run_label``)."""
+    settings: dict = field(default_factory=dict)
+    """Assisted-generation fields set on the draft's generation config for the run."""
+    head: str | None = None
+    """The exported head file (``hf_specdecpp``/``hf_sprinter``)."""
+
+    @property
+    def assisted(self) -> bool:
+        return self.family != HF_TARGET_ONLY
+
+
+def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None) -> list[PeerRun]:
+    """The peer runs of one mode: HF's own rules, HF target-only, and each head, in that order."""
+    runs = []
+    if peer.defaults:
+        runs.append(PeerRun(HF_FAMILY))
+    runs += [PeerRun(HF_FAMILY, {"conf": float(c)}, peer_settings(c, "confidence"))
+             for c in peer.confidence_thresholds]
+    if peer.same_k_as_sd and sd_k is not None:
+        runs.append(PeerRun(HF_FAMILY, {"k": sd_k}, peer_settings(sd_k, "k")))
+    if peer.target_only:
+        runs.append(PeerRun(HF_TARGET_ONLY))
+    runs += head_runs(peer)
+    return [r for r in runs if mode.runs(r.family)]
+
+
+def head_runs(peer: HFPeer) -> list[PeerRun]:
+    """A run per head in ``peer.heads``; a head the runtime cannot run is an ``EvalError``."""
+    from heads.export import feature_position, read_metadata
+
+    runs = []
+    for head in map(str, peer.heads):
+        meta = read_metadata(head)
+        if meta["role"] == "verifier" and feature_position(meta) != "prev":
+            raise EvalError(f"hf_peer.heads: {head} reads the token's own hidden state; the runtime runs SPRINTER "
+                            "with the paper's feature, the previous token's state (name a `prev` head)")
+        runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head}, head=head))
+    return runs
 
 
 @contextmanager
@@ -59,8 +113,14 @@ def peer_settings(variant: str | float | int, kind: str) -> dict:
 
 @torch.no_grad()
 def hf_generate(draft, target, prompt_ids: list[int], sampling: Sampling, eos_token_ids: list[int], seed: int,
-                settings: dict | None = None) -> tuple[list[int], dict]:
-    """One assisted generation: (generated ids, stats with wall_s, new_tokens, target_calls, draft_calls)."""
+                settings: dict | None = None, *, assisted: bool = True, custom_generate=None) -> tuple[list[int], dict]:
+    """One ``generate()`` call: (generated ids, stats with wall_s, new_tokens, target_calls, draft_calls).
+
+    Args:
+        settings: assisted-generation fields for the draft's generation config.
+        assisted: pass the draft as ``assistant_model``; False runs the target alone.
+        custom_generate: a decoding method (``heads.runtime.HeadDecoding``) in place of transformers' own.
+    """
     device = next(target.parameters()).device
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     greedy = sampling.temperature == 0
@@ -75,7 +135,12 @@ def hf_generate(draft, target, prompt_ids: list[int], sampling: Sampling, eos_to
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()
-        out = target.generate(ids, assistant_model=draft, **kw)
+        if custom_generate is not None:
+            out = target.generate(ids, custom_generate=custom_generate, **kw)
+        elif assisted:
+            out = target.generate(ids, assistant_model=draft, **kw)
+        else:
+            out = target.generate(ids, **kw)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - t

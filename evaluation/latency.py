@@ -77,11 +77,11 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
 
 
 def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
-    """The fits an evaluation (``EvalConfig`` ``cfg``) knows: ``fit``, from its own runs (the HF peer left out),
+    """The fits an evaluation (``EvalConfig`` ``cfg``) knows: ``fit``, from its own runs (the peers left out),
     and ``timing``, from the timing file when it names one."""
-    from evaluation.config import HF_FAMILY
+    from evaluation.config import PEER_FAMILIES
 
-    fits = {"fit": fit_records([r for r in records if r["family"] != HF_FAMILY])}
+    fits = {"fit": fit_records([r for r in records if r["family"] not in PEER_FAMILIES])}
     if cfg.timing:
         fits["timing"] = timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
     return fits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluation.config import HF_FAMILY
+from evaluation.config import PEER_FAMILIES
 from evaluation.policies import POLICIES
 
 
@@ -74,7 +74,7 @@ def plot_speedup(summary: dict, path: Path) -> Path:
         rows = [r for r in m["table"] if r["per_prompt_speedup"] and r["per_prompt_speedup"]["n"]]
         xs = range(len(rows))
         ax.bar(xs, [r["per_prompt_speedup"]["mean"] for r in rows], yerr=[r["per_prompt_speedup"]["std"] for r in rows],
-               capsize=3, color=["tab:orange" if r["family"] == HF_FAMILY else "tab:blue" for r in rows])
+               capsize=3, color=["tab:orange" if r["family"] in PEER_FAMILIES else "tab:blue" for r in rows])
         ax.scatter([x for x, r in zip(xs, rows)], [r["speedup_vs_target"] for r in rows], marker="_", color="k",
                    s=200, zorder=3, label="overall tokens/s ratio")
         ax.axhline(1.0, color="k", lw=0.8, ls=":")

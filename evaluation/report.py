@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from evaluation import quality
-from evaluation.config import HF_FAMILY, EvalConfig
+from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
 from evaluation.intervals import mean_interval, speedup_interval
 from evaluation.latency import LatencyFit, latency_fits, selection_fit
 from evaluation.markdown import cell, render_md, training_md
@@ -107,7 +107,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         if not runs:
             continue
         fam_of = {run: next(iter(by.values()))["family"] for run, by in runs.items()}
-        ours = sorted({f for f in fam_of.values() if f != HF_FAMILY}, key=lambda f: _family_order(cfg, f))
+        ours = sorted({f for f in fam_of.values() if f not in PEER_FAMILIES}, key=lambda f: _family_order(cfg, f))
         chosen = choose(records, mode.name, ours, sweep_ids, cfg.select_by, select_fit, cfg.max_pass_drop)
         base = runs.get(chosen.get("target_only", "target_only"))
         base_t = totals(base) if base else None
@@ -120,13 +120,14 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
                 t = totals(runs[chosen[fam]])
                 table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy, sd),
                               **{"rouge": _rouge_rows(runs[t.run], sd, refs)}})
-        for run in sorted(r for r, f in fam_of.items() if f == HF_FAMILY):
+        for run in sorted((r for r, f in fam_of.items() if f in PEER_FAMILIES),
+                          key=lambda r: (PEER_FAMILIES.index(fam_of[r]), r)):
             t = totals(runs[run])
             table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy, sd),
                           "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
         for run in sorted(runs, key=lambda r: _sweep_order(cfg, fam_of[r], next(iter(runs[r].values()))["params"], r)):
-            if fam_of[run] == HF_FAMILY:
+            if fam_of[run] in PEER_FAMILIES:
                 continue
             t = totals(runs[run], sweep_ids)
             if t is None:
@@ -209,7 +210,66 @@ def goals(cfg: EvalConfig, summary: dict, idx: dict | None = None) -> list[dict]
          else "needs HumanEval prompts", higher=False,
          interval=_drop_interval(runs.get((primary, sd_p["run"])), runs.get((primary, spr["run"])))
          if drop is not None else None)
+    for name, m in modes.items():
+        _runtime_goals(cfg, name, m, runs, goal)
     return out
+
+
+def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> None:
+    """The goals of the heads inside transformers' ``generate()`` in one mode, for each head the peer ran."""
+    targets = cfg.goals
+    table = m["table"]
+    own_rules = [r for r in table if r["family"] == HF_FAMILY]
+    best_hf = max(own_rules, key=lambda r: r["tokens_per_s"], default=None)
+    hf_sd = next((r for r in own_rules if "k" in r["params"]), best_hf)
+    hf_base = _find(m, HF_TARGET_ONLY)
+
+    def ratio(a, b):
+        return a["tokens_per_s"] / b["tokens_per_s"] if a and b else None
+
+    def interval(a, b):
+        return _ratio_interval(runs.get((name, a["run"]), {}), runs.get((name, b["run"]))) if a and b else None
+
+    for row in (r for r in table if r["family"] in HF_HEAD_FAMILIES.values()):
+        head = Path(row["params"]["head"]).name
+        if row["family"] == HF_HEAD_FAMILIES["stop"]:
+            goal(f"generate() + SpecDec++ head {head} ≥ {targets.hf_head_vs_hf:.2f}× transformers' best own rule "
+                 "(tokens/s)", name, ratio(row, best_hf), targets.hf_head_vs_hf,
+                 f"vs {best_hf['run']} ({best_hf['tokens_per_s']:.2f} tok/s)" if best_hf else "needs hf_assisted runs",
+                 interval=interval(row, best_hf))
+        else:
+            goal(f"generate() + SPRINTER verifier {head} ≥ {targets.hf_sprinter_vs_target:g}× the target's own "
+                 "generate() (tokens/s)", name, ratio(row, hf_base), targets.hf_sprinter_vs_target,
+                 "" if hf_base else "needs hf_peer.target_only", interval=interval(row, hf_base))
+            passed = row["pass_at_1"] is not None and hf_sd and hf_sd["pass_at_1"] is not None
+            goal(f"generate() + SPRINTER verifier {head}: pass@1 within {targets.sprinter_pass_drop * 100:g} points "
+                 "of transformers' SD (drop)", name, hf_sd["pass_at_1"] - row["pass_at_1"] if passed else None,
+                 targets.sprinter_pass_drop,
+                 f"{hf_sd['run']} {hf_sd['pass_at_1']:.3f}, {row['pass_at_1']:.3f}" if passed else
+                 "needs HumanEval prompts and hf_assisted runs", higher=False,
+                 interval=_drop_interval(runs.get((name, hf_sd["run"])), runs.get((name, row["run"])))
+                 if passed else None)
+        ours = _same_head_run(cfg, name, row, runs)
+        goal(f"runtime overhead of {head}: our decoder's tokens/s over generate()'s − 1, same head and threshold",
+             name, ratio(ours, row) - 1 if ours else None, targets.runtime_overhead,
+             f"{ours['run']} {ours['tokens_per_s']:.2f} tok/s vs {row['tokens_per_s']:.2f} tok/s" if ours else
+             "needs our decoder's run of the same head at its exported threshold", higher=False,
+             interval=[lo - 1 for lo in interval(ours, row)] if ours and interval(ours, row) else None)
+
+
+def _same_head_run(cfg: EvalConfig, mode: str, peer: dict, runs: dict) -> dict | None:
+    """Our decoder's run (as a report row, with tokens/s) of the head a peer row ran, at the exported threshold."""
+    family = "specdecpp" if peer["family"] == HF_HEAD_FAMILIES["stop"] else "sprinter"
+    threshold = "h" if family == "specdecpp" else "tau"
+    fixed = next((s.fixed for s in cfg.policies if s.family == family), {})
+    for (m, run), by_prompt in runs.items():
+        first = next(iter(by_prompt.values()))
+        params = first["params"]
+        if m == mode and first["family"] == family and params.get(threshold) is None \
+                and str(params.get("head", fixed.get("head"))) == peer["params"]["head"]:
+            t = totals(by_prompt)
+            return {"run": run, "tokens_per_s": t.tokens_per_s}
+    return None
 
 
 def _drop_interval(sd: dict[int, dict] | None, other: dict[int, dict] | None) -> list[float] | None:

@@ -6,7 +6,8 @@ Per mode (a sampling setting):
    ``sweep_prompts`` prompts;
 2. each family's setting is chosen (``evaluation.summary.choose``: lowest latency per token, measured or by
    Eq. 5.1) and, when the sweep used fewer prompts, finished on every prompt;
-3. the HF peer runs with its defaults, with each confidence threshold, and with a constant K = SD's chosen K.
+3. the peers run (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
+   threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it.
 
 Each (mode, run, prompt) is one line in ``results.jsonl`` written as soon as it finishes, so an interrupted
 evaluation resumes where it stopped. Every policy decodes a prompt with the same seed (common random numbers).
@@ -27,7 +28,7 @@ import torch
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.sampling import Sampling, prompt_generator, prompt_seed
 from evaluation import quality
-from evaluation.config import HF_FAMILY, EvalConfig, EvalError, Mode, resolve_device, resolve_dtype
+from evaluation.config import EvalConfig, EvalError, Mode, resolve_device, resolve_dtype
 from evaluation.latency import latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.summary import best_k, choose
@@ -47,7 +48,7 @@ class Engine:
     build_policy: Callable[..., Any]
     """``evaluation.policies.build_policy``."""
     hf_generate: Callable[..., tuple[list[int], dict]] | None = None
-    """``(prompt_ids, sampling, seed, settings) → (tokens, stats)``; None = no peer."""
+    """``(prompt_ids, sampling, seed, run: PeerRun) → (tokens, stats)``; None = no peer."""
     check_head: Callable[[str], None] | None = None
     """Refuses a head file that is damaged or was not trained for the loaded draft; None = no check."""
 
@@ -58,6 +59,7 @@ class Engine:
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
         from heads.exported import ExportedHead
+        from heads.runtime import HeadDecoding
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -71,11 +73,20 @@ class Engine:
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
+        decodings: dict[str, HeadDecoding] = {}  # a head loaded and checked once, not per prompt
+
+        def peer(ids, sampling, seed, run):
+            if run.head is not None and run.head not in decodings:
+                decodings[run.head] = HeadDecoding(run.head, draft)
+            decoding = decodings[run.head] if run.head is not None else None
+            return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
+                               custom_generate=decoding)
+
         return cls(
             tokenizer=t_tok,
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
             build_policy=build_policy,
-            hf_generate=lambda ids, s, seed, settings: hf_generate(draft, target, ids, s, eos, seed, settings),
+            hf_generate=peer,
             check_head=lambda path: ExportedHead(path).check(draft),
         )
 
@@ -179,21 +190,24 @@ class Runner:
             self.store.add(self._record(mode, family, params, p, list(map(int, res.tokens)), _stats_dict(res.stats)))
         self._log(mode, label, len(todo), t0)
 
-    def peer(self, mode: Mode, sampling: Sampling, params: dict, settings: dict) -> None:
-        label = run_label(HF_FAMILY, params)
+    def peer(self, mode: Mode, sampling: Sampling, run) -> None:
+        """One ``evaluation.hf_peer.PeerRun`` on every prompt."""
+        label = run_label(run.family, run.params)
         todo = self._todo(mode, label, [p["prompt"] for p in self.prompts])
         t0 = time.perf_counter()
         for p in todo:
             tokens, stats = self.engine.hf_generate(self._ids[p["prompt"]], sampling,
-                                                    prompt_seed(self.cfg.seed, p["prompt"]), settings)
-            self.store.add(self._record(mode, HF_FAMILY, params, p, list(map(int, tokens)), stats))
+                                                    prompt_seed(self.cfg.seed, p["prompt"]), run)
+            self.store.add(self._record(mode, run.family, run.params, p, list(map(int, tokens)), stats))
         self._log(mode, label, len(todo), t0)
 
 
 def head_files(cfg: EvalConfig) -> list[str]:
-    """Every head file the config names, fixed or swept, once each; a missing one is an ``EvalError``."""
+    """Every head file the config names, fixed, swept or run by the peer, once each; a missing one is an
+    ``EvalError``."""
     paths = [(p.family, p.fixed[k]) for p in cfg.policies for k in HEAD_KWARGS if k in p.fixed]
     paths += [(p.family, h) for p in cfg.policies for k in HEAD_KWARGS for h in p.grid.get(k, [])]
+    paths += [("hf_peer", h) for h in cfg.hf_peer.heads] if cfg.hf_peer.enabled else []
     for family, path in paths:
         if not Path(path).is_file():
             raise EvalError(f"{family}: head file {path} not found (run `make train` first)")
@@ -202,7 +216,7 @@ def head_files(cfg: EvalConfig) -> list[str]:
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
     """Run (or resume) the evaluation and write the report; return the output folder."""
-    from evaluation.hf_peer import DEFAULTS, peer_settings
+    from evaluation.hf_peer import head_runs, peer_runs
     from evaluation.report import write_report
 
     out = _prepare_output(cfg)
@@ -213,6 +227,8 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
         for path in heads:
             engine.check_head(path)
+    if cfg.hf_peer.enabled:
+        head_runs(cfg.hf_peer)
     runner = Runner(cfg, engine, prompts, store, quiet)
     all_ids = [p["prompt"] for p in prompts]
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
@@ -231,14 +247,8 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
                 params = next(r["params"] for r in store.records()
                               if r["mode"] == mode.name and r["run"] == chosen[s.family])
                 runner.policy(mode, pair, s.family, s.fixed, params, all_ids)
-        peer = cfg.hf_peer
-        if peer.enabled and engine.hf_generate is not None and mode.runs(HF_FAMILY):
-            if peer.defaults:
-                runner.peer(mode, sampling, {}, peer_settings(None, DEFAULTS))
-            for c in peer.confidence_thresholds:
-                runner.peer(mode, sampling, {"conf": float(c)}, peer_settings(c, "confidence"))
-            k = best_k(chosen, store.records(), mode.name)
-            if peer.same_k_as_sd and k is not None:
-                runner.peer(mode, sampling, {"k": k}, peer_settings(k, "k"))
+        if cfg.hf_peer.enabled and engine.hf_generate is not None:
+            for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name)):
+                runner.peer(mode, sampling, run)
     write_report(out, cfg, store.records(), prompts)
     return out

@@ -68,11 +68,13 @@ def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bo
             raise KeyboardInterrupt("simulated interrupt")
         return FakePolicy(name, calls, **kw)
 
-    def hf_generate(ids, sampling, seed, settings):
-        calls.append(("hf", dict(settings), tuple(ids)))
+    seconds_per_token = {"hf_target_only": 0.05, "hf_specdecpp": 0.025, "hf_sprinter": 0.02}
+
+    def hf_generate(ids, sampling, seed, run):
+        calls.append(("hf", run.family, dict(run.settings), tuple(ids)))
         n = sampling.max_new_tokens
-        return [3] * n, {"wall_s": 0.03 * n, "new_tokens": n, "target_calls": n // 2, "draft_calls": n,
-                         "discarded": None, "accepted_lengths": None}
+        return [3] * n, {"wall_s": seconds_per_token.get(run.family, 0.03) * n, "new_tokens": n,
+                         "target_calls": n // 2, "draft_calls": n, "discarded": None, "accepted_lengths": None}
 
     return Engine(tokenizer=FakeTokenizer(), make_pair=lambda s: FakePair(s), build_policy=build,
                   hf_generate=hf_generate if hf else None)

@@ -255,3 +255,55 @@ def test_every_head_is_checked_before_the_first_run(tmp_path):
     with pytest.raises(HeadFileError, match="trained for draft 'another'"):
         run_eval(cfg, engine, quiet=True)
     assert checked == [a, b, other] and calls == []  # nothing decoded before the bad head was found
+
+
+def _peer_heads(tmp_path, verifier_position: str = "prev") -> tuple[str, str]:
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+    from heads.sprinter import SprinterHead
+
+    stop = export_head(ResNetHead(hidden_size=2, depth=1), tmp_path / "stop.safetensors", draft=FAKE_DRAFT,
+                       vocab_size=16, label={"kind": "specdecpp"}, role="stop",
+                       threshold={"name": "h", "value": 0.7, "rule": "stop when 1 - prod > h"}, metrics={})
+    verifier = export_head(SprinterHead(hidden_size=2), tmp_path / "verifier.safetensors", draft=FAKE_DRAFT,
+                           vocab_size=16, label={"kind": "sprinter", "lam": 1.5}, role="verifier",
+                           threshold={"name": "tau", "value": 0.5, "rule": "accept when P_hat >= tau"}, metrics={},
+                           position=verifier_position)
+    return str(stop), str(verifier)
+
+
+def test_heads_inside_generate_run_as_peers_with_their_goals(tmp_path):
+    """Each head in ``hf_peer.heads`` runs as ``hf_specdecpp``/``hf_sprinter`` by its role, beside HF target-only,
+    after the policies; the report compares them with transformers' rules and with our decoder on the same head."""
+    stop, verifier = _peer_heads(tmp_path)
+    calls = []
+    cfg = make_cfg(tmp_path, modes=[Mode("sample", 1.0)],
+                   policies=[Sweep("target_only"), Sweep("sd", grid={"k": [3]}),
+                             Sweep("specdecpp", fixed={"head": stop}, grid={"h": [None]}),
+                             Sweep("sprinter", grid={"head": [verifier], "tau": [None]})],
+                   hf_peer=HFPeer(confidence_thresholds=[0.3], target_only=True, heads=[stop, verifier]))
+    out = run_eval(cfg, fake_engine(calls), quiet=True)
+    peers = list(dict.fromkeys(c[1] for c in calls if c[0] == "hf"))
+    assert peers == ["hf_assisted", "hf_target_only", "hf_specdecpp", "hf_sprinter"]
+    rep = json.loads((out / "report.json").read_text())
+    runs = [r["run"] for r in rep["modes"]["sample"]["table"]]
+    assert runs[-3:] == ["hf_target_only", f"hf_specdecpp[head={stop}]", f"hf_sprinter[head={verifier}]"]
+    goals = {g["goal"]: g for g in rep["goals"]}
+    # fakes: HF's best own rule 0.03 s/token, the stop head inside generate() 0.025, HF target-only 0.05
+    best = goals["generate() + SpecDec++ head stop.safetensors ≥ 1.05× transformers' best own rule (tokens/s)"]
+    assert best["value"] == pytest.approx(0.03 / 0.025) and best["met"]
+    fast = goals["generate() + SPRINTER verifier verifier.safetensors ≥ 1× the target's own generate() (tokens/s)"]
+    assert fast["value"] == pytest.approx(0.05 / 0.02)
+    overhead = goals["runtime overhead of stop.safetensors: our decoder's tokens/s over generate()'s − 1, same head "
+                     "and threshold"]
+    assert overhead["value"] is not None and "specdecpp[h=file]" in overhead["detail"]
+    assert "hf_specdecpp" in (out / "report.md").read_text()
+
+
+def test_a_verifier_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_path):
+    _, own = _peer_heads(tmp_path, verifier_position="own")
+    calls = []
+    cfg = make_cfg(tmp_path, hf_peer=HFPeer(heads=[own]))
+    with pytest.raises(EvalError, match="previous token's state"):
+        run_eval(cfg, fake_engine(calls), quiet=True)
+    assert calls == []
