@@ -12,17 +12,19 @@ from pathlib import Path
 
 import torch
 
+from core.cache import file_sha256
+
 IDENTITY_FILE = "identity.json"
 """Written beside a checkpoint converted from a GGUF file (``core.models``): the GGUF's sha256."""
 
 
 def checkpoint_fingerprint(path: str | Path) -> str:
-    """The ``fingerprint`` of a local transformers checkpoint: weight file names and sizes (not gigabytes of
-    contents) and the bytes of ``config.json``."""
+    """The ``fingerprint`` of a local transformers checkpoint: the sha256 of each weight file (remembered by path,
+    size and mtime, so a large model is hashed once) and the bytes of ``config.json``."""
     path = Path(path)
     digest = hashlib.sha256()
     for w in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        digest.update(f"{w.name}:{w.stat().st_size}".encode())
+        digest.update(f"{w.name}:{file_sha256(w)}".encode())
     digest.update((path / "config.json").read_bytes())
     return digest.hexdigest()
 

@@ -21,6 +21,7 @@ import torch
 
 from core import quantization
 from core.errors import UserError
+from core.cache import cache_root, file_sha256
 from core.identity import IDENTITY_FILE, checkpoint_fingerprint
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,6 @@ class ModelSpec:
     @property
     def display_name(self) -> str:
         return self.name or self.packages or self.path
-
-
-def cache_root() -> Path:
-    """Where assembled GGUF files and converted checkpoints live (``$SPECHEADS_CACHE``, else ~/.cache/specheads)."""
-    return Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads"))
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -106,23 +102,6 @@ def assemble_gguf(pattern: str, expected_size: int | None = None) -> Path:
                 shutil.copyfileobj(src, dst, length=16 << 20)
     os.replace(tmp, out)
     return out
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered beside the cache keyed by (path, size, mtime) so big files hash once."""
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    memo = cache_root() / "sha256" / key
-    if memo.exists():
-        return memo.read_text().strip()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(16 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(digest)
-    return digest
 
 
 def _convert_gguf(gguf: Path, digest: str) -> Path:

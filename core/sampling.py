@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.errors import SettingError
+
 
 @dataclass
 class Sampling:
@@ -22,7 +24,8 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
-            raise ValueError(f"bad sampling settings: {self}")
+            raise SettingError(f"bad sampling settings: {self} (need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+                               "max_new_tokens >= 1)")
 
 
 def prompt_seed(seed: int, prompt_id: int) -> int:

@@ -2,10 +2,13 @@
 
 Layout of an output folder (see data_gen/SCHEMA.md for the columns)::
 
-    run.json                  the settings of the run (a resume must match them)
-    train/<batch key>.arrow   one shard per labeled batch
+    run.json                     the settings of the run and the digests of its inputs (a resume must match them)
+    train/<batch key>.arrow      one shard per labeled batch
+    train/<batch key>.arrow.json its row count and sha256, written after the shard: a shard without it, or whose
+                                 bytes no longer match it, is redone by a resumed run
     val/…  test/…
-    manifest.json             written last: its presence means the dataset is complete
+    manifest.json                written last: its presence means the dataset is complete; it lists every shard
+                                 with its rows and sha256, checked whenever the dataset is read
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
+from core.cache import file_sha256
+from core.errors import UserError
 
 SCHEMA_VERSION = 2
 SPLITS = ("train", "val", "test")
@@ -35,7 +40,6 @@ FLOAT_COLUMNS = (
     "read_logp_draft",
     "read_entropy_draft",
 )
-
 
 
 def features(hidden_size: int) -> Features:
@@ -80,7 +84,58 @@ def write_shard(path: Path, cols: dict, hidden_size: int) -> int:
     finally:
         writer.close()
     os.replace(tmp, path)
-    return len(data["prompt_id"])
+    rows = len(data["prompt_id"])
+    write_json(_record_path(path), {"rows": rows, "sha256": file_sha256(path)})
+    return rows
+
+
+class ShardError(UserError):
+    """A label dataset whose shards are missing, damaged or not the ones its manifest lists."""
+
+
+def _record_path(shard: Path) -> Path:
+    return shard.with_name(shard.name + ".json")
+
+
+def shard_problem(shard: Path) -> str | None:
+    """Why a written shard cannot be trusted (no record of it, or bytes that differ from the record), or None."""
+    record = _record_path(shard)
+    if not record.exists():
+        return "no row count and digest recorded for it (an interrupted write)"
+    if file_sha256(shard) != json.loads(record.read_text())["sha256"]:
+        return "its bytes differ from the sha256 recorded when it was written (damaged or edited)"
+    return None
+
+
+def shard_records(out_dir: Path) -> dict[str, dict]:
+    """Every shard of every split, as ``{"train/<key>.arrow": {"rows": …, "sha256": …}}`` (from their records)."""
+    out_dir = Path(out_dir)
+    return {str(p.relative_to(out_dir)): json.loads(_record_path(p).read_text())
+            for split in SPLITS for p in shard_paths(out_dir, split)}
+
+
+def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
+    """What is wrong with the shards against the manifest: each listed shard present with its sha256, no shard
+    that it does not list, each split's row count the sum of its shards'. Empty when all is well."""
+    out_dir = Path(out_dir)
+    listed = manifest.get("shards")
+    if listed is None:
+        return ["the manifest lists no shard digests (written by an older version of data_gen)"]
+    problems = []
+    for name, record in listed.items():
+        path = out_dir / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif file_sha256(path) != record["sha256"]:
+            problems.append(f"{path}: its bytes differ from the sha256 in the manifest (damaged or edited)")
+    on_disk = {str(p.relative_to(out_dir)) for split in SPLITS for p in shard_paths(out_dir, split)}
+    problems += [f"{out_dir / name}: not listed in the manifest" for name in sorted(on_disk - set(listed))]
+    for split, summary in manifest["splits"].items():
+        rows = sum(r["rows"] for name, r in listed.items() if name.startswith(f"{split}/"))
+        if summary["rows"] != rows:
+            problems.append(f"{out_dir / 'manifest.json'}: split {split} has {summary['rows']} rows, its shards "
+                            f"{rows}")
+    return problems
 
 
 def clean_temporaries(out_dir: Path) -> None:
@@ -99,20 +154,26 @@ def load_split(out_dir: str | Path, split: str) -> Dataset:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
     paths = shard_paths(Path(out_dir), split)
     if not paths:
-        raise FileNotFoundError(f"no shards for split {split!r} under {out_dir}")
+        raise ShardError(f"no shards for split {split!r} under {out_dir}")
     return concatenate_datasets([Dataset.from_file(str(p)) for p in paths])
 
 
-def read_manifest(out_dir: str | Path) -> dict:
+def read_manifest(out_dir: str | Path, verify: bool = True) -> dict:
+    """The manifest of a finished dataset; with ``verify``, its shards checked against it (``ShardError``)."""
     path = Path(out_dir) / "manifest.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `make labels` (or the labeling run did not finish)")
+        raise ShardError(f"{path} not found: run `make labels` (or the labeling run did not finish)")
     manifest = json.loads(path.read_text())
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
+        raise ShardError(
             f"{path}: labels of schema version {manifest.get('schema_version')}, this code reads version "
             f"{SCHEMA_VERSION} (see data_gen/SCHEMA.md); label again with `make labels ARGS=\"--overwrite true\"`"
         )
+    problems = verify_shards(Path(out_dir), manifest) if verify else []
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ShardError(f"{problems[0]}{more}; run the labeling command again: it redoes every shard that fails "
+                         "this check")
     return manifest
 
 
@@ -139,7 +200,7 @@ def split_summary(out_dir: Path, split: str) -> dict:
 
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
                    mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
-                   seconds: float) -> dict:
+                   seconds: float, inputs: dict | None = None) -> dict:
     """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
     shards' own counts; return it. ``read_manifest`` reads it back."""
     manifest = {
@@ -162,7 +223,9 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
         "categories": categories,
         "seed": seed,
         "splits": {s: split_summary(out_dir, s) for s in SPLITS},
+        "shards": shard_records(out_dir),
         "settings_sha256": settings_sha256,
+        "inputs": inputs,
         "seconds": seconds,
     }
     write_json(out_dir / "manifest.json", manifest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from core import label_math as lm
 from core import shards
 from core.adapter import HFCausalLM
 from core.errors import UserError
-from core.models import DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model
+from core.models import DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve
 from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.sampling import Sampling
 from data_gen.labeler import Labeler, Prompt
@@ -179,28 +180,60 @@ def _prepare_output(cfg: LabelConfig) -> Path:
     return out
 
 
-def _check_run_settings(out: Path, cfg: LabelConfig) -> None:
-    """Refuse to resume a folder labeled with other settings; start over when asked to."""
+def input_digests(cfg: LabelConfig, table: list[dict]) -> dict:
+    """What the rows are read from, by content: the prompts (after ``limit``; with their responses) and each model
+    (the GGUF's sha256, a local checkpoint's fingerprint of its weights, or a hub revision)."""
+    prompts = json.dumps([[r["text"], r.get("response")] for r in table])
+    out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest()}
+    for role, spec in (("draft", cfg.draft), ("target", cfg.target)):
+        out[role] = {k: v for k, v in resolve(spec)[1].items() if k != "source"}
+    return out
+
+
+def _run_record(cfg: LabelConfig, inputs: dict) -> dict:
+    """``run.json``: the settings, and the digests of the inputs, that a resume must match."""
+    return json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))  # tuples -> lists, as stored
+
+
+def _differences(previous: dict, record: dict) -> list[str]:
+    """The settings, and the inputs, in which ``previous`` (a ``run.json``) differs from ``record``."""
+    changed = sorted(k for k in record if k != "inputs" and previous.get(k) != record[k])
+    old = previous.get("inputs") or {}
+    changed += [f"inputs.{k} (content changed)" for k in record["inputs"] if old and old.get(k) != record["inputs"][k]]
+    if not old:
+        changed.append("inputs (not recorded: labeled before input digests were kept)")
+    return changed
+
+
+def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
+    """Refuse to resume a folder labeled with other settings or from other inputs (unless asked to start over)."""
     run_file = out / "run.json"
-    settings = json.loads(json.dumps(cfg.settings()))  # tuples -> lists, as stored
     if cfg.overwrite:
-        for p in [*out.rglob("*.arrow"), out / "manifest.json", run_file]:
-            p.unlink(missing_ok=True)
-    elif run_file.exists():
-        previous = json.loads(run_file.read_text())
-        if previous != settings:
-            changed = sorted(k for k in settings if previous.get(k) != settings[k])
+        return
+    if run_file.exists():
+        changed = _differences(json.loads(run_file.read_text()), _run_record(cfg, inputs))
+        if changed:
             raise LabelingError(
-                f"{out} holds a labeling run with other settings ({', '.join(changed)}); "
+                f"{out} holds a labeling run with other settings or inputs ({', '.join(changed)}); "
                 "pass --overwrite true or choose another output_dir"
             )
     elif any(out.rglob("*.arrow")):
         raise LabelingError(f"{out} holds shards but no run.json; pass --overwrite true or choose another output_dir")
-    shards.write_json(run_file, settings)
 
 
-def build_records(cfg: LabelConfig, tokenizer, context: int) -> list[dict]:
-    table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+def _start_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
+    """Record the run in ``run.json``, after deleting an earlier run's files when asked to start over."""
+    run_file = out / "run.json"
+    if cfg.overwrite:
+        for p in [*out.rglob("*.arrow"), *out.rglob("*.arrow.json"), out / "manifest.json", run_file]:
+            p.unlink(missing_ok=True)
+    shards.write_json(run_file, _run_record(cfg, inputs))
+
+
+def build_records(cfg: LabelConfig, tokenizer, context: int, table: list[dict] | None = None) -> list[dict]:
+    """Every prompt as a record with its split and SPRINTER category; ``table``: the prompt rows, if read already."""
+    if table is None:
+        table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     splits = split_by_prompt(len(table), cfg.split_fractions, cfg.seed)
     records = []
     for split in shards.SPLITS:
@@ -228,20 +261,22 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     t_start = time.perf_counter()
     out = _prepare_output(cfg)
     shards.clean_temporaries(out)
-    manifest = _finished_run(out, cfg)
+    # cheap checks before loading models: prompts exist, are non-empty, have the field
+    table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+    inputs = input_digests(cfg, table)
+    manifest = _finished_run(out, cfg, inputs, quiet)
     if manifest is None:
-        # cheap checks before loading models: prompts exist, are non-empty, have the field
-        load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
+        _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
         draft, target, tok, models = _load_pair(cfg)
-        records = build_records(cfg, tok, min(context_window(draft), context_window(target)))
-        _check_run_settings(out, cfg)
+        records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
+        _start_run(out, cfg, inputs)
         batches = make_batches(records, cfg.batch_size)
         if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
             return {}  # another rank: rank 0 writes the manifest
         _check_complete(out, batches)
         manifest = shards.write_manifest(
             out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
-            response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling),
+            response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
             mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
             settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
             seconds=round(time.perf_counter() - t_start, 1),
@@ -251,12 +286,30 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     return manifest
 
 
-def _finished_run(out: Path, cfg: LabelConfig) -> dict | None:
-    """The manifest of a finished run with these settings in ``out`` (nothing to do), else None."""
+def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dict | None:
+    """The manifest of a finished run with these settings and inputs in ``out`` (nothing to do), else None. A
+    finished run whose shards fail verification is reopened: its manifest goes, and its damaged shards are
+    redone."""
     if (out / "manifest.json").exists() and not cfg.overwrite and (out / "run.json").exists():
-        if json.loads((out / "run.json").read_text()) == json.loads(json.dumps(cfg.settings())):
-            return shards.read_manifest(out)
+        if not _differences(json.loads((out / "run.json").read_text()), _run_record(cfg, inputs)):
+            manifest = shards.read_manifest(out, verify=False)
+            problems = shards.verify_shards(out, manifest)
+            if not problems:
+                return manifest
+            if not quiet:
+                print(f"{out}: {len(problems)} problem(s) with the shards, first: {problems[0]}; redoing them")
+            (out / "manifest.json").unlink()
     return None
+
+
+def _done(shard: Path) -> bool:
+    """Whether a batch's shard is written and intact; a damaged one is removed, so that it is labeled again."""
+    if not shard.exists():
+        return False
+    if shards.shard_problem(shard) is None:
+        return True
+    shard.unlink(missing_ok=True)  # every rank checks the same list
+    return False
 
 
 def _load_pair(cfg: LabelConfig):
@@ -270,7 +323,7 @@ def _load_pair(cfg: LabelConfig):
 def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict, batches: list[dict],
                    callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
-    todo = [b for b in batches if not (out / f"{b['key']}.arrow").exists()]
+    todo = [b for b in batches if not _done(out / f"{b['key']}.arrow")]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     module = LabelingModule(
         draft,
@@ -302,7 +355,15 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
         # every rank labels every world_size-th remaining batch (the list is the same on all ranks)
         rank, world = trainer.global_rank, trainer.world_size
         loader = torch.utils.data.DataLoader(BatchList(todo[rank::world]), batch_size=None, collate_fn=lambda b: b)
-        trainer.predict(module, loader, return_predictions=False)
+        try:
+            trainer.predict(module, loader, return_predictions=False)
+        except SystemExit:
+            if not trainer.interrupted:
+                raise
+            # Lightning answers Ctrl-C with exit status 1 and leaves SIGINT ignored
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise LabelingInterrupted("stopped by Ctrl-C; every finished batch is kept: run the same command again "
+                                      "to resume") from None
         trainer.strategy.barrier()
     return trainer.global_rank == 0
 

@@ -118,8 +118,10 @@ class HFPeer:
     """One run of the target's own ``generate()`` with no draft (``hf_target_only``: the baseline of the runs
     below)."""
     heads: list[str] = field(default_factory=list)
-    """Exported heads run inside ``generate()`` by ``heads.runtime``, each with the threshold exported with it: a
-    stop head as ``hf_specdecpp`` (SpecDec++ in transformers' assisted decoding), a verifier as ``hf_sprinter``."""
+    """Exported heads run inside ``generate()`` by ``heads.runtime``: a stop head as ``hf_specdecpp`` (SpecDec++ in
+    transformers' assisted decoding), a verifier as ``hf_sprinter``."""
+    thresholds: dict[str, float] = field(default_factory=dict)
+    """A head's threshold (h of a stop head, τ of a verifier) by file, in place of the one exported with it."""
 
 
 @dataclass

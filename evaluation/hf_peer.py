@@ -24,6 +24,8 @@ from core.sampling import Sampling
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
 
 DEFAULTS = "defaults"
+THRESHOLD_KEYS = {"stop": "h", "verifier": "tau"}
+"""The name of a head's threshold by role, as our decoder's policies (``specdecpp``, ``sprinter``) take it."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class PeerRun:
     """Assisted-generation fields set on the draft's generation config for the run."""
     head: str | None = None
     """The exported head file (``hf_specdecpp``/``hf_sprinter``)."""
+    threshold: float | None = None
+    """The head's h or τ; None: the one exported with it."""
 
     @property
     def assisted(self) -> bool:
@@ -69,7 +73,13 @@ def head_runs(peer: HFPeer) -> list[PeerRun]:
         if meta["role"] == "verifier" and feature_position(meta) != "prev":
             raise EvalError(f"hf_peer.heads: {head} reads the token's own hidden state; the runtime runs SPRINTER "
                             "with the paper's feature, the previous token's state (name a `prev` head)")
-        runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head}, head=head))
+        threshold = peer.thresholds.get(head)
+        key = THRESHOLD_KEYS[meta["role"]]
+        runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head, key: threshold}, head=head,
+                            threshold=threshold))
+    unknown = sorted(set(map(str, peer.thresholds)) - set(map(str, peer.heads)))
+    if unknown:
+        raise EvalError(f"hf_peer.thresholds names heads that hf_peer.heads does not list: {', '.join(unknown)}")
     return runs
 
 

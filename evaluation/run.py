@@ -73,12 +73,13 @@ class Engine:
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
-        decodings: dict[str, HeadDecoding] = {}  # a head loaded and checked once, not per prompt
+        decodings: dict[tuple, HeadDecoding] = {}  # a head loaded and checked once, not per prompt
 
         def peer(ids, sampling, seed, run):
-            if run.head is not None and run.head not in decodings:
-                decodings[run.head] = HeadDecoding(run.head, draft)
-            decoding = decodings[run.head] if run.head is not None else None
+            key = (run.head, run.threshold)
+            if run.head is not None and key not in decodings:
+                decodings[key] = HeadDecoding(run.head, draft, threshold=run.threshold)
+            decoding = decodings[key] if run.head is not None else None
             return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
                                custom_generate=decoding)
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from core.errors import SettingError
 from core.label_math import entropy
 
 LOGP_FLOOR = -20.0
@@ -38,9 +39,9 @@ def check_scores(names: Sequence[str]) -> list[str]:
     names = list(names)
     unknown = [n for n in names if n not in SCORES]
     if unknown:
-        raise ValueError(f"unknown draft scores {unknown}; known: {', '.join(SCORES)}")
+        raise SettingError(f"unknown draft scores {unknown}; known: {', '.join(SCORES)}")
     if len(set(names)) != len(names):
-        raise ValueError(f"draft scores repeat a name: {names}")
+        raise SettingError(f"draft scores repeat a name: {names}")
     return names
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.errors import SettingError
 from heads.features import add_scores, score_term
 from heads.registry import register
 
@@ -37,9 +38,9 @@ class ResNetHead(nn.Module):
         """
         super().__init__()
         if hidden_size < 1:
-            raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+            raise SettingError(f"hidden_size must be positive, got {hidden_size}")
         if not 0 <= depth <= 4:
-            raise ValueError(f"depth must be in 0..4, got {depth}")
+            raise SettingError(f"depth must be in 0..4, got {depth}")
         self.score_term = score_term(scores)
         self.scores = self.score_term.names if self.score_term else []
         self.config = {"hidden_size": hidden_size, "depth": depth, "scores": self.scores}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.errors import SettingError
 from heads.features import add_scores, score_term
 from heads.registry import register
 
@@ -22,7 +23,7 @@ class SprinterHead(nn.Module):
         """
         super().__init__()
         if hidden_size < 1:
-            raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+            raise SettingError(f"hidden_size must be positive, got {hidden_size}")
         self.linear = nn.Linear(hidden_size, 1)
         self.score_term = score_term(scores)
         self.scores = self.score_term.names if self.score_term else []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
+from core.errors import UserError
 import heads  # noqa: F401  (registers the head types, so short class names resolve)
 from pipeline.data import LabelDataModule
 from pipeline.module import HeadModule
@@ -44,4 +46,9 @@ class HeadCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True) -> HeadCLI:
-    return HeadCLI(args=args, run=run)
+    """The CLI; an error of the user's making (a setting, a label folder) ends it with one line and status 2."""
+    try:
+        return HeadCLI(args=args, run=run)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from core import label_math as lm
+from core.errors import SettingError
 from core.shards import load_split, read_manifest
 
 SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "read_logp_draft", "read_entropy_draft")
@@ -35,8 +36,8 @@ class LabelRows(Dataset):
         mask &= np.isin(cats, categories)
         self.index = np.flatnonzero(mask)  # row numbers in the Arrow table, ascending
         if not len(self.index):
-            raise ValueError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
-                             f"(label {label!r}); label more prompts or choose other categories")
+            raise SettingError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
+                               f"(label {label!r}); label more prompts or choose other categories")
         hidden: pa.ChunkedArray = table.column(feature_column)
         self.hidden_size = hidden.type.list_size
         # one (rows, d) float16 numpy view per Arrow chunk: zero-copy into the memory map, nothing loaded yet
@@ -145,14 +146,14 @@ class LabelDataModule(pl.LightningDataModule):
         """
         super().__init__()
         if label not in ("soft", "sprinter"):
-            raise ValueError(f"label must be 'soft' or 'sprinter', got {label!r}")
+            raise SettingError(f"label must be 'soft' or 'sprinter', got {label!r}")
         if lam <= 0:
-            raise ValueError(f"lam must be positive, got {lam}")
+            raise SettingError(f"lam must be positive, got {lam}")
         unknown = sorted(set(categories or ()) - set(lm.ROW_CATEGORIES))
         if unknown:
-            raise ValueError(f"unknown categories {unknown}; known: {', '.join(lm.ROW_CATEGORIES)}")
+            raise SettingError(f"unknown categories {unknown}; known: {', '.join(lm.ROW_CATEGORIES)}")
         if feature_position not in lm.FEATURE_POSITIONS:
-            raise ValueError(f"feature_position must be one of {', '.join(lm.FEATURE_POSITIONS)}, "
+            raise SettingError(f"feature_position must be one of {', '.join(lm.FEATURE_POSITIONS)}, "
                              f"got {feature_position!r}")
         self.save_hyperparameters()
         self.labels, self.label, self.lam = labels, label, lam
@@ -177,7 +178,7 @@ class LabelDataModule(pl.LightningDataModule):
             rows = LabelRows(self.labels, split, label=self.label, lam=self.lam, categories=self.categories,
                              feature_column=lm.FEATURE_POSITIONS[self.feature_position].column)
             if rows.hidden_size != self.hidden_size:
-                raise ValueError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
+                raise SettingError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
                                  f"shards hold features of size {rows.hidden_size}; label again or fix the manifest")
             self.splits[split] = rows
         return self.splits[split]

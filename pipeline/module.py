@@ -6,6 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from core.errors import SettingError
 from heads.features import draft_scores
 from pipeline.loss import weighted_bce
 from pipeline.metrics import SplitMetrics
@@ -32,7 +33,7 @@ class HeadModule(pl.LightningModule):
         """
         super().__init__()
         if w_acc <= 0 or w_rej <= 0:
-            raise ValueError(f"w_acc and w_rej must be positive, got {w_acc}, {w_rej}")
+            raise SettingError(f"w_acc and w_rej must be positive, got {w_acc}, {w_rej}")
         self.save_hyperparameters(ignore=["head"])
         self.head = head
         self.w_acc, self.w_rej, self.lr, self.weight_decay = w_acc, w_rej, lr, weight_decay
@@ -55,7 +56,8 @@ class HeadModule(pl.LightningModule):
         if split in EVAL_SPLITS:
             self.metrics[f"{split}_metrics"].update(batch, logits.detach(), self.threshold)
         n = len(logits)
-        self.log(f"{split}/loss", loss, prog_bar=split != "test", on_step=False, on_epoch=True, batch_size=n)
+        self.log(f"{split}/loss", loss, prog_bar=split != "test", on_step=False, on_epoch=True, batch_size=n,
+                 sync_dist=True)  # under DDP: the mean over every rank's rows, which checkpointing monitors
         return loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -76,7 +78,8 @@ class HeadModule(pl.LightningModule):
         if m.kl.update_count == 0:
             return
         values = m.compute()
-        self.log_dict({f"{split}/{k}": v for k, v in values.items()})
+        # equal on every rank (torchmetrics syncs its states); sync_dist only says so to Lightning
+        self.log_dict({f"{split}/{k}": v for k, v in values.items()}, sync_dist=True)
         m.reset()
 
     def on_validation_epoch_end(self) -> None:

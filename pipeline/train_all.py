@@ -23,6 +23,7 @@ import torch
 from sklearn.metrics import roc_curve
 
 from heads.export import export_head
+from core.errors import UserError
 from pipeline.cli import HeadCLI
 from pipeline.metrics import BASELINES
 
@@ -210,6 +211,6 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
 if __name__ == "__main__":
     try:
         main()
-    except FileNotFoundError as e:  # no labels yet: one line, not a traceback
+    except UserError as e:  # the user's to fix (no labels yet, a bad setting): one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -88,7 +88,7 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
     from datasets import List
 
-    from core.shards import SCHEMA_VERSION, features, write_json, write_shard
+    from core.shards import SCHEMA_VERSION, features, shard_records, write_json, write_shard
 
     n = len(rows)
     cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),
@@ -99,7 +99,8 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     write_shard(folder / "test" / "draft-0000.arrow", cols, hidden_size=2)
     write_json(folder / "manifest.json", {"schema_version": SCHEMA_VERSION, "models": {"draft": draft},
                                           "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                                                       "max_new_tokens": 8}})
+                                                       "max_new_tokens": 8},
+                                          "splits": {"test": {"rows": n}}, "shards": shard_records(folder)})
     return folder
 
 
@@ -224,7 +225,8 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu") and resolve_device("cuda:1") == torch.device("cuda:1")
 
 
-@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml", "configs/eval/sampling.yaml"])
+@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml", "configs/eval/sampling.yaml",
+                                  "configs/eval/runtime.yaml"])
 def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
@@ -279,15 +281,17 @@ def test_heads_inside_generate_run_as_peers_with_their_goals(tmp_path):
     calls = []
     cfg = make_cfg(tmp_path, modes=[Mode("sample", 1.0)],
                    policies=[Sweep("target_only"), Sweep("sd", grid={"k": [3]}),
-                             Sweep("specdecpp", fixed={"head": stop}, grid={"h": [None]}),
+                             Sweep("specdecpp", fixed={"head": stop}, grid={"h": [0.9]}),
                              Sweep("sprinter", grid={"head": [verifier], "tau": [None]})],
-                   hf_peer=HFPeer(confidence_thresholds=[0.3], target_only=True, heads=[stop, verifier]))
+                   hf_peer=HFPeer(confidence_thresholds=[0.3], target_only=True, heads=[stop, verifier],
+                                  thresholds={stop: 0.9}))
     out = run_eval(cfg, fake_engine(calls), quiet=True)
     peers = list(dict.fromkeys(c[1] for c in calls if c[0] == "hf"))
     assert peers == ["hf_assisted", "hf_target_only", "hf_specdecpp", "hf_sprinter"]
     rep = json.loads((out / "report.json").read_text())
     runs = [r["run"] for r in rep["modes"]["sample"]["table"]]
-    assert runs[-3:] == ["hf_target_only", f"hf_specdecpp[head={stop}]", f"hf_sprinter[head={verifier}]"]
+    assert runs[-3:] == ["hf_target_only", f"hf_specdecpp[head={stop},h=0.9]",
+                         f"hf_sprinter[head={verifier},tau=file]"]
     goals = {g["goal"]: g for g in rep["goals"]}
     # fakes: HF's best own rule 0.03 s/token, the stop head inside generate() 0.025, HF target-only 0.05
     best = goals["generate() + SpecDec++ head stop.safetensors ≥ 1.05× transformers' best own rule (tokens/s)"]
@@ -296,14 +300,16 @@ def test_heads_inside_generate_run_as_peers_with_their_goals(tmp_path):
     assert fast["value"] == pytest.approx(0.05 / 0.02)
     overhead = goals["runtime overhead of stop.safetensors: our decoder's tokens/s over generate()'s − 1, same head "
                      "and threshold"]
-    assert overhead["value"] is not None and "specdecpp[h=file]" in overhead["detail"]
+    assert overhead["value"] is not None and "specdecpp[h=0.9]" in overhead["detail"]
     assert "hf_specdecpp" in (out / "report.md").read_text()
 
 
-def test_a_verifier_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_path):
-    _, own = _peer_heads(tmp_path, verifier_position="own")
+def test_a_peer_head_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_path):
+    stop, own = _peer_heads(tmp_path, verifier_position="own")
     calls = []
-    cfg = make_cfg(tmp_path, hf_peer=HFPeer(heads=[own]))
     with pytest.raises(EvalError, match="previous token's state"):
-        run_eval(cfg, fake_engine(calls), quiet=True)
+        run_eval(make_cfg(tmp_path, hf_peer=HFPeer(heads=[own])), fake_engine(calls), quiet=True)
+    with pytest.raises(EvalError, match="thresholds names heads that hf_peer.heads does not list"):
+        run_eval(make_cfg(tmp_path, hf_peer=HFPeer(heads=[stop], thresholds={own: 0.5})), fake_engine(calls),
+                 quiet=True)
     assert calls == []

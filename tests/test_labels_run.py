@@ -184,7 +184,9 @@ def test_ctrl_c_stops_cleanly_and_resumes(label_config, tmp_path):
             if trainer.predict_loop.batch_progress.current.completed >= 3:
                 raise KeyboardInterrupt
 
-    with pytest.raises((RuntimeError, SystemExit)):
+    from data_gen.run import LabelingInterrupted
+
+    with pytest.raises(LabelingInterrupted, match="run the same command again"):
         run_labels(label_config(), callbacks=[CtrlC()], quiet=True)
     out = tmp_path / "labels"
     assert not (out / "manifest.json").exists()

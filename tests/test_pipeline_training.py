@@ -105,6 +105,34 @@ def test_a_manifest_whose_hidden_size_disagrees_with_the_shards_is_refused(tiny_
         LabelDataModule(str(copy)).rows("train")
 
 
+@pytest.mark.parametrize("extra,message", [
+    (["--data.lam", "0"], "lam must be positive, got 0.0"),
+    (["--model.w_rej", "-1"], "w_acc and w_rej must be positive, got 1.0, -1.0"),
+    (["--model.head.init_args.depth", "-1"], "depth must be in 0..4, got -1"),
+    (["--data.labels", "ORIGINAL_ONLY"], "split has no draft-token rows of the categories ['target', 'token_mixed']"),
+    (["--data.labels", "nowhere"], "nowhere/manifest.json not found: run `make labels`"),
+])
+def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path, capsys, extra, message):
+    from data_gen import tiny
+    from data_gen.run import run_labels
+    from pipeline.cli import main
+
+    if "ORIGINAL_ONLY" in extra:  # labels of `original` prompts only: no rows for the SpecDec++ head
+        draft, target = tiny.make_pair(tmp_path / "models")
+        prompts = tiny.write_prompts(tmp_path / "prompts.jsonl", n=8)
+        extra = ["--data.labels", str(tmp_path / "labels")]
+        run_labels(tiny.label_config(draft, target, prompts, tmp_path / "labels", max_new_tokens=4,
+                                     categories=["original"]), quiet=True)
+    config = CONFIGS[0].parent / "specdecpp_d3_w6.yaml"
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(config), "--data.labels", str(tiny_labels), "--trainer.max_epochs", "1",
+              "--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt"),
+              "--trainer.enable_progress_bar", "false", *extra])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and err[-1].startswith("error: ") and message in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_sampler_covers_every_row_once_per_epoch(block_size):
     s = BlockSampler(103, 10, shuffle=True, block_size=block_size)

@@ -364,11 +364,11 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
 
 def test_a_head_for_another_draft_is_refused(models, heads, tiny_pair, tmp_path):
     draft, target = models
-    # another checkpoint directory of the same sizes (a fingerprint hashes weight file sizes and config.json, so
-    # the tiny target, a same-shape copy, would not do)
-    other = {"name": "other-draft", "source": "dir:other", "fingerprint": "0" * 64}
+    # the tiny target: the same config and file sizes as the draft, other weights (the fingerprint hashes them)
+    other = _identity(tiny_pair[1])
+    assert (tiny_pair[0] / "config.json").read_bytes() == (tiny_pair[1] / "config.json").read_bytes()
     path = _export(tmp_path / "other.safetensors", ResNetHead(hidden_size=32, depth=1), "stop", 0.5, other)
-    with pytest.raises(HeadFileError, match=r"trained for draft 'other-draft' \(fingerprint 0000"):
+    with pytest.raises(HeadFileError, match=rf"trained for draft 'target' \(fingerprint {other['fingerprint'][:8]}"):
         HeadDecoding(path, draft)
     path = _export(tmp_path / "small.safetensors", ResNetHead(hidden_size=16, depth=1), "stop", 0.5,
                    _identity(tiny_pair[0]))
