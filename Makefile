@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
+.PHONY: help install labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ install: $(STAMP) ## create .venv and install the project
 
 labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sampling.max_new_tokens 32" to override)
 	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
+
+LABELS ?= runs/labels/humaneval
+audit: $(MODELS) ## recompute random label rows with plain unbatched forwards and compare every column (LABELS=<folder> ARGS="--rows 50")
+	$(PY) -m data_gen.audit $(LABELS) $(ARGS)
 
 smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min); outputs under runs/smoke
 	$(PY) -m scripts.smoke

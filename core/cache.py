@@ -13,17 +13,21 @@ def cache_root() -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered beside the cache keyed by (path, size, mtime) so big files hash once."""
+    """sha256 of a file, remembered in the cache keyed by its path, inode, size, mtime and ctime (a rewrite changes
+    the ctime even when it keeps the size and restores the mtime), so that big files are hashed once."""
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    memo = cache_root() / "sha256" / key
-    if memo.exists():
-        return memo.read_text().strip()
+    key = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    memo = cache_root() / "sha256" / hashlib.sha256(key.encode()).hexdigest()[:24]
+    remembered = memo.read_text().strip() if memo.exists() else ""
+    if len(remembered) == 64:
+        return remembered
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(16 << 20), b""):
             h.update(chunk)
     digest = h.hexdigest()
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(digest)
+    tmp = memo.with_name(f".{memo.name}.tmp{os.getpid()}")  # processes hashing the same file at once
+    tmp.write_text(digest)
+    os.replace(tmp, memo)
     return digest

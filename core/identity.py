@@ -19,13 +19,12 @@ IDENTITY_FILE = "identity.json"
 
 
 def checkpoint_fingerprint(path: str | Path) -> str:
-    """The ``fingerprint`` of a local transformers checkpoint: the sha256 of each weight file (remembered by path,
-    size and mtime, so a large model is hashed once) and the bytes of ``config.json``."""
-    path = Path(path)
+    """The ``fingerprint`` of a local transformers checkpoint: the name and sha256 of every file in its folder
+    (weights, config, tokenizer, generation config; remembered by ``file_sha256``, so a large model is hashed
+    once)."""
     digest = hashlib.sha256()
-    for w in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        digest.update(f"{w.name}:{file_sha256(w)}".encode())
-    digest.update((path / "config.json").read_bytes())
+    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
+        digest.update(f"{f.name}:{file_sha256(f)}".encode())
     return digest.hexdigest()
 
 

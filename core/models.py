@@ -197,6 +197,24 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
     return model, tok, identity
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when present, else the CPU; any other name as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX: half the weight
+    traffic of float32, about 2x faster decoding on a memory-bound CPU), float32 on other CPUs (where bf16 is
+    emulated and slower)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return "bfloat16"
+    return "float32"
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
     ids = model.generation_config.eos_token_id

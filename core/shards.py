@@ -6,6 +6,8 @@ Layout of an output folder (see data_gen/SCHEMA.md for the columns)::
     train/<batch key>.arrow      one shard per labeled batch
     train/<batch key>.arrow.json its row count and sha256, written after the shard: a shard without it, or whose
                                  bytes no longer match it, is redone by a resumed run
+    train/sequences/<batch key>.arrow  (and .json) the token sequences the batch's rows were read from, one row per
+                                 prompt, written before the batch's shard
     val/…  test/…
     manifest.json                written last: its presence means the dataset is complete; it lists every shard
                                  with its rows and sha256, checked whenever the dataset is read
@@ -89,6 +91,42 @@ def write_shard(path: Path, cols: dict, hidden_size: int) -> int:
     return rows
 
 
+SEQUENCE_FEATURES = Features({
+    "prompt_id": Value("int64"),
+    "category": Value("string"),
+    "prompt_ids": List(Value("int32")),
+    "response_ids": List(Value("int32")),
+    "mixed_ids": List(Value("int32")),
+})
+"""A batch's token sequences (``data_gen.labeler.sequences``)."""
+
+
+def sequences_path(shard: Path) -> Path:
+    """Where the token sequences of a batch's shard ``<split>/<key>.arrow`` live."""
+    return shard.parent / "sequences" / shard.name
+
+
+def write_sequences(path: Path, seqs: dict[str, list]) -> int:
+    """Write a batch's token sequences atomically, with their record; return the prompt count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    writer = ArrowWriter(features=SEQUENCE_FEATURES, path=str(tmp))
+    try:
+        writer.write_batch({k: seqs[k] for k in SEQUENCE_FEATURES})
+        writer.finalize()
+    finally:
+        writer.close()
+    os.replace(tmp, path)
+    write_json(_record_path(path), {"rows": len(seqs["prompt_id"]), "sha256": file_sha256(path)})
+    return len(seqs["prompt_id"])
+
+
+def load_sequences(out_dir: str | Path) -> Dataset | None:
+    """Every stored token sequence of a dataset (all splits), or None for a dataset labeled without them."""
+    paths = sorted(Path(out_dir).glob("*/sequences/*.arrow"))
+    return concatenate_datasets([Dataset.from_file(str(p)) for p in paths]) if paths else None
+
+
 class ShardError(UserError):
     """A label dataset whose shards are missing, damaged or not the ones its manifest lists."""
 
@@ -107,11 +145,21 @@ def shard_problem(shard: Path) -> str | None:
     return None
 
 
-def shard_records(out_dir: Path) -> dict[str, dict]:
-    """Every shard of every split, as ``{"train/<key>.arrow": {"rows": …, "sha256": …}}`` (from their records)."""
+def _all_shards(out_dir: Path) -> list[Path]:
+    """Every Arrow file of a dataset: the rows' shards and the sequences'."""
+    return sorted(p for split in SPLITS for p in (Path(out_dir) / split).rglob("*.arrow"))
+
+
+def shard_records(out_dir: Path, keys: list[str] | None = None) -> dict[str, dict]:
+    """The shards of the batches ``keys`` (``train/<key>``; None: every shard on disk) and their sequences, as
+    ``{"train/<key>.arrow": {"rows": …, "sha256": …}}``, from the records written with them."""
     out_dir = Path(out_dir)
-    return {str(p.relative_to(out_dir)): json.loads(_record_path(p).read_text())
-            for split in SPLITS for p in shard_paths(out_dir, split)}
+    if keys is None:
+        paths = _all_shards(out_dir)
+    else:
+        batches = [out_dir / f"{key}.arrow" for key in keys]
+        paths = sorted([*batches, *(s for s in map(sequences_path, batches) if s.exists())])
+    return {p.relative_to(out_dir).as_posix(): json.loads(_record_path(p).read_text()) for p in paths}
 
 
 def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
@@ -128,10 +176,10 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
             problems.append(f"{path}: missing")
         elif file_sha256(path) != record["sha256"]:
             problems.append(f"{path}: its bytes differ from the sha256 in the manifest (damaged or edited)")
-    on_disk = {str(p.relative_to(out_dir)) for split in SPLITS for p in shard_paths(out_dir, split)}
+    on_disk = {p.relative_to(out_dir).as_posix() for p in _all_shards(out_dir)}
     problems += [f"{out_dir / name}: not listed in the manifest" for name in sorted(on_disk - set(listed))]
-    for split, summary in manifest["splits"].items():
-        rows = sum(r["rows"] for name, r in listed.items() if name.startswith(f"{split}/"))
+    for split, summary in manifest.get("splits", {}).items():
+        rows = sum(r["rows"] for name, r in listed.items() if Path(name).parent == Path(split))
         if summary["rows"] != rows:
             problems.append(f"{out_dir / 'manifest.json'}: split {split} has {summary['rows']} rows, its shards "
                             f"{rows}")
@@ -200,7 +248,7 @@ def split_summary(out_dir: Path, split: str) -> dict:
 
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
                    mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
-                   seconds: float, inputs: dict | None = None) -> dict:
+                   seconds: float, inputs: dict | None = None, keys: list[str] | None = None) -> dict:
     """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
     shards' own counts; return it. ``read_manifest`` reads it back."""
     manifest = {
@@ -223,7 +271,7 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
         "categories": categories,
         "seed": seed,
         "splits": {s: split_summary(out_dir, s) for s in SPLITS},
-        "shards": shard_records(out_dir),
+        "shards": shard_records(out_dir, keys),
         "settings_sha256": settings_sha256,
         "inputs": inputs,
         "seconds": seconds,

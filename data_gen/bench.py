@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     n_prompts = ns.pop("bench_prompts")
     try:
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
-        draft, _, _ = load_model(cfg.draft, cfg.dtype)
-        target, tok, _ = load_model(cfg.target, cfg.dtype)
+        draft, _, _ = load_model(cfg.draft, cfg.model_dtype)
+        target, tok, _ = load_model(cfg.target, cfg.model_dtype)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = defaultdict(lambda: [0, 0.0, 0, 0.0])  # category -> gen tokens, gen s, labeled rows, label s
     torch.manual_seed(cfg.seed)
     print(f"timing {len(records)} prompts in {len(batches)} batches of <= {cfg.batch_size}, "
-          f"max_new_tokens={cfg.sampling.max_new_tokens}, {device}, {cfg.dtype}")
+          f"max_new_tokens={cfg.sampling.max_new_tokens}, {device}, {cfg.model_dtype}")
     for b in batches:
         cat = b["prompts"][0].category
         sync()

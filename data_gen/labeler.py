@@ -43,6 +43,27 @@ class Prompt:
 U_X, U_Y, U_MIX, U_C = range(4)
 """Rows of a prompt's uniforms (``Labeler.label``)."""
 
+SEQUENCES = "sequences"
+"""The key of a labeled batch's token sequences (``sequences``) beside its row columns."""
+
+
+def sequences(prompts: list["Prompt"], response: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+              mixed: torch.Tensor | None = None) -> dict[str, list]:
+    """What every row of a batch was read from, one entry per prompt: the prompt's ids, its ``response`` (the
+    target's X, a dataset answer, or the draft's own completion Z for ``draft`` prompts) and the token-mixed Z
+    (``target`` and ``interleaved`` prompts), each cut to its ``valid`` tokens. A row at ``position`` of category
+    ``original`` reads prompt[:position]; ``draft`` and ``target`` read (prompt + response)[:position];
+    ``interleaved`` reads (prompt + mixed)[:position]; ``token_mixed`` is labeled at (prompt + response)[:position]
+    and read at (prompt + mixed)[:position] (``data_gen/SCHEMA.md``)."""
+    def cut(t):
+        if t is None:
+            return [[] for _ in prompts]
+        return [t[b][valid[b]].tolist() for b in range(len(prompts))]
+
+    return {"prompt_id": [p.prompt_id for p in prompts], "category": [p.category for p in prompts],
+            "prompt_ids": [list(p.input_ids) for p in prompts], "response_ids": cut(response),
+            "mixed_ids": cut(mixed)}
+
 
 def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
@@ -132,8 +153,8 @@ class Labeler:
         y = lm.sample_from_logprobs(logq, u[:, U_Y, :m].flip(-1))
         feats = self._candidate_pass(cache, mask, y, a, pos.gather(1, a))
         stats = lm.token_stats(logq, logp, y)
-        return self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid,
-                          a - (width - lens).unsqueeze(1))
+        rows = self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid, a - (width - lens).unsqueeze(1))
+        return {**rows, SEQUENCES: sequences(prompts)}
 
     # --------------------------------------------------------------- response
     def _generate(self, model: CausalLM, ids, mask, u):
@@ -190,8 +211,9 @@ class Labeler:
         h_t, _ = self.target.forward(seq, full_mask, pos, None)
         logp = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
         stats = lm.token_stats(logq, logp, z)
-        return self._rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
+        rows = self._rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
                           self._offsets(mask, n))
+        return {**rows, SEQUENCES: sequences(prompts, z, valid)}
 
     def _label_response(self, prompts, ids, mask, u, category):
         """``target`` or ``interleaved`` rows, and the ``token_mixed`` rows of the same prompts."""
@@ -236,7 +258,7 @@ class Labeler:
             feats = self._candidate_pass(cache, full_mask, c, a, resp_pos)
             stats = lm.token_stats(logq_z, logp_z, c)
             rows.append(self._rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets))
-        return concat_rows(rows)
+        return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z)}
 
     @staticmethod
     def _offsets(mask, n):

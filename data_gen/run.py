@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ from core import label_math as lm
 from core import shards
 from core.adapter import HFCausalLM
 from core.errors import UserError
-from core.models import DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve
+from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve,
+                         resolve_dtype)
 from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.sampling import Sampling
-from data_gen.labeler import Labeler, Prompt
+from data_gen.labeler import SEQUENCES, Labeler, Prompt
 
 
 class LabelingError(UserError):
@@ -67,7 +69,9 @@ class LabelConfig:
     seed: int = 0
     """Seed of every random draw (splits, categories, samples)."""
     dtype: str = "float32"
-    """Model dtype: float32, bfloat16 or float16."""
+    """Model dtype: float32, bfloat16, float16, or ``auto``, resolved as the evaluation resolves it
+    (``core.models.resolve_dtype``: bfloat16 on CUDA and on CPUs with native bf16, else float32), so that labels,
+    heads and decoding read features of one precision."""
     accelerator: str = "auto"
     """Lightning accelerator: auto (CUDA when present, else CPU), cpu, gpu."""
     devices: int | str = "auto"
@@ -85,8 +89,14 @@ class LabelConfig:
             raise LabelingError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
         if self.batch_size < 1:
             raise LabelingError(f"batch_size must be positive, got {self.batch_size}")
-        if self.dtype not in DTYPES:
-            raise LabelingError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.dtype not in DTYPES and self.dtype != "auto":
+            raise LabelingError(f"unknown dtype {self.dtype!r}; choose auto or one of {sorted(DTYPES)}")
+
+    @property
+    def model_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved for the device the run labels on."""
+        gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+        return resolve_dtype(self.dtype, torch.device("cuda" if gpu else "cpu"))
 
     def settings(self) -> dict:
         """What a resume must match (everything that changes the rows, the shards' schema included)."""
@@ -95,6 +105,7 @@ class LabelConfig:
             d.pop(k)
         for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)
             model.pop("gguf_sha256")
+        d["dtype"] = self.model_dtype
         return {"schema_version": shards.SCHEMA_VERSION, **d}
 
 
@@ -142,14 +153,27 @@ class LabelingModule(pl.LightningModule):
 
 
 class ShardWriter(BasePredictionWriter):
-    """Writes each batch's rows as one shard, atomically, as soon as the batch is labeled."""
+    """Writes each batch's rows as one shard, atomically, as soon as the batch is labeled.
+
+    A rank started by another process (Lightning's DDP launcher) stops before its next batch once that process is
+    gone, so that no orphaned rank labels on, and writes shards, after the run was killed."""
 
     def __init__(self, out_dir: Path, hidden_size: int):
         super().__init__(write_interval="batch")
         self.out_dir, self.hidden_size = out_dir, hidden_size
+        self._launcher: int | None = None
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._launcher = os.getppid() if trainer.global_rank > 0 else None
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self._launcher is not None and os.getppid() != self._launcher:
+            raise SystemExit(f"rank {trainer.global_rank}: the process that launched this run is gone; stopping")
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
-        shards.write_shard(self.out_dir / f"{prediction['key']}.arrow", prediction["cols"], self.hidden_size)
+        shard = self.out_dir / f"{prediction['key']}.arrow"
+        shards.write_sequences(shards.sequences_path(shard), prediction["cols"][SEQUENCES])
+        shards.write_shard(shard, prediction["cols"], self.hidden_size)  # last: the batch is done
 
 
 class LabelProgress(TQDMProgressBar):
@@ -181,9 +205,11 @@ def _prepare_output(cfg: LabelConfig) -> Path:
 
 
 def input_digests(cfg: LabelConfig, table: list[dict]) -> dict:
-    """What the rows are read from, by content: the prompts (after ``limit``; with their responses) and each model
+    """What the rows are read from, by content: the prompts (after ``limit``; with the answers a ``dataset`` run
+    teacher-forces) and each model
     (the GGUF's sha256, a local checkpoint's fingerprint of its weights, or a hub revision)."""
-    prompts = json.dumps([[r["text"], r.get("response")] for r in table])
+    answers = cfg.response_source == "dataset"  # the reference answers are read only then
+    prompts = json.dumps([[r["text"], r.get("response") if answers else None] for r in table])
     out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest()}
     for role, spec in (("draft", cfg.draft), ("target", cfg.target)):
         out[role] = {k: v for k, v in resolve(spec)[1].items() if k != "source"}
@@ -277,6 +303,7 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
         manifest = shards.write_manifest(
             out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
             response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
+            keys=[b["key"] for b in batches],
             mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
             settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
             seconds=round(time.perf_counter() - t_start, 1),
@@ -298,24 +325,29 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
                 return manifest
             if not quiet:
                 print(f"{out}: {len(problems)} problem(s) with the shards, first: {problems[0]}; redoing them")
-            (out / "manifest.json").unlink()
+            (out / "manifest.json").unlink(missing_ok=True)
     return None
 
 
 def _done(shard: Path) -> bool:
-    """Whether a batch's shard is written and intact; a damaged one is removed, so that it is labeled again."""
+    """Whether a batch's shard and its sequences are written and intact; a damaged shard is removed, so that the
+    batch is labeled again."""
     if not shard.exists():
         return False
-    if shards.shard_problem(shard) is None:
-        return True
+    seqs = shards.sequences_path(shard)
+    try:
+        if shards.shard_problem(shard) is None and seqs.exists() and shards.shard_problem(seqs) is None:
+            return True
+    except FileNotFoundError:  # another rank removed it first
+        return False
     shard.unlink(missing_ok=True)  # every rank checks the same list
     return False
 
 
 def _load_pair(cfg: LabelConfig):
     """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked."""
-    draft, d_tok, d_id = load_model(cfg.draft, cfg.dtype)
-    target, t_tok, t_id = load_model(cfg.target, cfg.dtype)
+    draft, d_tok, d_id = load_model(cfg.draft, cfg.model_dtype)
+    target, t_tok, t_id = load_model(cfg.target, cfg.model_dtype)
     check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
     return draft, target, t_tok, {"draft": d_id, "target": t_id}
 
@@ -357,8 +389,8 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
         loader = torch.utils.data.DataLoader(BatchList(todo[rank::world]), batch_size=None, collate_fn=lambda b: b)
         try:
             trainer.predict(module, loader, return_predictions=False)
-        except SystemExit:
-            if not trainer.interrupted:
+        except SystemExit as e:
+            if not isinstance(e.__context__, KeyboardInterrupt):  # Lightning's exit on Ctrl-C, not another one
                 raise
             # Lightning answers Ctrl-C with exit status 1 and leaves SIGINT ignored
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize
-from evaluation.config import resolve_device, resolve_dtype
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {

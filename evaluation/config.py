@@ -6,10 +6,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from core.errors import UserError
-from core.models import ModelSpec
+from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
 from evaluation.policies import POLICIES
@@ -26,24 +24,6 @@ PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
 
 class EvalError(UserError):
     """An evaluation setting or input that cannot be used."""
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when present, else the CPU; any other name as given."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto``: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX: half the weight
-    traffic of float32, about 2x faster decoding on a memory-bound CPU), float32 on other CPUs (where bf16 is
-    emulated and slower)."""
-    if name != "auto":
-        return name
-    if device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return "bfloat16"
-    return "float32"
 
 
 @dataclass

@@ -75,6 +75,8 @@ def head_runs(peer: HFPeer) -> list[PeerRun]:
                             "with the paper's feature, the previous token's state (name a `prev` head)")
         threshold = peer.thresholds.get(head)
         key = THRESHOLD_KEYS[meta["role"]]
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise EvalError(f"hf_peer.thresholds: {key} of {head} must be in [0, 1], got {threshold}")
         runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head, key: threshold}, head=head,
                             threshold=threshold))
     unknown = sorted(set(map(str, peer.thresholds)) - set(map(str, peer.heads)))

@@ -221,7 +221,8 @@ def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> Non
     table = m["table"]
     own_rules = [r for r in table if r["family"] == HF_FAMILY]
     best_hf = max(own_rules, key=lambda r: r["tokens_per_s"], default=None)
-    hf_sd = next((r for r in own_rules if "k" in r["params"]), best_hf)
+    # transformers' SD: its constant-K run when there is one, else its defaults
+    hf_sd = ([r for r in own_rules if "k" in r["params"]] or [r for r in own_rules if not r["params"]] or [None])[0]
     hf_base = _find(m, HF_TARGET_ONLY)
 
     def ratio(a, b):

@@ -25,10 +25,11 @@ from typing import Any, Callable
 
 import torch
 
+from core.models import resolve_device, resolve_dtype
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.sampling import Sampling, prompt_generator, prompt_seed
 from evaluation import quality
-from evaluation.config import EvalConfig, EvalError, Mode, resolve_device, resolve_dtype
+from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.summary import best_k, choose

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.shards import SPLITS, load_split
+from core.shards import SPLITS, load_split, read_manifest
 from heads.features import draft_scores
 from heads.exported import ExportedHead
 
@@ -61,6 +61,7 @@ def load_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "test")) -
     """The ``target`` traces of ``splits`` (default the prompts no head trained on), one per prompt."""
     columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
                "hidden", "hidden_prev"]
+    read_manifest(folder)  # the shards are the ones the manifest lists, intact
     traces = []
     for split in splits:
         ds = load_split(folder, split)

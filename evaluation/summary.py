@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
 from evaluation.latency import LatencyFit
 from evaluation.policies import POLICIES
@@ -246,7 +247,7 @@ def sprinter_theorem7(records: list[dict], modes: list, fixed_head: str | None, 
         return {**out, "skipped": "no SPRINTER runs" if not runs else "needs `labels_dir`"}
     try:
         labels = label_tv(labels_dir)
-    except (OSError, ValueError) as e:  # no labels there, or none of the verifier's rows
+    except (OSError, ValueError, UserError) as e:  # no labels there, damaged ones, or none of the verifier's rows
         return {**out, "skipped": str(e)}
     out.update(mean_tv=labels["mean_tv"], tv_rows=labels["rows"])
     label_warp = tuple(labels["sampling"][k] for k in ("temperature", "top_k", "top_p"))

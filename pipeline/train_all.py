@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytorch_lightning as pl
 import torch
 from sklearn.metrics import roc_curve
 
-from heads.export import export_head
 from core.errors import UserError
+from heads.export import export_head
 from pipeline.cli import HeadCLI
 from pipeline.metrics import BASELINES
 
@@ -62,8 +63,11 @@ def _scalars(metrics: dict, split: str) -> dict:
 
 
 def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir: Path | None,
-              extra: list[str] = (), quiet: bool = False, name: str | None = None) -> RunResult:
-    """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None)."""
+              extra: list[str] = (), quiet: bool = False, name: str | None = None) -> RunResult | None:
+    """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None).
+
+    Fitting runs on the devices the flags in ``extra`` ask for (DDP across several); choosing the threshold,
+    testing and exporting run on one device of rank 0, on every held-out row. Other ranks return None."""
     name = name or Path(config).stem
     args = ["--config", config, "--data.labels", labels, "--trainer.default_root_dir", str(out / name),
             "--checkpoint.dirpath", str(checkpoints / name), *extra]
@@ -74,7 +78,13 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
         cli = HeadCLI(args=args, run=False)
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=dm)
+    if trainer.global_rank != 0:
+        return None
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if trainer.world_size > 1:  # held-out passes on one device: whole splits, no gathering
+        device = "gpu" if trainer.strategy.root_device.type == "cuda" else "cpu"
+        trainer = pl.Trainer(accelerator=device, devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=not quiet, enable_model_summary=False)
     if best:
         model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["state_dict"])
     model.eval()
@@ -172,6 +182,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoints", default="checkpoints", help="Lightning checkpoints, one folder per config")
     p.add_argument("--heads-dir", default="checkpoints/heads", help="exported .safetensors heads")
     p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
+    p.add_argument("--accelerator", default=None, help="override trainer.accelerator (cpu, gpu, auto)")
+    p.add_argument("--devices", default=None, help="override trainer.devices (N > 1 fits with DDP)")
+    p.add_argument("--num-nodes", type=int, default=None, help="override trainer.num_nodes")
+    p.add_argument("--strategy", default=None, help="override trainer.strategy (ddp, …)")
     p.add_argument("--sweep", action="store_true", help="SpecDec++ head over D × w_rej instead of --configs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -180,7 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[RunResult]:
     a = parse_args(argv)
     out, ckpt = Path(a.out), Path(a.checkpoints)
-    extra = [] if a.max_epochs is None else ["--trainer.max_epochs", str(a.max_epochs)]
+    flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
+             "num_nodes": a.num_nodes, "strategy": a.strategy}
+    extra = [arg for k, v in flags.items() if v is not None for arg in (f"--trainer.{k}", str(v))]
     if a.quiet:
         logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     if a.sweep:
@@ -193,6 +209,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
     results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n) for c, n, x in runs]
+    if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
+        return []
     report = table(results)
     print(report)
     out.mkdir(parents=True, exist_ok=True)

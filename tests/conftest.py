@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from data_gen.tiny import make_pair, write_prompts
 # something else (a labeling run) holds the cores. Subprocesses started by tests inherit the setting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# Digests of the files tests write are remembered in a cache of the tests' own, not in the user's.
+os.environ.setdefault("SPECHEADS_CACHE", tempfile.mkdtemp(prefix="specheads-tests-"))
 
 
 @pytest.fixture(scope="session")

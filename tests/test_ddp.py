@@ -59,3 +59,19 @@ def test_training_with_two_processes_checkpoints_on_the_validation_loss(tiny_pai
     callbacks = {k: v for k, v in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint")}
     (state,) = callbacks.values()
     assert state["best_model_path"].endswith("best.ckpt") and torch.isfinite(state["best_model_score"])
+
+
+def test_make_train_takes_the_device_flags(tiny_pair, prompt_file, tmp_path):
+    """``train_all --devices 2``: both ranks fit, rank 0 picks the threshold, tests and exports once."""
+    from heads.export import load_head
+
+    labels = tmp_path / "labels"
+    run_labels(tiny.label_config(*tiny_pair, prompt_file, labels, max_new_tokens=6, batch_size=4,
+                                 split_fractions=(0.5, 0.25, 0.25)), quiet=True)
+    proc = _run(["-m", "pipeline.train_all", "--labels", str(labels), "--configs", "configs/train/sprinter_lam1.yaml",
+                 "--out", str(tmp_path / "train"), "--checkpoints", str(tmp_path / "ckpt"),
+                 "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1", "--accelerator", "cpu",
+                 "--devices", "2", "--strategy", "ddp", "--quiet"], tmp_path)
+    _, meta = load_head(tmp_path / "heads" / "sprinter_lam1.safetensors")
+    assert meta["role"] == "verifier" and 0 <= meta["threshold"]["value"] <= 1
+    assert proc.stdout.count("exported ") == 1

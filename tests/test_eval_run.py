@@ -9,10 +9,10 @@ import pytest
 import yaml
 from test_eval_fakes import fake_engine, write_prompt_file
 
-from core.models import ModelSpec
+from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from evaluation.__main__ import parse
-from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep, resolve_device, resolve_dtype
+from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep
 from evaluation.markdown import theorem7_md
 from evaluation.report import write_report
 from evaluation.results import ResultStore
@@ -225,12 +225,12 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu") and resolve_device("cuda:1") == torch.device("cuda:1")
 
 
-@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml", "configs/eval/sampling.yaml",
-                                  "configs/eval/runtime.yaml"])
+@pytest.mark.parametrize("path", ["configs/eval/humaneval.yaml", "configs/eval/quick.yaml",
+                                  "configs/eval/sampling.yaml", "configs/eval/runtime.yaml"])
 def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
-    assert {s.family for s in cfg.policies} >= {"target_only", "sd", "specdecpp", "sprinter", "confidence"}
+    assert {s.family for s in cfg.policies} >= {"target_only", "sd", "specdecpp", "sprinter"}
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
         assert vars(getattr(cfg, role)) == vars(ModelSpec(**labels[role]))

@@ -65,7 +65,9 @@ def test_manifest_lists_every_shard_and_reading_checks_them(own_inputs, tmp_path
     arrows = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.arrow"))
     assert sorted(manifest["shards"]) == arrows
     for split, summary in manifest["splits"].items():
-        assert summary["rows"] == sum(r["rows"] for n, r in manifest["shards"].items() if n.startswith(split))
+        assert summary["rows"] == sum(r["rows"] for n, r in manifest["shards"].items() if n.count("/") == 1
+                                      and n.startswith(f"{split}/"))
+    assert sum(r["rows"] for n, r in manifest["shards"].items() if "/sequences/" in n) == manifest["prompts"]["count"]
     assert read_manifest(out) == manifest
 
     # a deleted shard, a shard the manifest does not list, an edited row count: one error naming the file
@@ -120,3 +122,48 @@ def test_a_shard_without_its_record_counts_as_not_done(own_inputs, tmp_path):
     run_labels(config(), quiet=True)
     assert shard.stat().st_mtime_ns != mtime
     assert all(_rows(out)[s].equals(before[s]) for s in shards.SPLITS)
+
+
+def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix(own_inputs, tmp_path, monkeypatch):
+    from data_gen import audit
+
+    _, _, config = own_inputs
+    run_labels(config(), quiet=True)
+    out = tmp_path / "labels"
+    result = audit.audit(out, rows=40, quiet=True)
+    assert result["ok"], result
+    assert result["columns"]["hidden"]["worst_diff"] < 1e-2 and result["columns"]["acceptance"]["worst_diff"] < 1e-4
+    # a broken reading of the sequences is caught: token_mixed rows labeled at Z<i instead of the clean X<i
+    right = audit.contexts
+
+    def label_at_the_mixed_prefix(row, seq):
+        c = right(row, seq)
+        return audit.Contexts(c.features, c.features, c.token)
+
+    monkeypatch.setattr(audit, "contexts", label_at_the_mixed_prefix)
+    broken = audit.audit(out, rows=40, quiet=True)
+    assert not broken["ok"] and not broken["columns"]["logp_target"]["ok"]
+    assert "token_mixed" in broken["columns"]["logp_target"]["worst_row"]
+    monkeypatch.setattr(audit, "contexts", right)
+    assert audit.main([str(out), "--rows", "5"]) == 0
+    # read as the decoder reads (one token per forward after the prefix): float weights give the same rows
+    assert audit.audit(out, rows=10, access="decoder", quiet=True)["ok"]
+
+
+def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
+    """A DDP rank whose launcher died (it is re-parented) labels no further batch."""
+    import os
+    from types import SimpleNamespace
+
+    from data_gen.run import ShardWriter
+
+    writer = ShardWriter(tmp_path, hidden_size=4)
+    launcher = os.getppid()
+    writer.on_predict_start(SimpleNamespace(global_rank=1), None)
+    writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 0)  # the launcher lives: go on
+    monkeypatch.setattr(os, "getppid", lambda: launcher + 1)
+    with pytest.raises(SystemExit, match="rank 1: the process that launched this run is gone"):
+        writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 1)
+    rank0 = ShardWriter(tmp_path, hidden_size=4)
+    rank0.on_predict_start(SimpleNamespace(global_rank=0), None)
+    rank0.on_predict_batch_start(SimpleNamespace(global_rank=0), None, {}, 1)  # rank 0 is the launcher itself

@@ -1,0 +1,190 @@
+"""Recompute label rows from the dataset alone and compare every column.
+
+    python -m data_gen.audit LABEL_DIR [--rows 200] [--seed 0] [--access plain|decoder]   (make audit LABELS=…)
+
+The labeler reads many prompts at once: left padding, 4D masks that let candidates see only their own prefix, KV
+caches cropped and reused. The audit reads each chosen row the plainest way there is, one unpadded sequence per
+forward with no cache and no mask, from the token sequences stored beside the shards (``sequences/``), with the
+models and settings of ``run.json``, and compares every column. It prints the worst difference of each column and
+exits 1 when one is past its tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from core import label_math as lm
+from core.errors import UserError
+from core.models import ModelSpec, load_model
+from core.sampling import Sampling
+from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths
+
+TOLERANCES = {
+    **{c: 2e-3 for c in FLOAT_COLUMNS},
+    "ratio": 2e-3,  # compared as log q/p: the ratio itself spans many orders of magnitude
+    "hidden": 2e-3,
+    "hidden_prev": 2e-3,
+    "greedy_match": 0.0,
+}
+"""Largest allowed difference per column between the labeled and the recomputed value: |a − b| for the scores
+(float32 kernels on batched and unbatched inputs differ by ~1e-5 in log space), |a − b| / (1 + |b|) for the hidden
+states, stored in float16 (a relative step of 2^-11 ≈ 5e-4)."""
+
+
+@dataclass
+class Contexts:
+    """What one row reads: the label's prefix (both models' distributions), the features' prefix, the token."""
+
+    label: list[int]
+    features: list[int]
+    token: int
+
+
+def contexts(row: dict, seq: dict) -> Contexts:
+    """A row's prefixes from its prompt's stored sequences (``data_gen.labeler.sequences``)."""
+    prompt, response, mixed = seq["prompt_ids"], seq["response_ids"], seq["mixed_ids"]
+    pos, category = int(row["position"]), row["category"]
+    if category == "original":
+        label = features = prompt[:pos]
+    elif category in ("draft", "target"):
+        label = features = (prompt + response)[:pos]
+    elif category == "interleaved":
+        label = features = (prompt + mixed)[:pos]
+    elif category == lm.TOKEN_MIXED:
+        label, features = (prompt + response)[:pos], (prompt + mixed)[:pos]
+    else:
+        raise UserError(f"row of unknown category {category!r}")
+    return Contexts(label, features, int(row["token_id"]))
+
+
+ACCESS = ("plain", "decoder")
+"""How the audit reads a prefix: ``plain``, one forward over the whole unpadded sequence; ``decoder``, as the
+evaluation's decoder reads it, the prefix before the last tokens in one forward, then one token per forward with
+the KV cache. The two agree for float weights; for a dynamically quantized draft, whose activation scale is taken
+over each forward's whole input, ``decoder`` measures how far the labeled features are from what decoding reads."""
+
+
+class Reader:
+    """Reads one unpadded sequence per call: the last positions' normed hidden states and logits."""
+
+    def __init__(self, model, access: str = "plain"):
+        if access not in ACCESS:
+            raise UserError(f"unknown access {access!r}; choose one of {', '.join(ACCESS)}")
+        self.model, self.access = model, access
+
+    @torch.inference_mode()
+    def __call__(self, ids: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.access == "plain" or len(ids) <= last:
+            out = self.model(torch.tensor([ids]), output_hidden_states=True)
+            return out.hidden_states[-1][0, -last:].float(), out.logits[0, -last:].float()
+        cache = self.model(torch.tensor([ids[:-last]]), use_cache=True).past_key_values
+        hidden, logits = [], []
+        for token in ids[-last:]:
+            out = self.model(torch.tensor([[token]]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+            cache = out.past_key_values
+            hidden.append(out.hidden_states[-1][0, -1].float())
+            logits.append(out.logits[0, -1].float())
+        return torch.stack(hidden), torch.stack(logits)
+
+
+def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sampling) -> dict:
+    """Every column of one row, read the plain way."""
+    ctx = contexts(row, seq)
+
+    def warp(logits):
+        return lm.warp_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+
+    token = torch.tensor(ctx.token)
+    _, q_logits = draft(ctx.label, 1)
+    _, p_logits = target(ctx.label, 1)
+    out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(warp(q_logits[0]), warp(p_logits[0]),
+                                                                         token).items()}
+    hidden, logits = draft(ctx.features + [ctx.token], 2)
+    read = warp(logits[0])
+    out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(),
+               read_logp_draft=read[ctx.token].item(), read_entropy_draft=lm.entropy(read).item())
+    return out
+
+
+def differences(row: dict, again: dict) -> dict[str, float]:
+    """Stored against recomputed, per column (``TOLERANCES``'s measure; hidden states: the largest element; the
+    ratio in log space)."""
+    diff = {}
+    for col in TOLERANCES:
+        a, b = np.asarray(row[col], np.float64), np.asarray(again[col], np.float64)
+        if col == "ratio":  # q/p is infinite where p = 0: equal when both are
+            a, b = np.log(np.maximum(a, 1e-30)), np.log(np.maximum(b, 1e-30))
+        scale = 1 + np.abs(b) if col.startswith("hidden") else 1.0
+        diff[col] = 0.0 if np.array_equal(a, b) else float(np.max(np.abs(a - b) / scale))
+    return diff
+
+
+def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "plain", quiet: bool = False) -> dict:
+    """Recompute ``rows`` random rows of every split, reading each prefix as ``access`` says; return each column's
+    worst difference and whether it passes."""
+    folder = Path(folder)
+    read_manifest(folder)  # the shards are the ones the manifest lists
+    seqs = load_sequences(folder)
+    if seqs is None:
+        raise UserError(f"{folder} stores no token sequences (labeled by an older version); label again to audit it")
+    by_prompt = {int(p): i for i, p in enumerate(seqs["prompt_id"])}
+    settings = json.loads((folder / "run.json").read_text())
+    models = []
+    for role in ("draft", "target"):
+        model, _, identity = load_model(ModelSpec(**settings[role]), settings["dtype"])
+        recorded = settings.get("inputs", {}).get(role, {})
+        changed = [k for k, v in recorded.items() if identity.get(k) != v]
+        if changed:
+            raise UserError(f"the {role} at {settings[role]} is not the one {folder} was labeled with "
+                            f"({', '.join(changed)} changed)")
+        models.append(Reader(model, access))
+    sampling = Sampling(**settings["sampling"])
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for split in SPLITS:
+        if not shard_paths(folder, split):
+            continue
+        ds = load_split(folder, split)
+        chosen += [ds[int(i)] for i in rng.choice(len(ds), size=min(rows, len(ds)), replace=False)]
+    worst = {c: (0.0, None) for c in TOLERANCES}
+    for row in tqdm(chosen, desc="audit", disable=quiet):
+        diff = differences(row, recompute(row, seqs[by_prompt[int(row["prompt_id"])]], *models, sampling))
+        for col, d in diff.items():
+            if d > worst[col][0]:
+                worst[col] = (d, f"prompt {row['prompt_id']} {row['category']} position {row['position']}")
+    report = {col: {"worst_diff": d, "tolerance": TOLERANCES[col], "ok": d <= TOLERANCES[col], "worst_row": where}
+              for col, (d, where) in worst.items()}
+    return {"rows": len(chosen), "columns": report, "ok": all(r["ok"] for r in report.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
+    p.add_argument("labels", help="a label folder written by `python -m data_gen`")
+    p.add_argument("--rows", type=int, default=200, help="rows drawn from each split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--access", choices=ACCESS, default="plain",
+                   help="plain: one forward per sequence; decoder: one token per forward after the prefix, as decoding")
+    a = p.parse_args(argv)
+    try:
+        result = audit(a.labels, a.rows, a.seed, a.access)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'column':<20} {'worst diff':>13} {'tolerance':>10}  worst row   (hidden: relative to 1 + |value|)")
+    for col, r in result["columns"].items():
+        flag = "" if r["ok"] else "  PAST TOLERANCE"
+        print(f"{col:<20} {r['worst_diff']:>13.3g} {r['tolerance']:>10.3g}  {r['worst_row'] or '-'}{flag}")
+    print(f"{result['rows']} rows recomputed: {'all columns within tolerance' if result['ok'] else 'MISMATCH'}")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
