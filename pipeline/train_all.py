@@ -22,6 +22,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from sklearn.metrics import roc_curve
+from torchmetrics import Metric
 
 from core.errors import UserError
 from heads.export import export_head
@@ -85,6 +86,9 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
         device = "gpu" if trainer.strategy.root_device.type == "cuda" else "cpu"
         trainer = pl.Trainer(accelerator=device, devices=1, logger=False, enable_checkpointing=False,
                              enable_progress_bar=not quiet, enable_model_summary=False)
+        for metric in (m for m in model.modules() if isinstance(m, Metric)):
+            # the other ranks have moved on (to the next config's fit): this rank's metrics must not wait for them
+            metric.distributed_available_fn = lambda: False
     if best:
         model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["state_dict"])
     model.eval()
