@@ -1,6 +1,6 @@
 """Scale-out on the CPU with gloo: the commands users run, with two processes (Lightning's DDP launcher starts the
-second by running the same command again). Labeling gives the one-process rows; training syncs its validation
-loss across ranks, so both ranks checkpoint and stop on the same numbers."""
+second by running the same command again). Labeling gives the one-process shards byte for byte; `python -m pipeline
+fit` trains and checkpoints on two ranks; `train_all` fits on two ranks and exports once, from rank 0."""
 
 from __future__ import annotations
 
