@@ -29,6 +29,15 @@ def own_inputs(tiny_pair, prompt_file, tmp_path):
     return draft, prompts, config
 
 
+@pytest.fixture
+def labeled(own_inputs, tmp_path):
+    """A finished label folder of the private inputs: (its config, the folder, its rows without the features)."""
+    _, _, config = own_inputs
+    run_labels(config(), quiet=True)
+    out = tmp_path / "labels"
+    return config, out, _rows(out)
+
+
 def _rows(out):
     return {s: shards.load_split(out, s).to_pandas().drop(columns=["hidden", "hidden_prev"]) for s in shards.SPLITS}
 
@@ -91,13 +100,10 @@ def test_manifest_lists_every_shard_and_reading_checks_them(own_inputs, tmp_path
     assert read_manifest(out) == manifest
 
 
-def test_a_truncated_shard_is_named_on_read_and_redone_by_a_rerun(own_inputs, tmp_path):
+def test_a_truncated_shard_is_named_on_read_and_redone_by_a_rerun(labeled):
     from pipeline.data import LabelDataModule
 
-    _, _, config = own_inputs
-    run_labels(config(), quiet=True)
-    out = tmp_path / "labels"
-    before = _rows(out)
+    config, out, before = labeled
     shard = sorted((out / "train").glob("*.arrow"))[1]
     shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(ShardError, match=rf"{shard}: its bytes differ"):
@@ -109,12 +115,9 @@ def test_a_truncated_shard_is_named_on_read_and_redone_by_a_rerun(own_inputs, tm
     read_manifest(out)
 
 
-def test_a_shard_without_its_record_counts_as_not_done(own_inputs, tmp_path):
+def test_a_shard_without_its_record_counts_as_not_done(labeled):
     """A shard written but not recorded (killed between the two writes) is relabeled, not trusted."""
-    _, _, config = own_inputs
-    run_labels(config(), quiet=True)
-    out = tmp_path / "labels"
-    before = _rows(out)
+    config, out, before = labeled
     shard = sorted((out / "val").glob("*.arrow"))[0]
     shard.with_name(shard.name + ".json").unlink()
     (out / "manifest.json").unlink()
