@@ -145,6 +145,19 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
     return out
 
 
+def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
+              repeats: int = 3) -> dict:
+    """The loaded draft and target timed at a decoding run's shapes (prefill of ``prompt_tokens``, one-token
+    steps and a ``verify``-token forward halfway through ``new_tokens``), in this module's JSON layout."""
+    result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,
+              "models": []}
+    for name, model in (("draft", draft), ("target", target)):
+        result["models"].append({"name": name, "precision": str(getattr(model, "dtype", "")),
+                                 **bench_model(model, device, prompt_tokens, [prompt_tokens + new_tokens // 2],
+                                               verify, repeats)})
+    return result
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
     p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",

@@ -143,9 +143,11 @@ class EvalConfig:
     sweep_prompts: int | None = None
     """Sweeps (more than one setting) run on the first this many prompts only; the chosen setting then runs on
     all prompts. None = sweep on every prompt."""
-    select_by: Literal["measured", "predicted"] = "measured"
-    """Choose K, h, τ by measured latency (s/token), or by Eq. 5.1's latency with the fitted (or ``timing``'s)
-    per-forward times."""
+    select_by: Literal["measured", "predicted", "simulated"] = "measured"
+    """Choose K, h, τ by measured latency (s/token) on the sweep prompts, by Eq. 5.1's latency with the fitted
+    (or ``timing``'s) per-forward times, or (``simulated``, exact families in modes sampled like the labels) by the
+    trace simulator over every labeled prompt of ``labels_dir`` (``evaluation.simulate``) at the pair's timed
+    per-forward costs on this device (or ``timing``'s): then only the chosen setting runs."""
     max_pass_drop: float = 0.03
     """Approximate policies (SPRINTER, Fuzzy SD) are chosen among settings whose pass@1 is at most this far below
     the chosen SD's (ignored when pass@1 is unavailable)."""
@@ -192,6 +194,8 @@ class EvalConfig:
         fams = [s.family for s in self.policies]
         if len(set(fams)) != len(fams):
             raise EvalError(f"each family appears once in `policies`, got {fams}")
+        if self.select_by == "simulated" and not self.labels_dir:
+            raise EvalError("select_by: simulated replays the label traces of `labels_dir`; set it")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
 

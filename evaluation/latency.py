@@ -3,6 +3,12 @@
 SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with
 them (or with per-forward times measured on another device by ``bench_timing``) the latency of any run can be
 predicted from its counts alone, so CPU-measured acceptance traces transfer to a GPU.
+
+From timed forwards (``timing_fit``) the model is Eq. 5.1 with the two costs Eq. 5.1 leaves out: a verification
+of n candidates is one target forward of n + 1 tokens, which costs the one-token step plus n times a per-token
+slope (on a CPU the slope is a sizable share of a step; on a GPU it is near 0), and every run pays each model's
+prefill once. Each candidate is verified once, so the slope is charged per draft forward:
+t_draft = draft step + verify slope, t_target = target step, intercepts = prefill − step.
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+FORWARD_TIMING = "forward_timing.json"
+"""The evaluation's timed forwards of its own draft and target on its device (``bench_timing`` JSON layout), in
+its output folder."""
 
 
 @dataclass
@@ -28,10 +38,15 @@ class LatencyFit:
     """Coefficient of determination of the fit over the runs."""
     n_runs: int
     """Runs the fit used."""
+    draft_intercept: float = 0.0
+    """Per-run overhead of runs that use the draft (its prefill beyond one step); 0 in a regression fit, where
+    ``intercept`` absorbs it."""
 
     def predict(self, n_draft, n_target, runs: int | np.ndarray = 1):
-        """Eq. 5.1 (plus ``intercept`` per run)."""
-        return self.t_draft * np.asarray(n_draft) + self.t_target * np.asarray(n_target) + self.intercept * np.asarray(runs)
+        """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted)."""
+        n_draft, runs = np.asarray(n_draft), np.asarray(runs)
+        return self.t_draft * n_draft + self.t_target * np.asarray(n_target) + self.intercept * runs \
+            + self.draft_intercept * runs * (n_draft > 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,12 +83,17 @@ def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | Non
 
 
 def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> LatencyFit:
-    """Per-forward times from a ``bench_timing`` JSON (decode step at the shortest cache length measured); a name
-    is an entry's (its first precision) or ``name@precision``."""
+    """Per-forward costs from a ``bench_timing`` JSON (module docstring): decode steps at the shortest cache length
+    measured, the target's verify slope, and both prefills; a name is an entry's (its first precision) or
+    ``name@precision``."""
     from evaluation.bench_timing import find_entry, step_s
 
-    return LatencyFit(t_draft=step_s(find_entry(timing, draft)), t_target=step_s(find_entry(timing, target)),
-                      intercept=0.0, r2=float("nan"), n_runs=0)
+    d, t = find_entry(timing, draft), find_entry(timing, target)
+    d_step, t_step = step_s(d), step_s(t)
+    verify = t["verify"]
+    slope = max(0.0, (verify["median_s"] - t_step) / (verify["tokens"] - 1)) if verify["tokens"] > 1 else 0.0
+    return LatencyFit(t_draft=d_step + slope, t_target=t_step, intercept=max(0.0, t["prefill"]["median_s"] - t_step),
+                      draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0)
 
 
 def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
@@ -82,11 +102,15 @@ def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
     from evaluation.config import PEER_FAMILIES
 
     fits = {"fit": fit_records([r for r in records if r["family"] not in PEER_FAMILIES])}
+    forwards = Path(cfg.output_dir) / FORWARD_TIMING
+    if forwards.exists():
+        fits["forwards"] = timing_fit(json.loads(forwards.read_text()))
     if cfg.timing:
         fits["timing"] = timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
     return fits
 
 
 def selection_fit(fits: dict[str, LatencyFit | None]) -> LatencyFit | None:
-    """The fit that chooses settings when ``select_by: predicted``: the timing file's, else the runs'."""
-    return fits.get("timing") or fits["fit"]
+    """The fit that chooses settings when ``select_by`` is ``predicted`` or ``simulated``: the timing file's
+    (another device), else the pair's timed forwards on this one, else the runs'."""
+    return fits.get("timing") or fits.get("forwards") or fits["fit"]

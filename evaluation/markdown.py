@@ -18,18 +18,18 @@ def cell(v, fmt=".2f", none="") -> str:
     return format(v, fmt)
 
 
-def with_interval(value, interval) -> str:
-    """``1.50 [1.32, 1.71]``: a ratio with its paired bootstrap interval (the value alone when there is none, or
-    when it is exactly 1: a run against itself)."""
+def with_interval(value, interval, fmt: str = ".2f") -> str:
+    """``1.50 [1.32, 1.71]``: a figure with its bootstrap interval (the value alone when there is none, or when it
+    is a single point: a run against itself)."""
     if value is None or interval is None or interval[0] == interval[1]:
-        return cell(value)
-    return f"{cell(value)} [{interval[0]:.2f}, {interval[1]:.2f}]"
+        return cell(value, fmt)
+    return f"{cell(value, fmt)} [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
 
 
 def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> list[str]:
     cols = ["policy", "tok/s", "× target [95 %]", "× SD [95 %]", "per-prompt × target (mean ± std)", "N_target/N",
-            "N_draft/N", "N_discarded/N", "unused fwd", "mean accepted", "pass@1", "ROUGE-L vs SD",
-            "ROUGE-L vs ref"]
+            "N_draft/N", "N_discarded/N", "unused fwd", "mean accepted", "pass@1", "log p/token [95 %]",
+            "Δ log p vs target [95 %]", "ROUGE-L vs SD", "ROUGE-L vs ref"]
     cols += [f"pred. × target ({n})" for n in fit_names]
     greedy = any(r.get("same_as_target") for r in rows)
     if greedy:
@@ -45,7 +45,9 @@ def _table_md(rows: list[dict], fit_names: list[str], sweep: bool = False) -> li
                  f"{pp['mean']:.2f} ± {pp['std']:.2f}" if pp and pp["n"] else "",
                  cell(r["verification_rate"], ".3f"), cell(r.get("draft_rate"), ".3f"), cell(r["discard_rate"], ".3f"),
                  cell(r.get("unused_forwards"), "d"), cell(r["mean_accepted"]),
-                 cell(r["pass_at_1"], ".3f"), cell((rg.get("vs_sd") or {}).get("rougeL"), ".3f"),
+                 cell(r["pass_at_1"], ".3f"), with_interval(r.get("loglik"), r.get("loglik_ci"), ".3f"),
+                 with_interval(r.get("loglik_vs_target"), r.get("loglik_vs_target_ci"), "+.3f"),
+                 cell((rg.get("vs_sd") or {}).get("rougeL"), ".3f"),
                  cell((rg.get("vs_ref") or {}).get("rougeL"), ".3f")]
         cells += [cell(r.get(f"pred_speedup_{n}")) for n in fit_names]
         if greedy:
@@ -110,6 +112,23 @@ def theorem7_md(t7: dict) -> str:
             + " — ".join(parts) + ".")
 
 
+def _selection_md(selection: dict | None) -> list[str]:
+    """The trace simulator's choice of each family's setting (``select_by: simulated``), with its grid."""
+    if not selection:
+        return []
+    lines = ["", "## Settings chosen by the trace simulator", "",
+             "Predicted speedup over target-only for a response of `max_new_tokens` tokens, replaying the label "
+             "traces at the pair's per-forward costs (`evaluation.simulate`); only the chosen setting was decoded.",
+             "", "| mode | family | chosen | traces | grid (predicted × target) |", "|---|---|---|---|---|"]
+    for mode, families in selection.items():
+        for family, c in families.items():
+            grid = ", ".join(f"{','.join(f'{k}={v}' for k, v in g['params'].items())}: {g['predicted_speedup']:.2f}"
+                             for g in c["grid"])
+            lines.append(f"| {mode} | {family} | `{c['run']}` {c['predicted_speedup']:.2f}× | {c['traces']} | "
+                         f"{grid} |")
+    return lines
+
+
 def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
     fit_names = list(s["latency_fit"])
     lines = [f"# Evaluation: {s['draft']} → {s['target']}", "",
@@ -117,8 +136,14 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
              f" (sweeps on the first {s['sweep_prompts']}), at most {s['max_new_tokens']} new tokens each. "
              "A subset of prompts and a short cap keep a CPU run affordable; figures on this subset carry that "
              "sampling noise (see the per-prompt spread).",
-             f"- K, h, τ chosen by the lowest {s['select_by']} latency per token on the sweep prompts; SPRINTER "
-             f"and Fuzzy SD only among settings within {cfg.max_pass_drop * 100:.0f} pass@1 points of SD.", ""]
+             ("- K, h, τ of the exact policies chosen by the trace simulator over the label traces (below), in "
+              "modes sampled like the labels; elsewhere, and for SPRINTER and Fuzzy SD, by the lowest measured "
+              if s["select_by"] == "simulated" else f"- K, h, τ chosen by the lowest {s['select_by']} ")
+             + f"latency per token on the sweep prompts; SPRINTER and Fuzzy SD only among settings within "
+               f"{cfg.max_pass_drop * 100:.0f} pass@1 points of SD.",
+             "- log p/token: the target's mean log-likelihood per token of each run's output (one target forward "
+             "per completion); Δ vs target is paired by prompt. Exact policies sample the target's distribution, "
+             "so their Δ is 0 up to noise.", ""]
     lines += ["## Latency model (SpecDec++ Eq. 5.1)", "",
               "T_total ≈ t_draft·N_draft + t_target·N_target (+ per-run intercept), fitted over every run of our "
               "decoder.", ""]
@@ -129,8 +154,10 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
             lines.append(f"- fitted here: t_draft = {f['t_draft'] * 1e3:.2f} ms, t_target = {f['t_target'] * 1e3:.2f} ms,"
                          f" intercept = {f['intercept'] * 1e3:.1f} ms/run, R² = {f['r2']:.4f} over {f['n_runs']} runs")
         else:
-            lines.append(f"- from `{cfg.timing}`: t_draft = {f['t_draft'] * 1e3:.2f} ms, "
-                         f"t_target = {f['t_target'] * 1e3:.2f} ms (bench_timing decode step)")
+            source = "the pair's forwards timed here" if name == "forwards" else f"`{cfg.timing}`"
+            lines.append(f"- from {source}: t_draft = {f['t_draft'] * 1e3:.2f} ms (draft step + the target's "
+                         f"per-token verify slope), t_target = {f['t_target'] * 1e3:.2f} ms (step), prefill "
+                         f"intercepts {f['intercept']:.2f} s (target) + {f.get('draft_intercept', 0.0):.2f} s (draft)")
     lines += ["", "## Goals", "",
               "Intervals: paired bootstrap 95 % over prompts; \"clears\" when the whole interval is on the goal's side.",
               "", "| goal | mode | target | measured | 95 % interval | met | interval clears | margin | detail |",
@@ -143,6 +170,7 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
                      f"{f'{iv[0]:.3f}–{iv[1]:.3f}' if iv else ''} | {met} | {clears} | {cell(g['margin'], '+.3f')} | "
                      f"{g['detail']} |")
     lines += ["", theorem7_md(s["theorem7"])]
+    lines += _selection_md(s.get("selection"))
     for name, m in s["modes"].items():
         smp = m["sampling"]
         lines += ["", f"## Mode `{name}` (temperature {smp['temperature']:g}, top-k {smp['top_k']}, "

@@ -18,11 +18,12 @@ from evaluation import quality
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
 from evaluation.intervals import mean_interval, speedup_interval
 from evaluation.latency import LatencyFit, latency_fits, selection_fit
+from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
 from evaluation.policies import POLICIES
-from evaluation.summary import (Totals, agreement, choose, index, per_prompt_speedup, spread, sprinter_theorem7,
-                                totals)
+from evaluation.summary import (SELECTION, Totals, agreement, choose, index, per_prompt_speedup, preset_runs, spread,
+                                sprinter_theorem7, totals)
 
 
 def _device() -> str:
@@ -52,6 +53,22 @@ def _ratio_interval(runs: dict[int, dict], other: dict[int, dict] | None) -> lis
     return [iv.low, iv.high]
 
 
+def _loglik(runs: dict[int, dict], base: dict[int, dict] | None) -> dict:
+    """The target's mean log-likelihood per token of the run's outputs (mean over prompts, with its bootstrap
+    interval), and its difference from target-only's paired by prompt (``evaluation.likelihood``)."""
+    scored = {p: r["target_loglik"] for p, r in runs.items() if r.get("target_loglik") is not None}
+    out = {"loglik": None, "loglik_ci": None, "loglik_vs_target": None, "loglik_vs_target_ci": None}
+    if len(scored) < 2:
+        return out
+    iv = mean_interval(list(scored.values()))
+    out.update(loglik=iv.value, loglik_ci=[iv.low, iv.high])
+    ids = sorted(p for p in scored if (base or {}).get(p, {}).get("target_loglik") is not None)
+    if len(ids) >= 2:
+        iv = mean_interval([scored[p] - base[p]["target_loglik"] for p in ids])
+        out.update(loglik_vs_target=iv.value, loglik_vs_target_ci=[iv.low, iv.high])
+    return out
+
+
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
          sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False,
          sd: dict[int, dict] | None = None) -> dict:
@@ -69,6 +86,7 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
         "mean_accepted": t.mean_accepted, "pass_at_1": t.pass_at_1,
         "per_prompt_speedup": spread(list(per_prompt_speedup(by_prompt, base).values())) if base else None,
         "same_as_target": agreement(by_prompt, base) if greedy and base else None,
+        **_loglik(by_prompt, base),
     }
     for name, fit in fits.items():
         pred = t.predicted_s_per_token(fit)
@@ -102,13 +120,16 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}
+    selection = Path(cfg.output_dir) / SELECTION
+    out["selection"] = json.loads(selection.read_text()) if selection.exists() else None
     for mode in cfg.modes:
         runs = {run: by for (m, run), by in idx.items() if m == mode.name}
         if not runs:
             continue
         fam_of = {run: next(iter(by.values()))["family"] for run, by in runs.items()}
         ours = sorted({f for f in fam_of.values() if f not in PEER_FAMILIES}, key=lambda f: _family_order(cfg, f))
-        chosen = choose(records, mode.name, ours, sweep_ids, cfg.select_by, select_fit, cfg.max_pass_drop)
+        chosen = choose(records, mode.name, ours, sweep_ids, cfg.select_by, select_fit, cfg.max_pass_drop,
+                        preset=preset_runs(cfg.output_dir, mode.name))
         base = runs.get(chosen.get("target_only", "target_only"))
         base_t = totals(base) if base else None
         sd = runs.get(chosen.get("sd", ""))
@@ -288,7 +309,7 @@ def write_report(out: Path, cfg: EvalConfig, records: list[dict], prompts: list[
     """Write ``report.md``, ``report.json`` and the PNGs under ``out``; return the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    s = summarize(cfg, records, prompts)
+    s = summarize(cfg, attach_scores(out, records), prompts)
     training, metrics = training_md(Path(cfg.train_dir) if cfg.train_dir else None, out)
     s["training"] = metrics
     if s["modes"]:

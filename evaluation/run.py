@@ -28,11 +28,12 @@ import torch
 from core.models import resolve_device, resolve_dtype
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.sampling import Sampling, prompt_generator, prompt_seed
+from core.shards import write_json
 from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
-from evaluation.latency import latency_fits, selection_fit
+from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
-from evaluation.summary import best_k, choose
+from evaluation.summary import SELECTION, best_k, choose, preset_runs
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -52,6 +53,15 @@ class Engine:
     """``(prompt_ids, sampling, seed, run: PeerRun) → (tokens, stats)``; None = no peer."""
     check_head: Callable[[str], None] | None = None
     """Refuses a head file that is damaged or was not trained for the loaded draft; None = no check."""
+    loglik: Callable[[list[int], list[int]], float] | None = None
+    """``(prompt_ids, tokens) → `` the target's mean log-likelihood per token (``evaluation.likelihood``); None =
+    not scored."""
+    record_trace: Callable[..., Any] | None = None
+    """``evaluation.traces.record_trace`` bound to the pair: a target-only response's decoder trace; None = not
+    recorded."""
+    time_forwards: Callable[[int, int], dict] | None = None
+    """``(prompt_tokens, new_tokens) →`` the pair's forwards timed on this device (``bench_timing.time_pair``);
+    None = not timed."""
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
@@ -84,12 +94,20 @@ class Engine:
             return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
                                custom_generate=decoding)
 
+        from evaluation.bench_timing import time_pair
+        from evaluation.likelihood import mean_loglik
+        from evaluation.traces import record_trace
+
         return cls(
             tokenizer=t_tok,
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
             build_policy=build_policy,
             hf_generate=peer,
             check_head=lambda path: ExportedHead(path).check(draft),
+            loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
+            record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
+                                                                            prompt),
+            time_forwards=lambda prompt, new: time_pair(draft, target, device, prompt, new),
         )
 
 
@@ -216,10 +234,52 @@ def head_files(cfg: EvalConfig) -> list[str]:
     return list(dict.fromkeys(str(path) for _, path in paths))
 
 
+def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, quiet: bool) -> None:
+    """Time the pair's forwards at this run's shapes once (``evaluation.latency.FORWARD_TIMING``)."""
+    path = out / FORWARD_TIMING
+    if engine.time_forwards is None or path.exists():
+        return
+    if not quiet:
+        print("eval: timing the draft's and the target's forwards on this device", flush=True)
+    prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
+    write_json(path, engine.time_forwards(prompt_tokens, cfg.max_new_tokens))
+
+
+def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool) -> dict[str, dict]:
+    """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
+    like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). Written to
+    ``selection.json``."""
+    from core.shards import read_manifest
+    from evaluation.simulate import simulated_choice
+
+    if cfg.select_by != "simulated":
+        return {}
+    warp = read_manifest(cfg.labels_dir)["sampling"]
+    if (mode.temperature, mode.top_k, mode.top_p) != (warp["temperature"], warp["top_k"], warp["top_p"]):
+        return {}
+    path = out / SELECTION
+    selection = json.loads(path.read_text()) if path.exists() else {}
+    if mode.name not in selection:
+        fit = selection_fit(latency_fits(cfg, []))
+        if fit is None:
+            raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
+                            "which times the pair's forwards")
+        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens)
+        selection[mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
+        write_json(path, selection)
+        if not quiet:
+            for f, c in selection[mode.name].items():
+                print(f"eval [{mode.name}] {f}: simulator picks {c['run']} (predicted {c['predicted_speedup']:.2f}x "
+                      f"over {c['traces']} label traces)", flush=True)
+    return {f: c["params"] for f, c in selection[mode.name].items()}
+
+
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
     """Run (or resume) the evaluation and write the report; return the output folder."""
     from evaluation.hf_peer import head_runs, peer_runs
+    from evaluation.likelihood import score_records
     from evaluation.report import write_report
+    from evaluation.traces import record_traces
 
     out = _prepare_output(cfg)
     prompts = load_prompts(cfg.prompts)
@@ -232,18 +292,21 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     if cfg.hf_peer.enabled:
         head_runs(cfg.hf_peer)
     runner = Runner(cfg, engine, prompts, store, quiet)
+    _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
     for mode in cfg.modes:
         sampling = mode.sampling(cfg.max_new_tokens)
         pair = engine.make_pair(sampling)
         sweeps = [s for s in cfg.policies if mode.runs(s.family)]
+        simulated = _simulated_settings(cfg, mode, sweeps, out, quiet)
         for s in sweeps:
-            settings = s.settings() or [{}]
+            settings = [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
             for params in settings:
                 runner.policy(mode, pair, s.family, s.fixed, params, sweep_ids if len(settings) > 1 else all_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
-                        selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop)
+                        selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
+                        preset=preset_runs(out, mode.name))
         for s in sweeps:
             if s.family in chosen:
                 params = next(r["params"] for r in store.records()
@@ -252,5 +315,13 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
             for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name)):
                 runner.peer(mode, sampling, run)
+    if engine.loglik is not None:
+        score_records(out, store.records(), runner._ids, engine.loglik, quiet)
+    if engine.record_trace is not None:
+        cpu = torch.device("cpu")
+        for mode in cfg.modes:
+            if (mode.temperature, mode.top_k, mode.top_p) == (1.0, 0, 1.0):  # the unwarped p and q the traces hold
+                record_traces(out, mode.name, store.records(), runner._ids, engine.record_trace,
+                              lambda prompt: prompt_generator(cfg.seed + 1, prompt, cpu), quiet)
     write_report(out, cfg, store.records(), prompts)
     return out

@@ -4,9 +4,9 @@ SpecDec++ §5: the verification rate N_target/N and the discard rate N_discarded
 the latency follows from them and the per-forward times (Eq. 5.1), so the speedup over target-only at a cost ratio
 c = t_draft / t_target is 1 / (N_target/N + c·N_draft/N).
 
-Traces are the label shards' ``target`` rows: along each target-sampled response, at every position i, a candidate
-Y_i drawn from q at the clean prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it and both hidden states.
-Every stop rule here decides from the candidate's features alone, so the round that starts at position s has a
+Traces (``evaluation.traces``: the label shards' ``target`` rows, or the decoder's replay of an evaluation's
+target-only responses) follow a target-sampled response: at every position i, a candidate Y_i drawn from q at the
+clean prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it and both hidden states. Every stop rule here decides from the candidate's features alone, so the round that starts at position s has a
 fixed length n(s), and the expected counts follow exactly from a backward recursion over s: the round keeps
 candidate j with probability a_{s+j} = min(1, p/q) until the first rejection. What this leaves out, and why it is
 used anyway, is in ``evaluation/DESIGN.md`` ("The trace simulator").
@@ -21,65 +21,19 @@ import argparse
 import math
 import sys
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from core.shards import SPLITS, load_split, read_manifest
-from heads.features import draft_scores
+from core.shards import SPLITS
+from evaluation.latency import LatencyFit
+from evaluation.traces import Trace, load_label_traces, read_recorded
 from heads.exported import ExportedHead
+from heads.features import draft_scores
 
-TRACE_CATEGORY = "target"
 MAX_K = 20
-
-
-@dataclass
-class Trace:
-    """One target-sampled response: per position, the candidate's acceptance probability and draft-side features."""
-
-    prompt_id: int
-    acceptance: np.ndarray
-    """min(1, p/q) of the candidate at each position."""
-    logp_draft: np.ndarray
-    """log q of the candidate at its prefix."""
-    entropy_draft: np.ndarray
-    """H(q) at that prefix, nats."""
-    hidden: torch.Tensor
-    """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
-    hidden_prev: torch.Tensor
-    """(L, d) the state that produced q for it (``prev``)."""
-    logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
-
-    def __len__(self) -> int:
-        return len(self.acceptance)
-
-
-def load_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "test")) -> list[Trace]:
-    """The ``target`` traces of ``splits`` (default the prompts no head trained on), one per prompt."""
-    columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
-               "hidden", "hidden_prev"]
-    read_manifest(folder)  # the shards are the ones the manifest lists, intact
-    traces = []
-    for split in splits:
-        ds = load_split(folder, split)
-        meta = ds.select_columns(["category", "loss_mask"]).with_format("numpy")[:]
-        keep = np.flatnonzero((meta["category"] == TRACE_CATEGORY) & meta["loss_mask"])
-        rows = ds.select(keep).select_columns(columns).with_format("numpy")[:]
-        for pid in np.unique(rows["prompt_id"]):
-            idx = np.flatnonzero(rows["prompt_id"] == pid)
-            idx = idx[np.argsort(rows["position"][idx])]
-            traces.append(Trace(
-                prompt_id=int(pid), acceptance=rows["acceptance"][idx].astype(np.float64),
-                logp_draft=rows["logp_draft"][idx].astype(np.float64),
-                entropy_draft=rows["entropy_draft"][idx].astype(np.float64),
-                hidden=torch.from_numpy(np.stack(rows["hidden"][idx])),
-                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx]))))
-    if not traces:
-        raise SystemExit(f"error: {folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
-    return traces
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,6 +95,12 @@ class Counts:
         """Target-only latency over this policy's, in target forwards: Eq. 5.1 at c = t_draft / t_target,
         plus a per-token overhead ``intercept`` (in target forwards) on both sides."""
         return (self.n * (1 + intercept)) / (self.target + c * self.draft + self.n * intercept)
+
+    def predicted_speedup(self, fit: LatencyFit, tokens: int) -> float:
+        """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
+        ``fit``'s per-forward and per-run costs (``evaluation.latency``)."""
+        scale = tokens / self.n
+        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale))
 
 
 def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
@@ -282,51 +242,101 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
 
 
 SIMULATED = ("sd", "confidence", "svip", "specdecpp", "sprinter")
+CHOSEN_BY_SIMULATION = ("sd", "confidence", "svip", "specdecpp")
+"""The exact families whose setting ``make eval`` can choose by simulation; SPRINTER's trades speed for quality,
+which a replay of the target's responses cannot measure."""
 
 
-def validate(traces: list[Trace], config: str) -> tuple[str, list[dict]]:
-    """Predicted against measured, per run of a finished ``make eval`` (its config): N_target/N, N_draft/N and the
-    speedup over target-only. Both speedups use the eval's own latency fit (Eq. 5.1 with its per-run intercept);
-    the measured one is the wall-time ratio on the prompts both runs decoded."""
+def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int) -> dict[str, dict]:
+    """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the exact families of
+    ``CHOSEN_BY_SIMULATION`` with more than one setting) with the highest predicted speedup for ``tokens``-token
+    responses, with every setting's prediction: over every labeled prompt, heads over the prompts they did not
+    train on (their scores on training prompts are optimistic)."""
+    sweeps = [s for s in sweeps if s.family in CHOSEN_BY_SIMULATION and len(s.settings()) > 1]
+    if not sweeps:
+        return {}
+    every, held_out = selection_traces(labels)
+    out = {}
+    for s in sweeps:
+        traces = held_out if s.family in ("specdecpp", "sprinter") else every
+        scored = [(simulate(traces, s.family, **{**s.fixed, **params}).predicted_speedup(fit, tokens), i, params)
+                  for i, params in enumerate(s.settings())]
+        best = max(scored, key=lambda x: (x[0], -x[1]))
+        out[s.family] = {"params": best[2], "predicted_speedup": best[0], "traces": len(traces),
+                         "grid": [{"params": params, "predicted_speedup": v} for v, _, params in scored]}
+    return out
+
+
+def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
+    """What ``simulated_choice`` replays: every labeled prompt's trace, and the held-out ones (for heads)."""
+    held_out = load_label_traces(labels, ("val", "test"))
+    return load_label_traces(labels, ("train",)) + held_out, held_out
+
+
+def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
+    """Predicted against measured, per run of a finished ``make eval`` (its config) in each mode its decoder traces
+    were recorded in: N_target/N, N_draft/N and the speedup over target-only with its paired bootstrap interval.
+    Two predictions: from the label traces ``make eval`` chose settings on (every labeled prompt; heads on the
+    held-out ones), and from the decoder traces of the eval's own prompts (``evaluation.traces``). Both use the
+    pair's timed forwards when the eval measured them, else its runs' latency fit. Returns the text, the rows and
+    the cost ratio c of the costs used."""
     from evaluation.__main__ import parse
-    from evaluation.latency import fit_records
+    from evaluation.intervals import speedup_interval
+    from evaluation.latency import latency_fits
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
     records = ResultStore(Path(cfg.output_dir) / "results.jsonl").records()
-    fit = fit_records([r for r in records if r["stats"].get("draft_calls") is not None])
+    fits = latency_fits(cfg, records)
+    fit_name = "forwards" if fits.get("forwards") else "fit"
+    fit = fits[fit_name]
     if fit is None:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
+    every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
-    by_run: dict[str, list[dict]] = {}
+    by_run: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        by_run.setdefault(r["run"], []).append(r)
-    baseline = {r["prompt"]: r["stats"] for r in by_run.get("target_only", [])}
+        by_run.setdefault((r["mode"], r["run"]), []).append(r)
     rows, lines = [], []
-    head = f"{'run':<58}{'N_t/N meas':>11}{'pred':>7}{'N_d/N meas':>11}{'pred':>7}{'speedup meas':>13}{'pred':>7}" \
-           f"{'error':>8}"
-    for run, recs in by_run.items():
+    head = f"{'mode / run':<52}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}" \
+           f"{'decod':>7}{'speedup meas [95 %]':>22}{'label':>7}{'decod':>7}{'error':>8}"
+    for (mode, run), recs in by_run.items():
         family = recs[0]["family"]
-        recs = [r for r in recs if r["prompt"] in baseline]
-        if family not in SIMULATED or not recs:
+        recorded = {t.prompt_id: t for t in read_recorded(cfg.output_dir, mode)}
+        baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
+        recs = sorted((r for r in recs if r["prompt"] in baseline and r["prompt"] in recorded),
+                      key=lambda r: r["prompt"])
+        if family not in SIMULATED or len(recs) < 2:
             continue
-        counts = simulate(traces, family, **{**fixed.get(family, {}), **recs[0]["params"]})
+        params = {**fixed.get(family, {}), **recs[0]["params"]}
+        tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
+        from_labels = simulate(held_out if family in ("specdecpp", "sprinter") else every, family, **params)
+        from_decoder = simulate([recorded[r["prompt"]] for r in recs], family, **params)
         n = sum(r["stats"]["new_tokens"] for r in recs)
+        iv = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
         measured = {"target": sum(r["stats"]["target_calls"] for r in recs) / n,
                     "draft": sum(r["stats"]["draft_calls"] for r in recs) / n,
-                    "speedup": sum(baseline[r["prompt"]]["wall_s"] for r in recs) / sum(r["stats"]["wall_s"] for r in recs)}
-        per_run = n / len(recs)
-        predicted_wall = fit.predict(counts.draft / counts.n * per_run, counts.target / counts.n * per_run)
-        predicted = {"target": counts.target / counts.n, "draft": counts.draft / counts.n,
-                     "speedup": float(fit.predict(0, per_run) / predicted_wall)}
-        error = predicted["speedup"] / measured["speedup"] - 1
-        rows.append({"run": run, "family": family, "prompts": len(recs), "measured": measured, "predicted": predicted,
-                     "speedup_error": error})
-        lines.append(f"{run[:57]:<58}{measured['target']:>11.3f}{predicted['target']:>7.3f}{measured['draft']:>11.3f}"
-                     f"{predicted['draft']:>7.3f}{measured['speedup']:>13.3f}{predicted['speedup']:>7.3f}"
+                    "speedup": iv.value, "speedup_ci": [iv.low, iv.high]}
+        predicted = {name: {"target": c.target / c.n, "draft": c.draft / c.n,
+                            "speedup": c.predicted_speedup(fit, tokens)}
+                     for name, c in (("labels", from_labels), ("decoder", from_decoder))}
+        error = predicted["decoder"]["speedup"] / measured["speedup"] - 1
+        rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
+                     "predicted": predicted, "speedup_error": error,
+                     "label_speedup_error": predicted["labels"]["speedup"] / measured["speedup"] - 1})
+        pl, pd = predicted["labels"], predicted["decoder"]
+        lines.append(f"{(mode + ' ' + run)[:51]:<52}{measured['target']:>11.3f}{pl['target']:>7.3f}{pd['target']:>7.3f}"
+                     f"{measured['draft']:>11.3f}{pl['draft']:>7.3f}{pd['draft']:>7.3f}"
+                     f"{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}{pl['speedup']:>7.3f}{pd['speedup']:>7.3f}"
                      f"{error:>+8.1%}")
-    title = (f"predicted vs measured ({cfg.output_dir}; latency fit t_draft {fit.t_draft * 1e3:.1f} ms, t_target "
-             f"{fit.t_target * 1e3:.1f} ms, intercept {fit.intercept:.2f} s/run, c = {fit.t_draft / fit.t_target:.3f})")
+    if not rows:
+        raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
+                         f"with this config to the end: it records them after the runs)")
+    source = "the pair's timed forwards" if fit_name == "forwards" else f"the runs' fit (R² {fit.r2:.2f})"
+    title = (f"predicted vs measured ({cfg.output_dir}; label traces: {len(every)} ({len(held_out)} held out for "
+             f"heads); decoder traces: the eval's prompts; error: decoder-trace prediction / measured − 1)\n"
+             f"costs from {source}: t_draft {fit.t_draft * 1e3:.1f} ms, t_target {fit.t_target * 1e3:.1f} ms, "
+             f"intercepts {fit.intercept:.2f} + {fit.draft_intercept:.2f} s/run, c = {fit.t_draft / fit.t_target:.3f}")
     return "\n".join([title, head, "-" * len(head), *lines]), rows, fit.t_draft / fit.t_target
 
 
@@ -358,10 +368,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         fit = timing_fit(json.loads(Path(a.timing).read_text()), a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
     heads = a.heads if a.heads is not None else sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
-    traces = load_traces(a.labels, tuple(a.splits))
+    traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:
-        checks, _, measured_c = validate(traces, a.eval)
+        checks, _, measured_c = validate(a.labels, a.eval)
         costs.append(measured_c)
     text, rows = table(traces, default_grid(heads), costs)
     print(text)

@@ -7,6 +7,7 @@ Eq. 5.1, with approximate policies limited to settings whose pass@1 stays within
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
 from evaluation.latency import LatencyFit
 from evaluation.policies import POLICIES
+
+SELECTION = "selection.json"
+"""The settings the trace simulator chose (``select_by: simulated``), per mode and family, in the output folder."""
 
 
 @dataclass
@@ -157,20 +161,32 @@ def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
     return t.s_per_token
 
 
+def preset_runs(out: str | Path, mode: str) -> dict[str, str]:
+    """family → the run the trace simulator chose for it in ``mode`` (``selection.json``; {} when none)."""
+    path = Path(out) / SELECTION
+    if not path.exists():
+        return {}
+    return {f: c["run"] for f, c in json.loads(path.read_text()).get(mode, {}).items()}
+
+
 def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[int], select_by: str,
-           fit: LatencyFit | None, max_pass_drop: float) -> dict[str, str]:
+           fit: LatencyFit | None, max_pass_drop: float, preset: dict[str, str] | None = None) -> dict[str, str]:
     """family → the run label chosen for it in ``mode`` (SD first: its pass@1 is the approximate policies' floor).
 
-    Only settings finished on every sweep prompt compete.
+    Only settings finished on every sweep prompt compete; a family in ``preset`` (the simulator's choice) has
+    its run there.
     """
     idx = index(records)
     chosen: dict[str, str] = {}
     order = sorted(families, key=lambda f: f != "sd")
     sd_pass = None
+    preset = preset or {}
     for fam in order:
         cands = []
         for (m, run), by_prompt in idx.items():
             if m != mode or next(iter(by_prompt.values()))["family"] != fam:
+                continue
+            if fam in preset and run != preset[fam]:
                 continue
             t = totals(by_prompt, sweep_ids)
             if t is not None:

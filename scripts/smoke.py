@@ -63,7 +63,7 @@ def stage_eval(root: Path) -> None:
             Sweep("hf_heuristic"), Sweep("confidence"), Sweep("svip", grid={"h": [0.5]}),
             Sweep("fuzzy", grid={"T": [0.5]}),
         ],
-        max_new_tokens=6, sweep_prompts=2, hf_peer=HFPeer(confidence_thresholds=[0.6]),
+        max_new_tokens=6, sweep_prompts=2, hf_peer=HFPeer(confidence_thresholds=[0.6]), select_by="simulated",
         train_dir=str(root / "train"), labels_dir=str(root / "labels"), output_dir=str(root / "eval"), device="cpu",
     )
     out = run_eval(cfg, quiet=True)
@@ -73,8 +73,10 @@ def stage_eval(root: Path) -> None:
                "fuzzy", "hf_assisted"} - families
     assert not missing, f"policies missing from the report: {missing}"
     assert report["theorem7"]["runs"], f"SPRINTER Theorem 7 not checked: {report['theorem7']['skipped']}"
-    for f in ("report.md", "pareto.png", "speedup.png", "quality.png", "roc.png"):
+    for f in ("report.md", "pareto.png", "speedup.png", "quality.png", "roc.png", "selection.json", "loglik.jsonl",
+              "forward_timing.json", "traces/sample/00000.safetensors"):
         assert (out / f).exists(), f
+    assert report["selection"]["sample"], "the simulator chose no setting"
 
 
 STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval)]

@@ -128,7 +128,10 @@ def test_bench_timing_times_each_precision(tmp_path):
         ("draft", "float32"), ("draft", "int8-dynamic-per-channel"),
         ("target", "float32"), ("target", "int8-dynamic-per-channel")]
     fit = timing_fit(result, "draft@int8-dynamic-per-channel", "target@float32")
-    assert fit.t_draft == result["models"][1]["decode"]["4"]["median_s"]
+    # t_draft is the draft's step plus the target's per-token verify slope (evaluation.latency)
+    target = result["models"][2]
+    slope = max(0.0, target["verify"]["median_s"] - target["decode"]["4"]["median_s"])
+    assert fit.t_draft == pytest.approx(result["models"][1]["decode"]["4"]["median_s"] + slope)
     with pytest.raises(KeyError, match="no model 'draft@bfloat16'"):
         timing_fit(result, "draft@bfloat16")
 

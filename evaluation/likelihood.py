@@ -1,0 +1,89 @@
+"""The target's mean log-likelihood per token of each run's output: a quality metric with power.
+
+An exact policy samples the target's distribution, so its outputs score, in expectation, what target-only's do.
+An approximate one (SPRINTER, Fuzzy SD, draft-only) keeps draft tokens the target would not have produced as
+often; SPRINTER Theorem 1 bounds how far its output distribution drifts from p (η_FP·TV(p, q)). The target's
+log-likelihood of the tokens a policy produced, log p(y_i | prompt, y_<i) averaged over the response, measures
+that drift on every token, where pass@1 gives one bit per prompt.
+
+One target forward over prompt + response per record (temperature 1: the model's own distribution, whatever
+the mode sampled with), untimed, after the runs. The scores live beside ``results.jsonl`` in ``loglik.jsonl``,
+one line per (mode, run, prompt) with the sha256 of the tokens scored, so an interrupted scoring resumes and a
+score never attaches to other tokens than its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+LOGLIK_FILE = "loglik.jsonl"
+
+
+@torch.no_grad()
+def mean_loglik(model, prompt_ids: list[int], tokens: list[int]) -> float:
+    """Mean over ``tokens`` of log p(token | prompt, earlier tokens) under ``model`` (one forward)."""
+    if not tokens:
+        raise ValueError("no tokens to score")
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
+    logits = model(ids, use_cache=False).logits[0, len(prompt_ids) - 1: -1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt_ids):, None])
+    return float(logp.mean())
+
+
+def tokens_sha256(tokens: list[int]) -> str:
+    return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()
+
+
+def _key(record: dict) -> tuple[str, str, int]:
+    return record["mode"], record["run"], int(record["prompt"])
+
+
+def read_scores(out: Path) -> dict[tuple[str, str, int], dict]:
+    """(mode, run, prompt) → the stored line (``loglik``, ``tokens_sha256``); a torn last line is dropped."""
+    path = Path(out) / LOGLIK_FILE
+    scores = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # the line an interruption cut short
+                continue
+            scores[(row["mode"], row["run"], int(row["prompt"]))] = row
+    return scores
+
+
+def score_records(out: Path, records: list[dict], prompt_ids: dict[int, list[int]],
+                  loglik: Callable[[list[int], list[int]], float], quiet: bool = False) -> int:
+    """Score every record with tokens that ``loglik.jsonl`` lacks (or holds for other tokens); return how many."""
+    from tqdm.auto import tqdm
+
+    scores = read_scores(out)
+    todo = [r for r in records if r["tokens"] and
+            scores.get(_key(r), {}).get("tokens_sha256") != tokens_sha256(r["tokens"])]
+    if not todo:
+        return 0
+    with open(Path(out) / LOGLIK_FILE, "a") as f:
+        for r in tqdm(todo, desc="target log-likelihood", disable=quiet, file=sys.stderr):
+            value = loglik(prompt_ids[int(r["prompt"])], r["tokens"])
+            f.write(json.dumps({"mode": r["mode"], "run": r["run"], "prompt": int(r["prompt"]),
+                                "tokens_sha256": tokens_sha256(r["tokens"]), "loglik": value}) + "\n")
+            f.flush()
+    return len(todo)
+
+
+def attach_scores(out: Path, records: list[dict]) -> list[dict]:
+    """The records, each with ``target_loglik`` from ``loglik.jsonl`` when it holds a score of its tokens."""
+    scores = read_scores(out)
+    attached = []
+    for r in records:
+        row = scores.get(_key(r))
+        ok = row is not None and r["tokens"] and row["tokens_sha256"] == tokens_sha256(r["tokens"])
+        attached.append({**r, "target_loglik": row["loglik"] if ok else None})
+    return attached

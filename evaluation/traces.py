@@ -1,0 +1,174 @@
+"""Acceptance traces for the trace simulator (``evaluation.simulate``): what they hold, where they come from.
+
+A trace follows one target-sampled response: at every position i, a candidate Y_i drawn from q at the clean
+prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it (log q(Y_i), H(q)) and both draft hidden states a
+head may read (the state that produced q, and the state after reading Y_i). Two sources:
+
+- **label traces**: the label shards' ``target`` rows (a quarter of the labeled prompts, every split). They cover
+  the whole labeled set, so ``make eval`` chooses thresholds on them; their draft side was computed in batched,
+  left-padded forwards, which an int8 draft with one activation scale per forward reads differently from the
+  decoder (``core/DESIGN.md``).
+- **decoder traces** (``record_trace``): the evaluation's own target-only responses replayed through the decoder's
+  cached forwards, one token per draft forward as the decoder reads them, on the prompts the policies decoded.
+  They check the simulator against the measured runs without that difference. ``make eval`` records them after
+  its runs (untimed) under ``traces/<mode>/`` in its output folder, one safetensors file per prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.label_math import acceptance_probability, entropy, sample_from_logprobs
+from core.sampling import Sampling
+from core.shards import load_split, read_manifest
+
+TRACE_CATEGORY = "target"
+TRACES_DIR = "traces"
+
+
+@dataclass
+class Trace:
+    """One target-sampled response: per position, the candidate's acceptance probability and draft-side features."""
+
+    prompt_id: int
+    acceptance: np.ndarray
+    """min(1, p/q) of the candidate at each position."""
+    logp_draft: np.ndarray
+    """log q of the candidate at its prefix."""
+    entropy_draft: np.ndarray
+    """H(q) at that prefix, nats."""
+    hidden: torch.Tensor
+    """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
+    hidden_prev: torch.Tensor
+    """(L, d) the state that produced q for it (``prev``)."""
+    logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
+
+    def __len__(self) -> int:
+        return len(self.acceptance)
+
+
+def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "test"),
+                      prompts: set[int] | None = None) -> list[Trace]:
+    """The ``target`` traces of ``splits`` (default the prompts no head trained on), one per prompt; only the
+    prompts ``prompts`` when given."""
+    columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
+               "hidden", "hidden_prev"]
+    read_manifest(folder)  # the shards are the ones the manifest lists, intact
+    traces = []
+    for split in splits:
+        ds = load_split(folder, split)
+        meta = ds.select_columns(["category", "loss_mask", "prompt_id"]).with_format("numpy")[:]
+        keep = (meta["category"] == TRACE_CATEGORY) & meta["loss_mask"]
+        if prompts is not None:
+            keep &= np.isin(meta["prompt_id"], list(prompts))
+        rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
+        for pid in np.unique(rows["prompt_id"]):
+            idx = np.flatnonzero(rows["prompt_id"] == pid)
+            idx = idx[np.argsort(rows["position"][idx])]
+            traces.append(Trace(
+                prompt_id=int(pid), acceptance=rows["acceptance"][idx].astype(np.float64),
+                logp_draft=rows["logp_draft"][idx].astype(np.float64),
+                entropy_draft=rows["entropy_draft"][idx].astype(np.float64),
+                hidden=torch.from_numpy(np.stack(rows["hidden"][idx])),
+                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx]))))
+    if not traces and prompts is None:
+        raise SystemExit(f"error: {folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
+    return traces
+
+
+@torch.no_grad()
+def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], generator: torch.Generator,
+                 prompt_id: int) -> Trace:
+    """The trace of ``tokens`` (a target-sampled response to ``prompt_ids``): one target forward gives p at every
+    position; the draft reads the response one token per forward through the decoder's ``CachedLM``, draws a
+    candidate from each q (temperature 1, as the labels), and reads the candidate too (its own state), then
+    returns to the response token: 2 draft forwards per position."""
+    from evaluation.decoder import CachedLM
+
+    if not tokens:
+        raise ValueError("no tokens to trace")
+    unwarped = Sampling(temperature=1.0)
+    d, t = CachedLM(draft, unwarped), CachedLM(target, unwarped)
+    seq = list(prompt_ids)
+    _, logp = t.advance(seq + list(tokens[:-1]), rows=len(tokens))
+    hidden, logq = d.advance(seq)
+    rows = {k: [] for k in ("acceptance", "logp_draft", "entropy_draft", "hidden", "hidden_prev")}
+    for i, token in enumerate(tokens):
+        q = logq[-1]
+        y = int(sample_from_logprobs(q, torch.rand((), generator=generator, device=generator.device).to(q.device)))
+        own, _ = d.advance(seq + [y])
+        rows["acceptance"].append(float(acceptance_probability(q[y], logp[i, y])))
+        rows["logp_draft"].append(float(q[y]))
+        rows["entropy_draft"].append(float(entropy(q)))
+        rows["hidden"].append(own[-1].float().cpu())
+        rows["hidden_prev"].append(hidden[-1].float().cpu())
+        seq.append(int(token))
+        hidden, logq = d.advance(seq)
+    return Trace(prompt_id=prompt_id, acceptance=np.array(rows["acceptance"]),
+                 logp_draft=np.array(rows["logp_draft"]), entropy_draft=np.array(rows["entropy_draft"]),
+                 hidden=torch.stack(rows["hidden"]), hidden_prev=torch.stack(rows["hidden_prev"]))
+
+
+def trace_path(out: str | Path, mode: str, prompt: int) -> Path:
+    return Path(out) / TRACES_DIR / mode / f"{prompt:05d}.safetensors"
+
+
+def write_trace(path: Path, trace: Trace, tokens_sha256: str) -> None:
+    """One trace as safetensors (written under a temporary name, then renamed), tagged with its tokens' digest."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {"acceptance": torch.from_numpy(trace.acceptance), "logp_draft": torch.from_numpy(trace.logp_draft),
+               "entropy_draft": torch.from_numpy(trace.entropy_draft), "hidden": trace.hidden.contiguous(),
+               "hidden_prev": trace.hidden_prev.contiguous()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"prompt_id": str(trace.prompt_id), "tokens_sha256": tokens_sha256})
+    os.replace(tmp, path)
+
+
+def trace_digest(path: Path) -> str | None:
+    """The tokens digest a recorded trace was made from (None when the file is missing or unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.metadata().get("tokens_sha256")
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def read_recorded(out: str | Path, mode: str) -> list[Trace]:
+    """The decoder traces an evaluation recorded in ``mode`` (``traces/<mode>/*.safetensors``)."""
+    from safetensors.torch import load_file
+
+    traces = []
+    for path in sorted((Path(out) / TRACES_DIR / mode).glob("*.safetensors")):
+        x = load_file(str(path))
+        traces.append(Trace(prompt_id=int(path.stem), acceptance=x["acceptance"].numpy(),
+                            logp_draft=x["logp_draft"].numpy(), entropy_draft=x["entropy_draft"].numpy(),
+                            hidden=x["hidden"], hidden_prev=x["hidden_prev"]))
+    return traces
+
+
+def record_traces(out: str | Path, mode: str, records: list[dict], prompt_ids: dict[int, list[int]], record,
+                  generator_of, quiet: bool = False) -> int:
+    """Record the decoder trace of every target-only response of ``mode`` in ``records`` that ``out`` lacks (or
+    holds for other tokens); ``record(ids, tokens, generator, prompt)`` is ``record_trace`` bound to the pair.
+    Returns how many were recorded."""
+    from tqdm.auto import tqdm
+
+    from evaluation.likelihood import tokens_sha256
+
+    todo = [r for r in records if r["mode"] == mode and r["family"] == "target_only" and r["tokens"]
+            and trace_digest(trace_path(out, mode, int(r["prompt"]))) != tokens_sha256(r["tokens"])]
+    for r in tqdm(todo, desc=f"decoder traces [{mode}]", disable=quiet or not todo):
+        prompt = int(r["prompt"])
+        trace = record(prompt_ids[prompt], r["tokens"], generator_of(prompt), prompt)
+        write_trace(trace_path(out, mode, prompt), trace, tokens_sha256(r["tokens"]))
+    return len(todo)
