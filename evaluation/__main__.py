@@ -4,27 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from jsonargparse import ActionConfigFile, ArgumentParser
-
 from core.errors import UserError
-from evaluation.config import EvalConfig
-
-
-def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report.")
-    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
-    p.add_class_arguments(EvalConfig, None, as_group=False)
-    p.add_argument("--report_only", type=bool, default=False,
-                   help="rewrite the report from output_dir/results.jsonl without running anything")
-    return p
-
-
-def parse(argv: list[str] | None = None) -> tuple[EvalConfig, bool]:
-    p = parser()
-    ns = p.instantiate(p.parse_args(argv))
-    report_only = ns.pop("report_only") if hasattr(ns, "pop") else False
-    kw = {k: v for k, v in vars(ns).items() if k not in ("config", "report_only")}
-    return EvalConfig(**kw), bool(report_only)
+from evaluation.config import parse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ Weights are random (timing does not depend on their values), so only a shape is 
 - ``prefill``: one forward over ``--prefill`` prompt tokens;
 - ``decode``: one forward of one token after a cache of each ``--cache`` length (the draft step, and the target's
   cost per call in Eq. 5.1);
-- ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call).
+- ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call), and
+  ``verify_short``, one of ``--verify-short`` tokens: on a CPU a forward of a few tokens leaves the one-token
+  step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate.
 
 Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``core.quantization`` (CPU
 only, on float32 weights). The table ends with the cost ratio c = t_draft / t_target of the decode step for each
@@ -114,7 +116,8 @@ def _time(fn, device: torch.device, repeats: int) -> dict:
 
 
 @torch.no_grad()
-def bench_model(model, device: torch.device, prefill: int, caches: list[int], verify: int, repeats: int) -> dict:
+def bench_model(model, device: torch.device, prefill: int, caches: list[int], verify: int, repeats: int,
+                verify_short: int = 3) -> dict:
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
@@ -142,13 +145,16 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
         out["decode"][str(length)] = _time(step(cache, length, 1), device, repeats)
     cache = cached(caches[0])
     out["verify"] = {"tokens": verify, "cache": caches[0], **_time(step(cache, caches[0], verify), device, repeats)}
+    if 1 < verify_short < verify:
+        out["verify_short"] = {"tokens": verify_short, "cache": caches[0],
+                               **_time(step(cache, caches[0], verify_short), device, repeats)}
     return out
 
 
 def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
               repeats: int = 3) -> dict:
     """The loaded draft and target timed at a decoding run's shapes (prefill of ``prompt_tokens``, one-token
-    steps and a ``verify``-token forward halfway through ``new_tokens``), in this module's JSON layout."""
+    steps and 3- and ``verify``-token forwards halfway through ``new_tokens``), in this module's JSON layout."""
     result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,
               "models": []}
     for name, model in (("draft", draft), ("target", target)):
@@ -166,6 +172,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill forward")
     p.add_argument("--cache", type=int, nargs="+", default=[256, 1024], help="KV-cache lengths of the decode step")
     p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
+    p.add_argument("--verify-short", type=int, default=3,
+                   help="tokens of a shorter verification forward (separates a verification's fixed and per-token "
+                        "costs; 0 = skip)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--precision", nargs="+", default=None, choices=["auto", *DTYPES, *QUANTIZATIONS],
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
         for precision in precisions:
             model = build(config, device, precision)
             entry = {"name": label, "precision": precision, "shape": shape, "params": params,
-                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats)}
+                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short)}
             result["models"].append(entry)
             print(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr, flush=True)
             del model

@@ -6,6 +6,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from jsonargparse import ActionConfigFile, ArgumentParser
+
 from core.errors import UserError
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
@@ -206,3 +208,22 @@ class EvalConfig:
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
         }
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report.")
+    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
+    p.add_class_arguments(EvalConfig, None, as_group=False)
+    p.add_argument("--report_only", type=bool, default=False,
+                   help="rewrite the report from output_dir/results.jsonl without running anything")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> tuple[EvalConfig, bool]:
+    """The settings ``python -m evaluation`` reads from ``argv`` (a ``--config`` file and overrides), and whether it
+    only rewrites the report."""
+    p = parser()
+    ns = p.instantiate(p.parse_args(argv))
+    report_only = ns.pop("report_only") if hasattr(ns, "pop") else False
+    kw = {k: v for k, v in vars(ns).items() if k not in ("config", "report_only")}
+    return EvalConfig(**kw), bool(report_only)

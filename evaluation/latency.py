@@ -4,11 +4,12 @@ SpecDec++ §5.2 fits the two per-forward times by linear regression over measure
 them (or with per-forward times measured on another device by ``bench_timing``) the latency of any run can be
 predicted from its counts alone, so CPU-measured acceptance traces transfer to a GPU.
 
-From timed forwards (``timing_fit``) the model is Eq. 5.1 with the two costs Eq. 5.1 leaves out: a verification
-of n candidates is one target forward of n + 1 tokens, which costs the one-token step plus n times a per-token
-slope (on a CPU the slope is a sizable share of a step; on a GPU it is near 0), and every run pays each model's
-prefill once. Each candidate is verified once, so the slope is charged per draft forward:
-t_draft = draft step + verify slope, t_target = target step, intercepts = prefill − step.
+From timed forwards (``timing_fit``) the model is Eq. 5.1 with the costs Eq. 5.1 leaves out. A verification of
+n candidates is one target forward of m = n + 1 tokens, which costs v0 + v1·m: on a CPU a forward of a few tokens
+leaves the one-token step's fast path (the 1.5B float32 target: 0.46 s for one token, 0.89 s for 4, 1.31 s for 9),
+on a GPU v1 is near 0. Each candidate is verified once, so Σ m = N_draft + N_target and the model stays linear:
+t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the one-token step per call of a run
+that does not (target-only), and each model's prefill (beyond one step) once per run.
 """
 
 from __future__ import annotations
@@ -41,34 +42,44 @@ class LatencyFit:
     draft_intercept: float = 0.0
     """Per-run overhead of runs that use the draft (its prefill beyond one step); 0 in a regression fit, where
     ``intercept`` absorbs it."""
+    t_target_step: float | None = None
+    """Seconds per target forward in a run that drafts nothing (a one-token step); None: ``t_target``."""
 
     def predict(self, n_draft, n_target, runs: int | np.ndarray = 1):
         """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted)."""
         n_draft, runs = np.asarray(n_draft), np.asarray(runs)
-        return self.t_draft * n_draft + self.t_target * np.asarray(n_target) + self.intercept * runs \
-            + self.draft_intercept * runs * (n_draft > 0)
+        drafted = n_draft > 0
+        t_target = np.where(drafted, self.t_target, self.t_target if self.t_target_step is None else self.t_target_step)
+        return self.t_draft * n_draft + t_target * np.asarray(n_target) + self.intercept * runs \
+            + self.draft_intercept * runs * drafted
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit:
-    """Least-squares fit of ``wall_s`` on (``n_draft``, ``n_target``) with non-negative coefficients.
+    """Least-squares fit of ``wall_s`` on (``n_draft``, ``n_target``) with non-negative coefficients
+    (sklearn's ``LinearRegression(positive=True)``).
 
-    Ordinary least squares first (sklearn's ``LinearRegression``); a coefficient that comes out negative (e.g. no
-    run used the draft) is pinned to 0 and the rest refitted.
+    When some runs drafted and some did not, a target call gets one coefficient in each (``t_target``,
+    ``t_target_step``): a verification of a few tokens and a one-token step are different forwards (module
+    docstring), and one coefficient for both fits neither.
     """
     from sklearn.linear_model import LinearRegression
     from sklearn.metrics import r2_score
 
-    x = np.column_stack([np.asarray(n_draft, float), np.asarray(n_target, float)])
+    n_draft, n_target = np.asarray(n_draft, float), np.asarray(n_target, float)
     y = np.asarray(wall_s, float)
     if len(y) < 2:
         raise ValueError(f"need at least 2 runs to fit the latency model, got {len(y)}")
+    drafted = n_draft > 0
+    split = bool(drafted.any() and (~drafted).any())
+    x = np.column_stack([n_draft, n_target * drafted, n_target * ~drafted] if split else [n_draft, n_target])
     reg = LinearRegression(fit_intercept=intercept, positive=True).fit(x, y)
     pred = reg.predict(x)
     r2 = float(r2_score(y, pred)) if np.ptp(y) > 0 else 1.0
     return LatencyFit(t_draft=float(reg.coef_[0]), t_target=float(reg.coef_[1]),
+                      t_target_step=float(reg.coef_[2]) if split else None,
                       intercept=float(reg.intercept_) if intercept else 0.0, r2=r2, n_runs=len(y))
 
 
@@ -90,10 +101,24 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
 
     d, t = find_entry(timing, draft), find_entry(timing, target)
     d_step, t_step = step_s(d), step_s(t)
-    verify = t["verify"]
-    slope = max(0.0, (verify["median_s"] - t_step) / (verify["tokens"] - 1)) if verify["tokens"] > 1 else 0.0
-    return LatencyFit(t_draft=d_step + slope, t_target=t_step, intercept=max(0.0, t["prefill"]["median_s"] - t_step),
+    v0, v1 = verify_costs(t)
+    return LatencyFit(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
+                      intercept=max(0.0, t["prefill"]["median_s"] - t_step),
                       draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0)
+
+
+def verify_costs(entry: dict) -> tuple[float, float]:
+    """(v0, v1): a verification forward of m tokens costs v0 + v1·m, from the entry's two verify lengths; a file
+    with one length gives the line through the one-token step (v0 + v1 = the step)."""
+    from evaluation.bench_timing import step_s
+
+    long, short = entry["verify"], entry.get("verify_short")
+    if short is None or short["tokens"] >= long["tokens"]:
+        short = {"tokens": 1, "median_s": step_s(entry)}
+    if long["tokens"] <= short["tokens"]:
+        return step_s(entry), 0.0
+    v1 = max(0.0, (long["median_s"] - short["median_s"]) / (long["tokens"] - short["tokens"]))
+    return max(0.0, short["median_s"] - v1 * short["tokens"]), v1
 
 
 def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:

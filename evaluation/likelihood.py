@@ -69,7 +69,11 @@ def score_records(out: Path, records: list[dict], prompt_ids: dict[int, list[int
             scores.get(_key(r), {}).get("tokens_sha256") != tokens_sha256(r["tokens"])]
     if not todo:
         return 0
-    with open(Path(out) / LOGLIK_FILE, "a") as f:
+    path = Path(out) / LOGLIK_FILE
+    torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+    with open(path, "a") as f:
+        if torn:  # an interrupted write left half a line: end it, so the next line stands on its own
+            f.write("\n")
         for r in tqdm(todo, desc="target log-likelihood", disable=quiet, file=sys.stderr):
             value = loglik(prompt_ids[int(r["prompt"])], r["tokens"])
             f.write(json.dumps({"mode": r["mode"], "run": r["run"], "prompt": int(r["prompt"]),

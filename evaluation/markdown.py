@@ -155,9 +155,11 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
                          f" intercept = {f['intercept'] * 1e3:.1f} ms/run, R² = {f['r2']:.4f} over {f['n_runs']} runs")
         else:
             source = "the pair's forwards timed here" if name == "forwards" else f"`{cfg.timing}`"
-            lines.append(f"- from {source}: t_draft = {f['t_draft'] * 1e3:.2f} ms (draft step + the target's "
-                         f"per-token verify slope), t_target = {f['t_target'] * 1e3:.2f} ms (step), prefill "
-                         f"intercepts {f['intercept']:.2f} s (target) + {f.get('draft_intercept', 0.0):.2f} s (draft)")
+            step = f.get("t_target_step") or f["t_target"]
+            lines.append(f"- from {source}: t_draft = {f['t_draft'] * 1e3:.2f} ms (draft step + the per-token part "
+                         f"of a verification), t_target = {f['t_target'] * 1e3:.2f} ms per verification call "
+                         f"({step * 1e3:.2f} ms per one-token step of target-only), prefill intercepts "
+                         f"{f['intercept']:.2f} s (target) + {f.get('draft_intercept', 0.0):.2f} s (draft)")
     lines += ["", "## Goals", "",
               "Intervals: paired bootstrap 95 % over prompts; \"clears\" when the whole interval is on the goal's side.",
               "", "| goal | mode | target | measured | 95 % interval | met | interval clears | margin | detail |",

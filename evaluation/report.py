@@ -121,7 +121,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}
     selection = Path(cfg.output_dir) / SELECTION
-    out["selection"] = json.loads(selection.read_text()) if selection.exists() else None
+    out["selection"] = json.loads(selection.read_text())["modes"] if selection.exists() else None
     for mode in cfg.modes:
         runs = {run: by for (m, run), by in idx.items() if m == mode.name}
         if not runs:

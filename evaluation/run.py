@@ -248,30 +248,38 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
 def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool) -> dict[str, dict]:
     """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
     like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). Written to
-    ``selection.json``."""
+    ``selection.json`` with what it was chosen from (labels, costs, grids), and chosen again when that changes."""
+    from core.cache import file_sha256
     from core.shards import read_manifest
-    from evaluation.simulate import simulated_choice
+    from evaluation.simulate import CHOSEN_BY_SIMULATION, simulated_choice
 
     if cfg.select_by != "simulated":
         return {}
     warp = read_manifest(cfg.labels_dir)["sampling"]
     if (mode.temperature, mode.top_k, mode.top_p) != (warp["temperature"], warp["top_k"], warp["top_p"]):
         return {}
+    fit = selection_fit(latency_fits(cfg, []))
+    if fit is None:
+        raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
+                        "which times the pair's forwards")
+    inputs = json.loads(json.dumps({
+        "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"), "costs": [fit.t_draft, fit.t_target, fit.intercept, fit.draft_intercept],
+        "tokens": cfg.max_new_tokens,
+        "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in sweeps
+                     if s.family in CHOSEN_BY_SIMULATION}}))
     path = out / SELECTION
     selection = json.loads(path.read_text()) if path.exists() else {}
-    if mode.name not in selection:
-        fit = selection_fit(latency_fits(cfg, []))
-        if fit is None:
-            raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
-                            "which times the pair's forwards")
+    selection.setdefault("modes", {})
+    if selection.setdefault("inputs", {}).get(mode.name) != inputs:
         choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens)
-        selection[mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
+        selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
+        selection["inputs"][mode.name] = inputs
         write_json(path, selection)
         if not quiet:
-            for f, c in selection[mode.name].items():
+            for f, c in selection["modes"][mode.name].items():
                 print(f"eval [{mode.name}] {f}: simulator picks {c['run']} (predicted {c['predicted_speedup']:.2f}x "
                       f"over {c['traces']} label traces)", flush=True)
-    return {f: c["params"] for f, c in selection[mode.name].items()}
+    return {f: c["params"] for f, c in selection["modes"][mode.name].items()}
 
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:

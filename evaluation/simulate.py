@@ -276,21 +276,20 @@ def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
 def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     """Predicted against measured, per run of a finished ``make eval`` (its config) in each mode its decoder traces
     were recorded in: N_target/N, N_draft/N and the speedup over target-only with its paired bootstrap interval.
-    Two predictions: from the label traces ``make eval`` chose settings on (every labeled prompt; heads on the
-    held-out ones), and from the decoder traces of the eval's own prompts (``evaluation.traces``). Both use the
-    pair's timed forwards when the eval measured them, else its runs' latency fit. Returns the text, the rows and
-    the cost ratio c of the costs used."""
-    from evaluation.__main__ import parse
+    Rates come from the label traces ``make eval`` chose settings on (every labeled prompt; heads on the held-out
+    ones) and from the decoder traces of the eval's own prompts (``evaluation.traces``). Speedups turn them into
+    latency with each cost model the eval has (``evaluation.latency``): the pair's timed forwards (``forwards``,
+    what the choice used) and its runs' fit (``fit``). Returns the text, the rows and the cost ratio c of the
+    costs the choice used (the runs' fit's when the forwards were not timed)."""
+    from evaluation.config import parse
     from evaluation.intervals import speedup_interval
     from evaluation.latency import latency_fits
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
     records = ResultStore(Path(cfg.output_dir) / "results.jsonl").records()
-    fits = latency_fits(cfg, records)
-    fit_name = "forwards" if fits.get("forwards") else "fit"
-    fit = fits[fit_name]
-    if fit is None:
+    fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
+    if not fits:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
     every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
@@ -298,8 +297,9 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     for r in records:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
     rows, lines = [], []
-    head = f"{'mode / run':<52}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}" \
-           f"{'decod':>7}{'speedup meas [95 %]':>22}{'label':>7}{'decod':>7}{'error':>8}"
+    head = f"{'mode / run':<44}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}{'decod':>7}" \
+           f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>14}{'error':>8}" for name in fits
+                                                   for src in ("label", "decod"))
     for (mode, run), recs in by_run.items():
         family = recs[0]["family"]
         recorded = {t.prompt_id: t for t in read_recorded(cfg.output_dir, mode)}
@@ -310,34 +310,35 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
             continue
         params = {**fixed.get(family, {}), **recs[0]["params"]}
         tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
-        from_labels = simulate(held_out if family in ("specdecpp", "sprinter") else every, family, **params)
-        from_decoder = simulate([recorded[r["prompt"]] for r in recs], family, **params)
+        counts = {"label": simulate(held_out if family in ("specdecpp", "sprinter") else every, family, **params),
+                  "decod": simulate([recorded[r["prompt"]] for r in recs], family, **params)}
         n = sum(r["stats"]["new_tokens"] for r in recs)
         iv = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
         measured = {"target": sum(r["stats"]["target_calls"] for r in recs) / n,
                     "draft": sum(r["stats"]["draft_calls"] for r in recs) / n,
                     "speedup": iv.value, "speedup_ci": [iv.low, iv.high]}
-        predicted = {name: {"target": c.target / c.n, "draft": c.draft / c.n,
-                            "speedup": c.predicted_speedup(fit, tokens)}
-                     for name, c in (("labels", from_labels), ("decoder", from_decoder))}
-        error = predicted["decoder"]["speedup"] / measured["speedup"] - 1
+        rates = {src: {"target": c.target / c.n, "draft": c.draft / c.n} for src, c in counts.items()}
+        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in fits.items()
+                    for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
-                     "predicted": predicted, "speedup_error": error,
-                     "label_speedup_error": predicted["labels"]["speedup"] / measured["speedup"] - 1})
-        pl, pd = predicted["labels"], predicted["decoder"]
-        lines.append(f"{(mode + ' ' + run)[:51]:<52}{measured['target']:>11.3f}{pl['target']:>7.3f}{pd['target']:>7.3f}"
-                     f"{measured['draft']:>11.3f}{pl['draft']:>7.3f}{pd['draft']:>7.3f}"
-                     f"{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}{pl['speedup']:>7.3f}{pd['speedup']:>7.3f}"
-                     f"{error:>+8.1%}")
+                     "rates": rates, "speedups": speedups,
+                     "errors": {k: v / measured["speedup"] - 1 for k, v in speedups.items()}})
+        line = (f"{(mode + ' ' + run)[:43]:<44}{measured['target']:>11.3f}{rates['label']['target']:>7.3f}"
+                f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
+                f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
+        lines.append(line + "".join(f"{v:>14.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
     if not rows:
         raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
                          f"with this config to the end: it records them after the runs)")
-    source = "the pair's timed forwards" if fit_name == "forwards" else f"the runs' fit (R² {fit.r2:.2f})"
-    title = (f"predicted vs measured ({cfg.output_dir}; label traces: {len(every)} ({len(held_out)} held out for "
-             f"heads); decoder traces: the eval's prompts; error: decoder-trace prediction / measured − 1)\n"
-             f"costs from {source}: t_draft {fit.t_draft * 1e3:.1f} ms, t_target {fit.t_target * 1e3:.1f} ms, "
-             f"intercepts {fit.intercept:.2f} + {fit.draft_intercept:.2f} s/run, c = {fit.t_draft / fit.t_target:.3f}")
-    return "\n".join([title, head, "-" * len(head), *lines]), rows, fit.t_draft / fit.t_target
+    costs = [f"{name}: t_draft {f.t_draft * 1e3:.1f} ms, t_target {f.t_target * 1e3:.1f} ms per call"
+             + (f" ({f.t_target_step * 1e3:.1f} ms per target-only step)" if f.t_target_step is not None else "")
+             + f", intercepts {f.intercept:.2f} + {f.draft_intercept:.2f} s/run"
+             + (f", R² {f.r2:.2f} over {f.n_runs} runs" if name == "fit" else "") for name, f in fits.items()]
+    title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "
+             f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
+             f"predicted / measured − 1)\ncost models: " + "; ".join(costs))
+    costs_of_choice = fits.get("forwards") or fits["fit"]
+    return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

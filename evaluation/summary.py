@@ -20,7 +20,8 @@ from evaluation.latency import LatencyFit
 from evaluation.policies import POLICIES
 
 SELECTION = "selection.json"
-"""The settings the trace simulator chose (``select_by: simulated``), per mode and family, in the output folder."""
+"""The settings the trace simulator chose (``select_by: simulated``): ``modes`` → mode → family → choice, and
+``inputs`` → mode → what the choice was made from; in the output folder."""
 
 
 @dataclass
@@ -166,7 +167,7 @@ def preset_runs(out: str | Path, mode: str) -> dict[str, str]:
     path = Path(out) / SELECTION
     if not path.exists():
         return {}
-    return {f: c["run"] for f, c in json.loads(path.read_text()).get(mode, {}).items()}
+    return {f: c["run"] for f, c in json.loads(path.read_text())["modes"].get(mode, {}).items()}
 
 
 def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[int], select_by: str,

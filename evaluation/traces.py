@@ -46,6 +46,8 @@ class Trace:
     """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
     hidden_prev: torch.Tensor
     """(L, d) the state that produced q for it (``prev``)."""
+    candidate: np.ndarray | None = None
+    """The candidate's token id at each position (decoder traces only)."""
     logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
 
@@ -98,11 +100,12 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
     seq = list(prompt_ids)
     _, logp = t.advance(seq + list(tokens[:-1]), rows=len(tokens))
     hidden, logq = d.advance(seq)
-    rows = {k: [] for k in ("acceptance", "logp_draft", "entropy_draft", "hidden", "hidden_prev")}
+    rows = {k: [] for k in ("candidate", "acceptance", "logp_draft", "entropy_draft", "hidden", "hidden_prev")}
     for i, token in enumerate(tokens):
         q = logq[-1]
         y = int(sample_from_logprobs(q, torch.rand((), generator=generator, device=generator.device).to(q.device)))
         own, _ = d.advance(seq + [y])
+        rows["candidate"].append(y)
         rows["acceptance"].append(float(acceptance_probability(q[y], logp[i, y])))
         rows["logp_draft"].append(float(q[y]))
         rows["entropy_draft"].append(float(entropy(q)))
@@ -112,7 +115,8 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
         hidden, logq = d.advance(seq)
     return Trace(prompt_id=prompt_id, acceptance=np.array(rows["acceptance"]),
                  logp_draft=np.array(rows["logp_draft"]), entropy_draft=np.array(rows["entropy_draft"]),
-                 hidden=torch.stack(rows["hidden"]), hidden_prev=torch.stack(rows["hidden_prev"]))
+                 hidden=torch.stack(rows["hidden"]), hidden_prev=torch.stack(rows["hidden_prev"]),
+                 candidate=np.array(rows["candidate"], dtype=np.int64))
 
 
 def trace_path(out: str | Path, mode: str, prompt: int) -> Path:
@@ -127,6 +131,8 @@ def write_trace(path: Path, trace: Trace, tokens_sha256: str) -> None:
     tensors = {"acceptance": torch.from_numpy(trace.acceptance), "logp_draft": torch.from_numpy(trace.logp_draft),
                "entropy_draft": torch.from_numpy(trace.entropy_draft), "hidden": trace.hidden.contiguous(),
                "hidden_prev": trace.hidden_prev.contiguous()}
+    if trace.candidate is not None:
+        tensors["candidate"] = torch.from_numpy(trace.candidate)
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata={"prompt_id": str(trace.prompt_id), "tokens_sha256": tokens_sha256})
     os.replace(tmp, path)
@@ -152,7 +158,7 @@ def read_recorded(out: str | Path, mode: str) -> list[Trace]:
         x = load_file(str(path))
         traces.append(Trace(prompt_id=int(path.stem), acceptance=x["acceptance"].numpy(),
                             logp_draft=x["logp_draft"].numpy(), entropy_draft=x["entropy_draft"].numpy(),
-                            hidden=x["hidden"], hidden_prev=x["hidden_prev"]))
+                            hidden=x["hidden"], hidden_prev=x["hidden_prev"], candidate=x["candidate"].numpy() if "candidate" in x else None))
     return traces
 
 

@@ -49,6 +49,8 @@ class FakePolicy:
             nt, nd, disc, lens = rounds, rounds * k, rounds * (k - acc), [acc] * rounds
         wall = T_DRAFT * nd + T_TARGET * nt
         tokens = [(i + len(prompt_ids)) % 7 + 3 for i in range(n)]
+        if self.name == "draft_only":  # an approximate policy's output differs from the target's
+            tokens = [t + 1 for t in tokens]
         return FakeResult(tokens, DecodeStats(wall, n, nt, nd, disc, lens))
 
 
@@ -60,7 +62,13 @@ class FakeTokenizer:
         return " ".join(f"w{i}" for i in ids)
 
 
-def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bool = True) -> Engine:
+def fake_loglik(prompt_ids: list[int], tokens: list[int]) -> float:
+    """A stand-in for the target's mean log-likelihood: a function of the tokens alone."""
+    return -sum(tokens) / len(tokens) / 10
+
+
+def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bool = True,
+                loglik=None) -> Engine:
     calls = [] if calls is None else calls
 
     def build(name, **kw):
@@ -77,7 +85,7 @@ def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bo
                          "target_calls": n // 2, "draft_calls": n, "discarded": None, "accepted_lengths": None}
 
     return Engine(tokenizer=FakeTokenizer(), make_pair=lambda s: FakePair(s), build_policy=build,
-                  hf_generate=hf_generate if hf else None)
+                  hf_generate=hf_generate if hf else None, loglik=loglik)
 
 
 def write_prompt_file(path, n: int = 4):

@@ -50,3 +50,55 @@ def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):
     assert set(result["models"][0]["decode"]) == {"4", "8"}
     fit = timing_fit(result)
     assert fit.t_draft > 0 and fit.t_target > 0
+
+
+def timing_file(d_step=0.05, d_prefill=0.5, t_step=0.5, t_verify=1.3, verify_tokens=9, t_prefill=3.5,
+                t_verify_short=None) -> dict:
+    """A ``bench_timing`` JSON with hand-set medians (``t_verify_short``: a 3-token verify too)."""
+    def entry(name, step, prefill, verify, short=None):
+        out = {"name": name, "precision": "float32", "prefill": {"tokens": 128, "median_s": prefill},
+               "decode": {"128": {"median_s": step}}, "verify": {"tokens": verify_tokens, "median_s": verify}}
+        if short is not None:
+            out["verify_short"] = {"tokens": 3, "median_s": short}
+        return out
+    return {"models": [entry("draft", d_step, d_prefill, d_step * 2),
+                       entry("target", t_step, t_prefill, t_verify, t_verify_short)]}
+
+
+def test_timed_forwards_charge_the_verify_slope_per_draft_forward_and_each_prefill_once():
+    """A verification of n candidates is a target forward of n + 1 tokens: step + n · slope, so each drafted
+    candidate costs a draft step plus the slope; each model's prefill beyond one step is paid once per run."""
+    fit = timing_fit(timing_file())
+    slope = (1.3 - 0.5) / 8
+    assert fit.t_draft == pytest.approx(0.05 + slope) and fit.t_target == pytest.approx(0.5)
+    assert fit.intercept == pytest.approx(3.0) and fit.draft_intercept == pytest.approx(0.45)
+    # SD with K = 8 and 3 rounds: 24 draft forwards, 3 verifications of 9 tokens, both prefills
+    assert fit.predict(24, 3) == pytest.approx(24 * 0.05 + 3 * 1.3 + 3.0 + 0.45)
+    assert fit.predict(0, 10) == pytest.approx(10 * 0.5 + 3.0)  # target-only pays no draft prefill
+    flat = timing_fit(timing_file(t_verify=0.5))  # a GPU-like verify that costs one step: no slope
+    assert flat.t_draft == pytest.approx(0.05)
+
+
+def test_two_verify_lengths_separate_a_verifications_fixed_and_per_token_costs():
+    """On a CPU a few-token forward leaves the one-token fast path: T(3) = 0.8 s, T(9) = 1.3 s against a 0.5 s step
+    give v1 = 1/12 s per token and v0 = 0.55 s; runs that draft pay v0 + v1 per call, target-only the step."""
+    fit = timing_fit(timing_file(t_verify_short=0.8))
+    v1 = 0.5 / 6
+    assert fit.t_draft == pytest.approx(0.05 + v1) and fit.t_target == pytest.approx(0.8 - 3 * v1 + v1)
+    assert fit.t_target_step == pytest.approx(0.5)
+    # SD with K = 3 over 3 rounds: three 4-token verifications cost 3·T(4) = 3·(0.55 + 4·v1)
+    assert fit.predict(9, 3) == pytest.approx(9 * 0.05 + 3 * (0.55 + 4 * v1) + 3.0 + 0.45)
+    assert fit.predict(0, 10) == pytest.approx(10 * 0.5 + 3.0)
+
+
+def test_the_fit_gives_target_only_steps_their_own_cost():
+    """Runs that draft verify several tokens per target call; target-only steps one: each gets its coefficient."""
+    rng = np.random.default_rng(2)
+    nd, nt = rng.integers(20, 60, 40), rng.integers(10, 20, 40)
+    steps = rng.integers(40, 60, 10)
+    wall = np.r_[0.03 * nd + 0.9 * nt, 0.4 * steps] + 4.0
+    fit = fit_latency(np.r_[nd, np.zeros(10)], np.r_[nt, steps], wall)
+    assert (fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept) == pytest.approx((0.03, 0.9, 0.4, 4.0))
+    assert fit.predict(0, 50) == pytest.approx(0.4 * 50 + 4.0) and fit.predict(30, 10) == pytest.approx(0.9 + 9 + 4)
+    single = fit_latency(nd, nt, wall[:40])  # no target-only run: one target coefficient
+    assert single.t_target_step is None and single.predict(0, 50) == pytest.approx(0.9 * 50 + 4.0)

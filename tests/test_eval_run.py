@@ -313,3 +313,46 @@ def test_a_peer_head_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_
         run_eval(make_cfg(tmp_path, hf_peer=HFPeer(heads=[stop], thresholds={own: 0.5})), fake_engine(calls),
                  quiet=True)
     assert calls == []
+
+
+def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_path):
+    """select_by: simulated: in the mode sampled like the labels, each exact family's setting is the one the trace
+    simulator predicts fastest at the costs of the timing file, and only it is decoded; other modes sweep."""
+    from test_eval_latency import timing_file
+
+    from data_gen.run import run_labels
+    from evaluation.latency import timing_fit
+    from evaluation.simulate import selection_traces, simulate
+
+    labels = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(labels, quiet=True)
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps(timing_file()))
+    grid = [1, 2, 4, 8]
+    cfg = make_cfg(tmp_path, select_by="simulated", labels_dir=str(labels.output_dir), timing=str(timing),
+                   policies=[Sweep("target_only"), Sweep("sd", grid={"k": grid}),
+                             Sweep("confidence", grid={"threshold": [0.1, 0.5, 0.9]})])
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    every, _ = selection_traces(labels.output_dir)
+    fit = timing_fit(timing_file())
+    predicted = [simulate(every, "sd", k=k).predicted_speedup(fit, cfg.max_new_tokens) for k in grid]
+    assert len(set(predicted)) == len(grid)  # the grid's settings are told apart
+    best = grid[int(np.argmax(predicted))]
+    selection = json.loads((out / "selection.json").read_text())["modes"]["sample"]
+    assert selection["sd"]["params"] == {"k": best} and set(selection) == {"sd", "confidence"}
+    assert [g["predicted_speedup"] for g in selection["sd"]["grid"]] == pytest.approx(predicted)
+    runs = {}
+    for r in ResultStore(out / "results.jsonl").records():
+        runs.setdefault((r["mode"], r["family"]), set()).add(r["run"])
+    assert runs[("sample", "sd")] == {f"sd[k={best}]"} and len(runs[("sample", "confidence")]) == 1
+    assert len(runs[("greedy", "sd")]) == len(grid)  # greedy is not what the traces hold: measured sweep
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["modes"]["sample"]["chosen"]["sd"] == f"sd[k={best}]"
+    assert "## Settings chosen by the trace simulator" in (out / "report.md").read_text()
+    # resumed with another grid: chosen again from it, not read back from the first choice
+    cfg.policies[1] = Sweep("sd", grid={"k": [7, 9]})
+    run_eval(cfg, fake_engine(), quiet=True)
+    selection = json.loads((out / "selection.json").read_text())["modes"]["sample"]
+    assert selection["sd"]["params"]["k"] in (7, 9) and len(selection["sd"]["grid"]) == 2
+    with pytest.raises(EvalError, match="labels_dir"):
+        make_cfg(tmp_path, select_by="simulated", labels_dir=None)

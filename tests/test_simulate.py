@@ -119,3 +119,41 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     oracle = rows[0]["counts"]
     assert all(r["counts"].speedup(0.1) <= oracle.speedup(0.1) + 1e-9 for r in rows if r["family"] != "sprinter")
     assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
+
+
+def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_pair, prompt_file, tmp_path, capsys):
+    """``--eval CONFIG``: a real (tiny) eval times its forwards, scores and traces its outputs; the simulator then
+    sets each exact run beside its predictions from the label traces and from the decoder traces of its prompts."""
+    import yaml
+
+    from data_gen.run import run_labels
+    from evaluation.__main__ import main as eval_main
+
+    labels = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(labels, quiet=True)
+    out = tmp_path / "eval"
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "draft": {"path": str(tiny_pair[0]), "name": "tiny-draft"},
+        "target": {"path": str(tiny_pair[1]), "name": "tiny-target"},
+        "prompts": {"source": str(prompt_file), "response_field": "answer", "limit": 4},
+        "modes": [{"name": "sample", "temperature": 1.0}],
+        "policies": [{"family": "target_only"}, {"family": "sd", "grid": {"k": [2, 3]}},
+                     {"family": "confidence", "grid": {"threshold": [0.3]}}],
+        "max_new_tokens": 6, "select_by": "simulated", "hf_peer": {"enabled": False}, "train_dir": None,
+        "labels_dir": str(labels.output_dir), "output_dir": str(out), "device": "cpu", "warmup": False}))
+    assert eval_main(["--config", str(config)]) == 0
+    assert len(list((out / "traces" / "sample").glob("*.safetensors"))) == 4
+    capsys.readouterr()
+    text, rows, c = sim.validate(labels.output_dir, str(config))
+    assert {r["family"] for r in rows} == {"sd", "confidence"} and c > 0
+    for r in rows:
+        m = r["measured"]
+        lo, hi = m["speedup_ci"]
+        assert lo <= m["speedup"] <= hi
+        assert set(r["speedups"]) == {"label·forwards", "decod·forwards", "label·fit", "decod·fit"}
+        for key, value in r["speedups"].items():
+            assert value > 0 and r["errors"][key] == pytest.approx(value / m["speedup"] - 1)
+        for source in ("label", "decod"):
+            assert 0 < r["rates"][source]["target"] <= 1
+    assert "predicted vs measured" in text and "decoder traces" in text
