@@ -152,7 +152,7 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
 
 
 def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
-              repeats: int = 3) -> dict:
+              repeats: int = 5) -> dict:
     """The loaded draft and target timed at a decoding run's shapes (prefill of ``prompt_tokens``, one-token
     steps and 3- and ``verify``-token forwards halfway through ``new_tokens``), in this module's JSON layout."""
     result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,

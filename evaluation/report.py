@@ -53,25 +53,31 @@ def _ratio_interval(runs: dict[int, dict], other: dict[int, dict] | None) -> lis
     return [iv.low, iv.high]
 
 
-def _loglik(runs: dict[int, dict], base: dict[int, dict] | None) -> dict:
+def _loglik(runs: dict[int, dict], exact_runs: list[dict[int, dict]]) -> dict:
     """The target's mean log-likelihood per token of the run's outputs (mean over prompts, with its bootstrap
-    interval), and its difference from target-only's paired by prompt (``evaluation.likelihood``)."""
+    interval), and its difference, paired by prompt, from the mean over the mode's other exact runs (every one
+    samples p: their mean is a steadier reference than target-only's single sample; ``evaluation.likelihood``)."""
     scored = {p: r["target_loglik"] for p, r in runs.items() if r.get("target_loglik") is not None}
-    out = {"loglik": None, "loglik_ci": None, "loglik_vs_target": None, "loglik_vs_target_ci": None}
+    out = {"loglik": None, "loglik_ci": None, "loglik_vs_exact": None, "loglik_vs_exact_ci": None}
     if len(scored) < 2:
         return out
     iv = mean_interval(list(scored.values()))
     out.update(loglik=iv.value, loglik_ci=[iv.low, iv.high])
-    ids = sorted(p for p in scored if (base or {}).get(p, {}).get("target_loglik") is not None)
-    if len(ids) >= 2:
-        iv = mean_interval([scored[p] - base[p]["target_loglik"] for p in ids])
-        out.update(loglik_vs_target=iv.value, loglik_vs_target_ci=[iv.low, iv.high])
+    diffs = []
+    for p, value in scored.items():
+        ref = [other[p]["target_loglik"] for other in exact_runs if other is not runs
+               and other.get(p, {}).get("target_loglik") is not None]
+        if ref:
+            diffs.append(value - sum(ref) / len(ref))
+    if len(diffs) >= 2:
+        iv = mean_interval(diffs)
+        out.update(loglik_vs_exact=iv.value, loglik_vs_exact_ci=[iv.low, iv.high])
     return out
 
 
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
          sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False,
-         sd: dict[int, dict] | None = None) -> dict:
+         sd: dict[int, dict] | None = None, exact_runs: list[dict[int, dict]] = ()) -> dict:
     row = {
         "run": t.run, "family": t.family, "params": t.params, "prompts": len(t.prompts),
         "new_tokens": t.new_tokens, "wall_s": t.wall_s, "tokens_per_s": t.tokens_per_s,
@@ -86,7 +92,7 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
         "mean_accepted": t.mean_accepted, "pass_at_1": t.pass_at_1,
         "per_prompt_speedup": spread(list(per_prompt_speedup(by_prompt, base).values())) if base else None,
         "same_as_target": agreement(by_prompt, base) if greedy and base else None,
-        **_loglik(by_prompt, base),
+        **_loglik(by_prompt, list(exact_runs)),
     }
     for name, fit in fits.items():
         pred = t.predicted_s_per_token(fit)
@@ -135,16 +141,17 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         sd = runs.get(chosen.get("sd", ""))
         sd_t = totals(sd) if sd else None
         greedy = mode.temperature == 0
+        exact_runs = [runs[chosen[f]] for f in ours if f in chosen and POLICIES[f].exact]
         table = []
         for fam in ours:
             if fam in chosen:
                 t = totals(runs[chosen[fam]])
-                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy, sd),
+                table.append({**_row(t, runs[t.run], base, base_t, sd_t, fits, greedy, sd, exact_runs),
                               **{"rouge": _rouge_rows(runs[t.run], sd, refs)}})
         for run in sorted((r for r, f in fam_of.items() if f in PEER_FAMILIES),
                           key=lambda r: (PEER_FAMILIES.index(fam_of[r]), r)):
             t = totals(runs[run])
-            table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy, sd),
+            table.append({**_row(t, runs[run], base, base_t, sd_t, fits, greedy, sd, exact_runs),
                           "rouge": _rouge_rows(runs[run], sd, refs)})
         sweep = []
         for run in sorted(runs, key=lambda r: _sweep_order(cfg, fam_of[r], next(iter(runs[r].values()))["params"], r)):
@@ -154,7 +161,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
             if t is None:
                 continue
             row = _row(t, {p: runs[run][p] for p in sweep_ids}, base, totals(base, sweep_ids) if base else None,
-                       totals(sd, sweep_ids) if sd else None, fits, greedy, sd)
+                       totals(sd, sweep_ids) if sd else None, fits, greedy, sd, exact_runs)
             if not POLICIES[fam_of[run]].exact or POLICIES[fam_of[run]].reference:
                 row["rouge"] = _rouge_rows({p: runs[run][p] for p in sweep_ids}, sd, refs)
             row["chosen"] = chosen.get(fam_of[run]) == run

@@ -298,7 +298,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
     rows, lines = [], []
     head = f"{'mode / run':<44}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}{'decod':>7}" \
-           f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>14}{'error':>8}" for name in fits
+           f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>16}{'error':>8}" for name in fits
                                                    for src in ("label", "decod"))
     for (mode, run), recs in by_run.items():
         family = recs[0]["family"]
@@ -326,7 +326,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         line = (f"{(mode + ' ' + run)[:43]:<44}{measured['target']:>11.3f}{rates['label']['target']:>7.3f}"
                 f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
                 f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
-        lines.append(line + "".join(f"{v:>14.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
+        lines.append(line + "".join(f"{v:>16.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
     if not rows:
         raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
                          f"with this config to the end: it records them after the runs)")

@@ -44,12 +44,13 @@ def test_fit_records_skips_runs_without_counts():
 def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):
     out = tmp_path / "timing.json"
     bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4", "8",
-                       "--verify", "2", "--repeats", "1", "--device", "cpu", "--out", str(out), "--precision", "float32"])
+                       "--verify", "5", "--repeats", "1", "--device", "cpu", "--out", str(out), "--precision", "float32"])
     result = json.loads(out.read_text())
     assert [m["name"] for m in result["models"]] == ["draft", "target"]
     assert set(result["models"][0]["decode"]) == {"4", "8"}
+    assert [result["models"][1][k]["tokens"] for k in ("verify_short", "verify")] == [3, 5]
     fit = timing_fit(result)
-    assert fit.t_draft > 0 and fit.t_target > 0
+    assert fit.t_draft > 0 and fit.t_target > 0 and fit.t_target_step > 0
 
 
 def timing_file(d_step=0.05, d_prefill=0.5, t_step=0.5, t_verify=1.3, verify_tokens=9, t_prefill=3.5,

@@ -56,18 +56,19 @@ def test_scores_resume_and_never_attach_to_other_tokens(tmp_path):
     assert {r["run"]: r["target_loglik"] for r in attach_scores(tmp_path, changed)}["b"] == -3.0
 
 
-def test_report_gives_each_runs_loglik_and_its_paired_difference_from_target_only(tmp_path):
+def test_report_gives_each_runs_loglik_and_its_paired_difference_from_the_exact_runs(tmp_path):
     cfg = make_cfg(tmp_path)
     out = run_eval(cfg, fake_engine(loglik=fake_loglik), quiet=True)
     rep = json.loads((out / "report.json").read_text())
     rows = {r["family"]: r for r in rep["modes"]["sample"]["table"]}
     # the fake exact policies repeat target-only's tokens: Δ exactly 0; draft-only's tokens are each one higher
-    assert rows["sd"]["loglik_vs_target"] == 0 and rows["sd"]["loglik"] == rows["target_only"]["loglik"]
-    assert rows["draft_only"]["loglik_vs_target"] == pytest.approx(-0.1)
+    assert rows["sd"]["loglik_vs_exact"] == 0 and rows["sd"]["loglik"] == rows["target_only"]["loglik"]
+    assert rows["target_only"]["loglik_vs_exact"] == 0
+    assert rows["draft_only"]["loglik_vs_exact"] == pytest.approx(-0.1)
     lo, hi = rows["target_only"]["loglik_ci"]
     assert lo <= rows["target_only"]["loglik"] <= hi and lo < hi  # prompts differ: a real interval
     md = (out / "report.md").read_text()
-    assert "log p/token [95 %]" in md and "Δ log p vs target [95 %]" in md
+    assert "log p/token [95 %]" in md and "Δ log p vs exact [95 %]" in md
     (tmp_path / "other").mkdir()
     no_scores = run_eval(make_cfg(tmp_path / "other"), fake_engine(), quiet=True)
     assert not (no_scores / LOGLIK_FILE).exists()
