@@ -135,7 +135,7 @@ def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
     return fits
 
 
-def selection_fit(fits: dict[str, LatencyFit | None]) -> LatencyFit | None:
-    """The fit that chooses settings when ``select_by`` is ``predicted`` or ``simulated``: the timing file's
-    (another device), else the pair's timed forwards on this one, else the runs'."""
-    return fits.get("timing") or fits.get("forwards") or fits["fit"]
+def selection_fit(fits: dict[str, LatencyFit | None], simulated: bool = False) -> LatencyFit | None:
+    """The fit that chooses settings: the timing file's (another device), else, for ``select_by: simulated``, the
+    pair's timed forwards on this one (the only costs known before any run), else the runs'."""
+    return fits.get("timing") or (fits.get("forwards") if simulated else None) or fits["fit"]

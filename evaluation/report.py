@@ -53,7 +53,7 @@ def _ratio_interval(runs: dict[int, dict], other: dict[int, dict] | None) -> lis
     return [iv.low, iv.high]
 
 
-def _loglik(runs: dict[int, dict], exact_runs: list[dict[int, dict]]) -> dict:
+def _loglik(run: str, runs: dict[int, dict], exact_runs: dict[str, dict[int, dict]]) -> dict:
     """The target's mean log-likelihood per token of the run's outputs (mean over prompts, with its bootstrap
     interval), and its difference, paired by prompt, from the mean over the mode's other exact runs (every one
     samples p: their mean is a steadier reference than target-only's single sample; ``evaluation.likelihood``)."""
@@ -65,7 +65,7 @@ def _loglik(runs: dict[int, dict], exact_runs: list[dict[int, dict]]) -> dict:
     out.update(loglik=iv.value, loglik_ci=[iv.low, iv.high])
     diffs = []
     for p, value in scored.items():
-        ref = [other[p]["target_loglik"] for other in exact_runs if other is not runs
+        ref = [other[p]["target_loglik"] for name, other in exact_runs.items() if name != run
                and other.get(p, {}).get("target_loglik") is not None]
         if ref:
             diffs.append(value - sum(ref) / len(ref))
@@ -77,7 +77,7 @@ def _loglik(runs: dict[int, dict], exact_runs: list[dict[int, dict]]) -> dict:
 
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
          sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False,
-         sd: dict[int, dict] | None = None, exact_runs: list[dict[int, dict]] = ()) -> dict:
+         sd: dict[int, dict] | None = None, exact_runs: dict[str, dict[int, dict]] | None = None) -> dict:
     row = {
         "run": t.run, "family": t.family, "params": t.params, "prompts": len(t.prompts),
         "new_tokens": t.new_tokens, "wall_s": t.wall_s, "tokens_per_s": t.tokens_per_s,
@@ -92,7 +92,7 @@ def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, ba
         "mean_accepted": t.mean_accepted, "pass_at_1": t.pass_at_1,
         "per_prompt_speedup": spread(list(per_prompt_speedup(by_prompt, base).values())) if base else None,
         "same_as_target": agreement(by_prompt, base) if greedy and base else None,
-        **_loglik(by_prompt, list(exact_runs)),
+        **_loglik(t.run, by_prompt, exact_runs or {}),
     }
     for name, fit in fits.items():
         pred = t.predicted_s_per_token(fit)
@@ -127,7 +127,8 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}
     selection = Path(cfg.output_dir) / SELECTION
-    out["selection"] = json.loads(selection.read_text())["modes"] if selection.exists() else None
+    out["selection"] = json.loads(selection.read_text())["modes"] \
+        if cfg.select_by == "simulated" and selection.exists() else None
     for mode in cfg.modes:
         runs = {run: by for (m, run), by in idx.items() if m == mode.name}
         if not runs:
@@ -135,13 +136,13 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
         fam_of = {run: next(iter(by.values()))["family"] for run, by in runs.items()}
         ours = sorted({f for f in fam_of.values() if f not in PEER_FAMILIES}, key=lambda f: _family_order(cfg, f))
         chosen = choose(records, mode.name, ours, sweep_ids, cfg.select_by, select_fit, cfg.max_pass_drop,
-                        preset=preset_runs(cfg.output_dir, mode.name))
+                        preset=preset_runs(cfg.output_dir, mode.name, cfg.select_by))
         base = runs.get(chosen.get("target_only", "target_only"))
         base_t = totals(base) if base else None
         sd = runs.get(chosen.get("sd", ""))
         sd_t = totals(sd) if sd else None
         greedy = mode.temperature == 0
-        exact_runs = [runs[chosen[f]] for f in ours if f in chosen and POLICIES[f].exact]
+        exact_runs = {chosen[f]: runs[chosen[f]] for f in ours if f in chosen and POLICIES[f].exact}
         table = []
         for fam in ours:
             if fam in chosen:

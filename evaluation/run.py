@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import platform
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
-from evaluation.summary import SELECTION, best_k, choose, preset_runs
+from evaluation.summary import SELECTION, best_k, choose
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -235,14 +236,19 @@ def head_files(cfg: EvalConfig) -> list[str]:
 
 
 def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, quiet: bool) -> None:
-    """Time the pair's forwards at this run's shapes once (``evaluation.latency.FORWARD_TIMING``)."""
+    """Time the pair's forwards at this run's shapes (``evaluation.latency.FORWARD_TIMING``), again when a resumed
+    run has other shapes or another machine than the file was timed on."""
     path = out / FORWARD_TIMING
-    if engine.time_forwards is None or path.exists():
+    if engine.time_forwards is None:
+        return
+    prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
+    timed_at = {"layout": 2, "machine": f"{platform.node()} {platform.processor()} {torch.get_num_threads()} threads",
+                "prompt_tokens": prompt_tokens, "new_tokens": cfg.max_new_tokens}
+    if path.exists() and json.loads(path.read_text()).get("timed_at") == timed_at:
         return
     if not quiet:
         print("eval: timing the draft's and the target's forwards on this device", flush=True)
-    prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
-    write_json(path, engine.time_forwards(prompt_tokens, cfg.max_new_tokens))
+    write_json(path, {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens), "timed_at": timed_at})
 
 
 def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool) -> dict[str, dict]:
@@ -253,24 +259,30 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     from core.shards import read_manifest
     from evaluation.simulate import CHOSEN_BY_SIMULATION, simulated_choice
 
-    if cfg.select_by != "simulated":
-        return {}
-    warp = read_manifest(cfg.labels_dir)["sampling"]
-    if (mode.temperature, mode.top_k, mode.top_p) != (warp["temperature"], warp["top_k"], warp["top_p"]):
-        return {}
-    fit = selection_fit(latency_fits(cfg, []))
-    if fit is None:
-        raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
-                        "which times the pair's forwards")
-    inputs = json.loads(json.dumps({
-        "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"), "costs": [fit.t_draft, fit.t_target, fit.intercept, fit.draft_intercept],
-        "tokens": cfg.max_new_tokens,
-        "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in sweeps
-                     if s.family in CHOSEN_BY_SIMULATION}}))
     path = out / SELECTION
     selection = json.loads(path.read_text()) if path.exists() else {}
     selection.setdefault("modes", {})
-    if selection.setdefault("inputs", {}).get(mode.name) != inputs:
+    selection.setdefault("inputs", {})
+    warp = read_manifest(cfg.labels_dir)["sampling"] if cfg.select_by == "simulated" else None
+    if warp is None or (mode.temperature, mode.top_k, mode.top_p) != (warp["temperature"], warp["top_k"],
+                                                                      warp["top_p"]):
+        if selection["modes"].pop(mode.name, None) is not None:  # a choice of other settings: not this run's
+            selection["inputs"].pop(mode.name, None)
+            write_json(path, selection)
+        return {}
+    fit = selection_fit(latency_fits(cfg, []), simulated=True)
+    if fit is None:
+        raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
+                        "which times the pair's forwards")
+    chosen_here = [s for s in sweeps if s.family in CHOSEN_BY_SIMULATION]
+    heads = sorted({str(h) for s in chosen_here for h in [s.fixed.get("head"), *s.grid.get("head", [])] if h})
+    inputs = json.loads(json.dumps({
+        "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"),
+        "heads_sha256": {h: file_sha256(Path(h)) for h in heads},
+        "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept],
+        "tokens": cfg.max_new_tokens,
+        "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
+    if selection["inputs"].get(mode.name) != inputs:
         choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
@@ -314,7 +326,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
                 runner.policy(mode, pair, s.family, s.fixed, params, sweep_ids if len(settings) > 1 else all_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
                         selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
-                        preset=preset_runs(out, mode.name))
+                        preset={f: run_label(f, params) for f, params in simulated.items()})
         for s in sweeps:
             if s.family in chosen:
                 params = next(r["params"] for r in store.records()

@@ -283,7 +283,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     costs the choice used (the runs' fit's when the forwards were not timed)."""
     from evaluation.config import parse
     from evaluation.intervals import speedup_interval
-    from evaluation.latency import latency_fits
+    from evaluation.latency import latency_fits, selection_fit
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
@@ -337,7 +337,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs))
-    costs_of_choice = fits.get("forwards") or fits["fit"]
+    costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
 

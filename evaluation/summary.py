@@ -162,10 +162,11 @@ def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
     return t.s_per_token
 
 
-def preset_runs(out: str | Path, mode: str) -> dict[str, str]:
-    """family → the run the trace simulator chose for it in ``mode`` (``selection.json``; {} when none)."""
+def preset_runs(out: str | Path, mode: str, select_by: str) -> dict[str, str]:
+    """family → the run the trace simulator chose for it in ``mode`` (``selection.json``); {} when settings are
+    not chosen by simulation or none was."""
     path = Path(out) / SELECTION
-    if not path.exists():
+    if select_by != "simulated" or not path.exists():
         return {}
     return {f: c["run"] for f, c in json.loads(path.read_text())["modes"].get(mode, {}).items()}
 

@@ -51,6 +51,8 @@ class FakePolicy:
         tokens = [(i + len(prompt_ids)) % 7 + 3 for i in range(n)]
         if self.name == "draft_only":  # an approximate policy's output differs from the target's
             tokens = [t + 1 for t in tokens]
+        if self.name == "specdecpp":  # another sample of the target's distribution than target-only's
+            tokens = [t + 2 for t in tokens]
         return FakeResult(tokens, DecodeStats(wall, n, nt, nd, disc, lens))
 
 

@@ -61,10 +61,14 @@ def test_report_gives_each_runs_loglik_and_its_paired_difference_from_the_exact_
     out = run_eval(cfg, fake_engine(loglik=fake_loglik), quiet=True)
     rep = json.loads((out / "report.json").read_text())
     rows = {r["family"]: r for r in rep["modes"]["sample"]["table"]}
-    # the fake exact policies repeat target-only's tokens: Δ exactly 0; draft-only's tokens are each one higher
-    assert rows["sd"]["loglik_vs_exact"] == 0 and rows["sd"]["loglik"] == rows["target_only"]["loglik"]
-    assert rows["target_only"]["loglik_vs_exact"] == 0
-    assert rows["draft_only"]["loglik_vs_exact"] == pytest.approx(-0.1)
+    # SD repeats target-only's tokens; SpecDec++'s (another exact sample) and draft-only's are 2 and 1 higher, so
+    # their fake log-likelihoods are 0.2 and 0.1 lower. Each run is set against the mean of the *other* exact runs.
+    assert rows["sd"]["loglik"] == rows["target_only"]["loglik"]
+    assert rows["sd"]["loglik_vs_exact"] == pytest.approx(0.1) == rows["target_only"]["loglik_vs_exact"]
+    assert rows["specdecpp"]["loglik_vs_exact"] == pytest.approx(-0.2)
+    assert rows["draft_only"]["loglik_vs_exact"] == pytest.approx(-0.1 + 0.2 / 3)
+    chosen_sd = next(r for r in rep["modes"]["sample"]["sweep"] if r["run"] == rows["sd"]["run"])
+    assert chosen_sd["loglik_vs_exact"] == pytest.approx(0.1)  # on the sweep prompts, still not against itself
     lo, hi = rows["target_only"]["loglik_ci"]
     assert lo <= rows["target_only"]["loglik"] <= hi and lo < hi  # prompts differ: a real interval
     md = (out / "report.md").read_text()

@@ -354,5 +354,11 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
     run_eval(cfg, fake_engine(), quiet=True)
     selection = json.loads((out / "selection.json").read_text())["modes"]["sample"]
     assert selection["sd"]["params"]["k"] in (7, 9) and len(selection["sd"]["grid"]) == 2
+    # resumed with select_by: measured: the old choice neither decides nor is reported
+    cfg.select_by = "measured"
+    rep = json.loads((run_eval(cfg, fake_engine(), quiet=True) / "report.json").read_text())
+    assert rep["selection"] is None and "sample" not in json.loads((out / "selection.json").read_text())["modes"]
+    swept = [r for r in rep["modes"]["sample"]["sweep"] if r["family"] == "sd"]
+    assert len(swept) >= 3 and rep["modes"]["sample"]["chosen"]["sd"] == max(swept, key=lambda r: r["tokens_per_s"])["run"]
     with pytest.raises(EvalError, match="labels_dir"):
         make_cfg(tmp_path, select_by="simulated", labels_dir=None)
