@@ -305,6 +305,10 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     prompts = load_prompts(cfg.prompts)
     store = ResultStore(out / "results.jsonl")
     heads = head_files(cfg)
+    if cfg.select_by == "simulated":  # the labels the choice replays, checked before the models load
+        from core.shards import read_manifest
+
+        read_manifest(cfg.labels_dir)
     engine = engine or Engine.load(cfg)
     if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
         for path in heads:

@@ -362,3 +362,18 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
     assert len(swept) >= 3 and rep["modes"]["sample"]["chosen"]["sd"] == max(swept, key=lambda r: r["tokens_per_s"])["run"]
     with pytest.raises(EvalError, match="labels_dir"):
         make_cfg(tmp_path, select_by="simulated", labels_dir=None)
+
+
+def test_simulated_selection_without_labels_is_one_line_before_any_model_loads(tmp_path, capsys):
+    from evaluation.__main__ import main
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "draft": {"path": str(tmp_path / "no-draft")}, "target": {"path": str(tmp_path / "no-target")},
+        "prompts": {"source": str(write_prompt_file(tmp_path / "prompts.jsonl")), "response_field": "answer"},
+        "policies": [{"family": "target_only"}], "select_by": "simulated", "train_dir": None,
+        "labels_dir": str(tmp_path / "no-labels"), "output_dir": str(tmp_path / "eval")}))
+    assert main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no-labels" in errors[0] and "Traceback" not in err
