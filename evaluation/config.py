@@ -57,6 +57,11 @@ class Mode:
     def runs(self, family: str) -> bool:
         return self.families is None or family in self.families
 
+    def samples_like(self, sampling: dict) -> bool:
+        """Whether this mode warps p and q as ``sampling`` (a labels manifest's ``sampling``) did."""
+        return (self.temperature, self.top_k, self.top_p) == (sampling["temperature"], sampling["top_k"],
+                                                              sampling["top_p"])
+
 
 @dataclass
 class Sweep:

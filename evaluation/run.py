@@ -263,9 +263,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     selection = json.loads(path.read_text()) if path.exists() else {}
     selection.setdefault("modes", {})
     selection.setdefault("inputs", {})
-    warp = read_manifest(cfg.labels_dir)["sampling"] if cfg.select_by == "simulated" else None
-    if warp is None or (mode.temperature, mode.top_k, mode.top_p) != (warp["temperature"], warp["top_k"],
-                                                                      warp["top_p"]):
+    if cfg.select_by != "simulated" or not mode.samples_like(read_manifest(cfg.labels_dir)["sampling"]):
         if selection["modes"].pop(mode.name, None) is not None:  # a choice of other settings: not this run's
             selection["inputs"].pop(mode.name, None)
             write_json(path, selection)
@@ -299,7 +297,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     from evaluation.hf_peer import head_runs, peer_runs
     from evaluation.likelihood import score_records
     from evaluation.report import write_report
-    from evaluation.traces import record_traces
+    from evaluation.traces import UNWARPED, record_traces
 
     out = _prepare_output(cfg)
     prompts = load_prompts(cfg.prompts)
@@ -344,7 +342,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     if engine.record_trace is not None:
         cpu = torch.device("cpu")
         for mode in cfg.modes:
-            if (mode.temperature, mode.top_k, mode.top_p) == (1.0, 0, 1.0):  # the unwarped p and q the traces hold
+            if mode.samples_like(UNWARPED):  # the unwarped p and q the traces hold
                 record_traces(out, mode.name, store.records(), runner._ids, engine.record_trace,
                               lambda prompt: prompt_generator(cfg.seed + 1, prompt, cpu), quiet)
     write_report(out, cfg, store.records(), prompts)

@@ -258,7 +258,7 @@ def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: 
     every, held_out = selection_traces(labels)
     out = {}
     for s in sweeps:
-        traces = held_out if s.family in ("specdecpp", "sprinter") else every
+        traces = traces_for(s.family, every, held_out)
         scored = [(simulate(traces, s.family, **{**s.fixed, **params}).predicted_speedup(fit, tokens), i, params)
                   for i, params in enumerate(s.settings())]
         best = max(scored, key=lambda x: (x[0], -x[1]))
@@ -271,6 +271,11 @@ def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
     """What ``simulated_choice`` replays: every labeled prompt's trace, and the held-out ones (for heads)."""
     held_out = load_label_traces(labels, ("val", "test"))
     return load_label_traces(labels, ("train",)) + held_out, held_out
+
+
+def traces_for(family: str, every: list[Trace], held_out: list[Trace]) -> list[Trace]:
+    """The label traces a family is replayed on: heads only on the prompts they did not train on."""
+    return held_out if family in ("specdecpp", "sprinter") else every
 
 
 def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
@@ -300,9 +305,12 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     head = f"{'mode / run':<44}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}{'decod':>7}" \
            f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>16}{'error':>8}" for name in fits
                                                    for src in ("label", "decod"))
+    recorded_by_mode: dict[str, dict[int, Trace]] = {}
     for (mode, run), recs in by_run.items():
         family = recs[0]["family"]
-        recorded = {t.prompt_id: t for t in read_recorded(cfg.output_dir, mode)}
+        if mode not in recorded_by_mode:
+            recorded_by_mode[mode] = {t.prompt_id: t for t in read_recorded(cfg.output_dir, mode)}
+        recorded = recorded_by_mode[mode]
         baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
         recs = sorted((r for r in recs if r["prompt"] in baseline and r["prompt"] in recorded),
                       key=lambda r: r["prompt"])
@@ -310,7 +318,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
             continue
         params = {**fixed.get(family, {}), **recs[0]["params"]}
         tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
-        counts = {"label": simulate(held_out if family in ("specdecpp", "sprinter") else every, family, **params),
+        counts = {"label": simulate(traces_for(family, every, held_out), family, **params),
                   "decod": simulate([recorded[r["prompt"]] for r in recs], family, **params)}
         n = sum(r["stats"]["new_tokens"] for r in recs)
         iv = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])

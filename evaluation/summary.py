@@ -268,8 +268,7 @@ def sprinter_theorem7(records: list[dict], modes: list, fixed_head: str | None, 
     except (OSError, ValueError, UserError) as e:  # no labels there, damaged ones, or none of the verifier's rows
         return {**out, "skipped": str(e)}
     out.update(mean_tv=labels["mean_tv"], tv_rows=labels["rows"])
-    label_warp = tuple(labels["sampling"][k] for k in ("temperature", "top_k", "top_p"))
-    sampled_like_labels = {m.name for m in modes if (m.temperature, m.top_k, m.top_p) == label_warp}
+    sampled_like_labels = {m.name for m in modes if m.samples_like(labels["sampling"])}
     problems = {}
     for (mode, run), by_prompt in sorted(runs.items()):
         t = totals(by_prompt)

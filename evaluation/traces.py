@@ -29,6 +29,8 @@ from core.shards import load_split, read_manifest
 
 TRACE_CATEGORY = "target"
 TRACES_DIR = "traces"
+UNWARPED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+"""The sampling a decoder trace is recorded at: p and q as the models give them."""
 
 
 @dataclass
@@ -95,7 +97,7 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
 
     if not tokens:
         raise ValueError("no tokens to trace")
-    unwarped = Sampling(temperature=1.0)
+    unwarped = Sampling(**UNWARPED)
     d, t = CachedLM(draft, unwarped), CachedLM(target, unwarped)
     seq = list(prompt_ids)
     _, logp = t.advance(seq + list(tokens[:-1]), rows=len(tokens))
