@@ -49,9 +49,10 @@ bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tok
 TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.yaml \
                  configs/train/sprinter_lam1.5.yaml configs/train/specdecpp_d3_w6.yaml \
                  configs/train/sprinter_lam1.5_scores.yaml configs/train/specdecpp_d3_w6_scores.yaml \
-                 configs/train/sprinter_lam1.5_own.yaml configs/train/sprinter_lam1.5_scores_own.yaml
+                 configs/train/sprinter_lam1.5_own.yaml configs/train/sprinter_lam1.5_scores_own.yaml \
+                 $(foreach f,runtime draft stale all,configs/train/sprinter_lam1.5_$(f).yaml configs/train/specdecpp_d3_w6_$(f).yaml)
 
-train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6; both also with draft scores; SPRINTER λ=1.5 on both feature positions) on runs/labels/humaneval; table + ROC PNG
+train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6; both also with draft scores and with each feature family; SPRINTER λ=1.5 on both feature positions) on runs/labels/humaneval; table with intervals + ROC PNG
 	$(PY) -m pipeline.train_all --configs $(TRAIN_CONFIGS) $(ARGS)
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass

@@ -14,7 +14,12 @@ class CausalLM(Protocol):
 
     def forward(self, input_ids, attention_mask, position_ids, cache): ...  # -> (last hidden (B,T,d), cache)
 
-    def logits(self, hidden): ...  # (B,T,d) -> (B,T,V)
+    def forward_tapped(self, input_ids, attention_mask, position_ids, cache, layers): ...
+    # -> (last hidden (B,T,d), the outputs of ``layers`` (B,T,len(layers)·d) each scaled to unit RMS, cache)
+
+    def num_layers(self) -> int: ...
+
+    def logits(self, hidden): ...  # (B,T,V) from (B,T,d)
 
     def new_cache(self): ...
 
@@ -27,15 +32,20 @@ class HFCausalLM:
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
 
+    def _base(self, input_ids, attention_mask, position_ids, cache, every_layer: bool = False):
+        return self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=cache is not None, output_hidden_states=every_layer)
+
     def forward(self, input_ids, attention_mask, position_ids, cache):
-        out = self.base(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=cache is not None,
-        )
+        out = self._base(input_ids, attention_mask, position_ids, cache)
         return out.last_hidden_state, out.past_key_values
+
+    def forward_tapped(self, input_ids, attention_mask, position_ids, cache, layers):
+        out = self._base(input_ids, attention_mask, position_ids, cache, every_layer=True)
+        return out.last_hidden_state, tap(out.hidden_states, layers), out.past_key_values
+
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
 
     def logits(self, hidden):
         return self.head(hidden)
@@ -45,3 +55,14 @@ class HFCausalLM:
 
         config = getattr(self.model, "config", None)
         return DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+
+
+def tap(hidden_states, layers) -> "torch.Tensor":
+    """The residual stream after each of ``layers`` (``hidden_states[i]`` is the output of layer i), each divided by
+    its root mean square: the stream's scale grows with depth, and a head should see every layer on one scale."""
+    import torch
+
+    taps = [hidden_states[i].float() for i in layers]
+    if not taps:
+        return hidden_states[-1].new_zeros((*hidden_states[-1].shape[:-1], 0), dtype=torch.float32)
+    return torch.cat([t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) for t in taps], dim=-1)

@@ -130,6 +130,12 @@ def sprinter_label(ratio: torch.Tensor, lam: float) -> torch.Tensor:
     return ratio <= lam
 
 
+def top2_margin(logprobs: torch.Tensor) -> torch.Tensor:
+    """A distribution's largest probability minus its second largest, (...) from log-probs (..., V)."""
+    top = logprobs.topk(2, dim=-1).values.exp()
+    return top[..., 0] - top[..., 1]
+
+
 def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, token: torch.Tensor) -> dict:
     """Every per-token number the label shards store, for ``token`` (...) under the two distributions (..., V)."""
     lp_d = logp_draft_dist.gather(-1, token.unsqueeze(-1)).squeeze(-1)

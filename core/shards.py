@@ -28,7 +28,7 @@ from core import label_math as lm
 from core.cache import file_sha256
 from core.errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SPLITS = ("train", "val", "test")
 FLOAT_COLUMNS = (
     "logp_draft",
@@ -41,10 +41,22 @@ FLOAT_COLUMNS = (
     "js",
     "read_logp_draft",
     "read_entropy_draft",
+    "read_margin_draft",
+    "stale_entropy_target",
+    "stale_top1_target",
 )
+TAPPED_LAYERS = 2
+"""Draft layers besides the last whose outputs a row holds (``data_gen.labeler.tap_layers``)."""
 
 
-def features(hidden_size: int) -> Features:
+def vector_sizes(draft_hidden: int, target_hidden: int) -> dict[str, int]:
+    """Length of each vector column."""
+    return {"hidden": draft_hidden, "hidden_prev": draft_hidden, "hidden_layers": TAPPED_LAYERS * draft_hidden,
+            "hidden_layers_prev": TAPPED_LAYERS * draft_hidden, "stale_hidden_target": target_hidden}
+
+
+def features(sizes: dict[str, int]) -> Features:
+    """The shards' Arrow features; ``sizes`` gives each vector column's length (``vector_sizes``)."""
     return Features(
         {
             "prompt_id": Value("int64"),
@@ -54,8 +66,9 @@ def features(hidden_size: int) -> Features:
             "loss_mask": Value("bool"),
             **{c: Value("float32") for c in FLOAT_COLUMNS},
             "greedy_match": Value("bool"),
-            "hidden": List(Value("float16"), length=hidden_size),
-            "hidden_prev": List(Value("float16"), length=hidden_size),
+            "round_index": Value("int32"),
+            "response_index": Value("int32"),
+            **{c: List(Value("float16"), length=n) for c, n in sizes.items()},
         }
     )
 
@@ -70,10 +83,10 @@ def write_json(path: Path, obj) -> None:
     _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_shard(path: Path, cols: dict, hidden_size: int) -> int:
+def write_shard(path: Path, cols: dict, sizes: dict[str, int]) -> int:
     """Write one shard atomically (temporary name, then rename); return its row count."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    feats = features(hidden_size)
+    feats = features(sizes)
     data = {}
     for name in feats:
         v = cols[name]
@@ -246,9 +259,19 @@ def split_summary(out_dir: Path, split: str) -> dict:
     }
 
 
+FEATURE_COLUMNS = {
+    "hidden": "draft last-layer hidden state (after the final norm) after reading the token",
+    "hidden_prev": "the same at the previous position: the state that produced q for the token",
+    "hidden_layers": "outputs of the draft layers `tapped_layers` (each scaled to unit RMS) after reading the token",
+    "hidden_layers_prev": "the same at the previous position",
+    "stale_hidden_target": "the target's last hidden state at its last call, round_index positions back",
+}
+
+
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
                    mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
-                   seconds: float, inputs: dict | None = None, keys: list[str] | None = None) -> dict:
+                   seconds: float, inputs: dict | None = None, keys: list[str] | None = None,
+                   tapped_layers: tuple[int, ...] | None = None) -> dict:
     """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
     shards' own counts; return it. ``read_manifest`` reads it back."""
     manifest = {
@@ -256,9 +279,10 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "models": models,
         "feature": {
-            "columns": {"hidden": "draft last-layer hidden state (after the final norm) after reading the token",
-                        "hidden_prev": "the same at the previous position: the state that produced q for the token"},
+            "columns": FEATURE_COLUMNS,
             "hidden_size": models["draft"]["hidden_size"],
+            "sizes": vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"]),
+            "tapped_layers": list(tapped_layers) if tapped_layers else None,
             "dtype": "float16",
         },
         "prompts": prompts,

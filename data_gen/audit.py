@@ -24,6 +24,7 @@ from tqdm import tqdm
 from core import label_math as lm
 from core.errors import UserError
 from core.models import ModelSpec, load_model
+from core.adapter import tap
 from core.sampling import Sampling
 from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths
 
@@ -32,7 +33,11 @@ TOLERANCES = {
     "ratio": 2e-3,  # compared as log q/p: the ratio itself spans many orders of magnitude
     "hidden": 2e-3,
     "hidden_prev": 2e-3,
+    "hidden_layers": 2e-3,
+    "hidden_layers_prev": 2e-3,
+    "stale_hidden_target": 2e-3,
     "greedy_match": 0.0,
+    "response_index": 0.0,
 }
 """Largest allowed difference per column between the labeled and the recomputed value: |a − b| for the scores
 (float32 kernels on batched and unbatched inputs differ by ~1e-5 in log space), |a − b| / (1 + |b|) for the hidden
@@ -46,6 +51,7 @@ class Contexts:
     label: list[int]
     features: list[int]
     token: int
+    prompt_length: int
 
 
 def contexts(row: dict, seq: dict) -> Contexts:
@@ -62,7 +68,7 @@ def contexts(row: dict, seq: dict) -> Contexts:
         label, features = (prompt + response)[:pos], (prompt + mixed)[:pos]
     else:
         raise UserError(f"row of unknown category {category!r}")
-    return Contexts(label, features, int(row["token_id"]))
+    return Contexts(label, features, int(row["token_id"]), len(prompt))
 
 
 ACCESS = ("plain", "decoder")
@@ -73,26 +79,29 @@ over each forward's whole input, ``decoder`` measures how far the labeled featur
 
 
 class Reader:
-    """Reads one unpadded sequence per call: the last positions' normed hidden states and logits."""
+    """Reads one unpadded sequence per call: the last positions' normed hidden states, logits and the outputs of the
+    tapped layers."""
 
-    def __init__(self, model, access: str = "plain"):
+    def __init__(self, model, access: str = "plain", layers: tuple[int, ...] = ()):
         if access not in ACCESS:
             raise UserError(f"unknown access {access!r}; choose one of {', '.join(ACCESS)}")
-        self.model, self.access = model, access
+        self.model, self.access, self.layers = model, access, tuple(layers)
 
     @torch.inference_mode()
-    def __call__(self, ids: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, ids: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.access == "plain" or len(ids) <= last:
             out = self.model(torch.tensor([ids]), output_hidden_states=True)
-            return out.hidden_states[-1][0, -last:].float(), out.logits[0, -last:].float()
+            return (out.hidden_states[-1][0, -last:].float(), out.logits[0, -last:].float(),
+                    tap(out.hidden_states, self.layers)[0, -last:])
         cache = self.model(torch.tensor([ids[:-last]]), use_cache=True).past_key_values
-        hidden, logits = [], []
+        hidden, logits, taps = [], [], []
         for token in ids[-last:]:
             out = self.model(torch.tensor([[token]]), past_key_values=cache, use_cache=True, output_hidden_states=True)
             cache = out.past_key_values
             hidden.append(out.hidden_states[-1][0, -1].float())
             logits.append(out.logits[0, -1].float())
-        return torch.stack(hidden), torch.stack(logits)
+            taps.append(tap(out.hidden_states, self.layers)[0, -1])
+        return torch.stack(hidden), torch.stack(logits), torch.stack(taps)
 
 
 def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sampling) -> dict:
@@ -103,14 +112,26 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         return lm.warp_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
 
     token = torch.tensor(ctx.token)
-    _, q_logits = draft(ctx.label, 1)
-    _, p_logits = target(ctx.label, 1)
+    _, q_logits, _ = draft(ctx.label, 1)
+    _, p_logits, _ = target(ctx.label, 1)
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(warp(q_logits[0]), warp(p_logits[0]),
                                                                          token).items()}
-    hidden, logits = draft(ctx.features + [ctx.token], 2)
+    hidden, logits, taps = draft(ctx.features + [ctx.token], 2)
     read = warp(logits[0])
-    out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(),
-               read_logp_draft=read[ctx.token].item(), read_entropy_draft=lm.entropy(read).item())
+    out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), hidden_layers=taps[1].numpy(),
+               hidden_layers_prev=taps[0].numpy(), read_logp_draft=read[ctx.token].item(),
+               read_entropy_draft=lm.entropy(read).item(), read_margin_draft=lm.top2_margin(read).item(),
+               response_index=len(ctx.label) - ctx.prompt_length)
+    # the target's last call: round_index positions back on the label's prefix (its drawn value is taken as stored)
+    k = int(row["round_index"])
+    if k == 0:  # no earlier target state (a row at the prompt's second token)
+        out.update(stale_hidden_target=np.zeros_like(row["stale_hidden_target"]), stale_entropy_target=0.0,
+                   stale_top1_target=0.0)
+        return out
+    stale_hidden, stale_logits, _ = target(ctx.label[: len(ctx.label) - k], 1)
+    stale = warp(stale_logits[0])
+    out.update(stale_hidden_target=stale_hidden[0].numpy(), stale_entropy_target=lm.entropy(stale).item(),
+               stale_top1_target=stale.max().exp().item())
     return out
 
 
@@ -131,7 +152,7 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     """Recompute ``rows`` random rows of every split, reading each prefix as ``access`` says; return each column's
     worst difference and whether it passes."""
     folder = Path(folder)
-    read_manifest(folder)  # the shards are the ones the manifest lists
+    manifest = read_manifest(folder)  # the shards are the ones the manifest lists
     seqs = load_sequences(folder)
     if seqs is None:
         raise UserError(f"{folder} stores no token sequences (labeled by an older version); label again to audit it")
@@ -145,7 +166,7 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         if changed:
             raise UserError(f"the {role} at {settings[role]} is not the one {folder} was labeled with "
                             f"({', '.join(changed)} changed)")
-        models.append(Reader(model, access))
+        models.append(Reader(model, access, manifest["feature"]["tapped_layers"] if role == "draft" else ()))
     sampling = Sampling(**settings["sampling"])
     rng = np.random.default_rng(seed)
     chosen = []

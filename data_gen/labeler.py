@@ -17,8 +17,11 @@ head (§4.4): each draft token Z_i read in context Z<i, labeled on the clean pre
 token carry ``loss_mask = False``.
 
 Every row carries two features: ``hidden``, the draft's hidden state after reading the token (SpecDec++ Eq. 4.1),
-and ``hidden_prev``, the one before it, which produced q for the token (SPRINTER §3.2). Every random draw of a
-prompt comes from its own generator (seed, prompt id), so a prompt's rows do not depend on the batch it lands in.
+and ``hidden_prev``, the one before it, which produced q for the token (SPRINTER §3.2); the same two positions of
+an early and a middle draft layer (``hidden_layers``, ``hidden_layers_prev``); and what a decoder would still hold
+from the target's last call, drawn ``round_index`` positions back (``stale_*``, ``Labeler._stale``). Every random
+draw of a prompt comes from its own generator (seed, prompt id), so a prompt's rows do not depend on the batch it
+lands in.
 """
 
 from __future__ import annotations
@@ -40,8 +43,18 @@ class Prompt:
     response_ids: list[int] | None = None  # a dataset answer, teacher-forced instead of sampling
 
 
-U_X, U_Y, U_MIX, U_C = range(4)
+U_X, U_Y, U_MIX, U_C, U_STALE = range(5)
 """Rows of a prompt's uniforms (``Labeler.label``)."""
+
+MAX_ROUND_INDEX = 8
+"""A row's candidate index in its drafting round is drawn uniformly from 1..MAX_ROUND_INDEX (the eval's largest
+fixed K): the target's last call is that many positions back."""
+
+
+def tap_layers(num_layers: int) -> tuple[int, int]:
+    """The draft layers whose outputs ``hidden_layers`` holds: an early and a middle one (EAGLE-3 reads low, mid and
+    high layers; the high one is ``hidden``)."""
+    return (max(1, num_layers // 4), max(1, num_layers // 2))
 
 SEQUENCES = "sequences"
 """The key of a labeled batch's token sequences (``sequences``) beside its row columns."""
@@ -104,6 +117,11 @@ class Labeler:
         self.seed, self.eos, self.pad = seed, torch.tensor(eos_token_ids), pad_token_id
         self.mixing_ratio = mixing_ratio
         self.mask_dtype = mask_dtype
+        self.layers = tap_layers(draft.num_layers())
+
+    def _draft(self, ids, mask, pos, cache):
+        """The draft's forward: (last hidden state, the tapped layers' outputs, cache)."""
+        return self.draft.forward_tapped(ids, mask, pos, cache, self.layers)
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return lm.warp_logits(logits, self.s.temperature, self.s.top_k, self.s.top_p)
@@ -116,12 +134,13 @@ class Labeler:
             raise ValueError(f"a batch must hold one category, got {sorted(categories)}")
         n = self.s.max_new_tokens
         # per prompt, a fixed count of uniforms => batch-independent draws: rows U_X (the target's response X),
-        # U_Y (the draft's tokens Y, or its own completion), U_MIX (the mixing mask), U_C (candidates after Z<i)
+        # U_Y (the draft's tokens Y, or its own completion), U_MIX (the mixing mask), U_C (candidates after Z<i),
+        # U_STALE (each row's round index)
         draws = []
         for p in prompts:
             g = prompt_generator(self.seed, p.prompt_id)
-            draws.append(torch.rand(4, n, generator=g, dtype=torch.float64))
-        u = torch.stack(draws).to(device)  # (B, 4, N)
+            draws.append(torch.rand(5, n, generator=g, dtype=torch.float64))
+        u = torch.stack(draws).to(device)  # (B, 5, N)
         ids, mask = _left_pad([p.input_ids for p in prompts], self.pad, device)
         category = categories.pop()
         if category == "original":
@@ -146,24 +165,29 @@ class Labeler:
         h_t, _ = self.target.forward(ids, mask, pos, None)
         logp = self.warp(self.target.logits(h_t[:, width - m - 1 : width - 1]))
         cache = self.draft.new_cache()
-        h_d, cache = self.draft.forward(ids, mask, pos, cache)
+        h_d, taps_d, cache = self._draft(ids, mask, pos, cache)
         h_prev = h_d[:, width - m - 1 : width - 1]
         logq = self.warp(self.draft.logits(h_prev))
         # uniforms indexed by distance from the prompt's end, so a row's draw does not depend on the batch's m
         y = lm.sample_from_logprobs(logq, u[:, U_Y, :m].flip(-1))
-        feats = self._candidate_pass(cache, mask, y, a, pos.gather(1, a))
+        feats, taps = self._candidate_pass(cache, mask, y, a, pos.gather(1, a))
         stats = lm.token_stats(logq, logp, y)
-        rows = self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid, a - (width - lens).unsqueeze(1))
+        extra = self._extra(taps, taps_d[:, width - m - 1 : width - 1], logq,
+                            self._stale(h_t, mask, a, width, u[:, U_STALE, :m].flip(-1)))
+        rows = self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid, a - (width - lens).unsqueeze(1),
+                          extra)
         return {**rows, SEQUENCES: sequences(prompts)}
 
     # --------------------------------------------------------------- response
     def _generate(self, model: CausalLM, ids, mask, u):
         """Sample a response from ``model`` with a KV cache, the t-th token from the uniforms ``u`` (B,N)[:, t];
-        return it (B,N), valid (B,N) and the warped log-probs it was drawn from (B,N,V)."""
+        return it (B,N), valid (B,N), the warped log-probs it was drawn from (B,N,V) and the model's last hidden
+        states over prompt + response (B, P+N−1, d), the one at index j producing the distribution of token j+1."""
         b, n = ids.shape[0], self.s.max_new_tokens
         eos = self.eos.to(ids.device)
         cache = model.new_cache()
         h, cache = model.forward(ids, mask, _positions(mask), cache)
+        hidden = [h]
         next_pos = mask.sum(-1, keepdim=True)
         x = torch.full((b, n), self.pad, dtype=torch.long, device=ids.device)
         valid = torch.zeros((b, n), dtype=torch.bool, device=ids.device)
@@ -180,12 +204,14 @@ class Labeler:
                 break
             mask = torch.cat([mask, (~done).long().unsqueeze(1)], dim=1)
             h, cache = model.forward(x[:, t : t + 1], mask, next_pos + t, cache)
+            hidden.append(h)
         logp_steps = torch.stack(steps, dim=1)
         width = logp_steps.shape[1]
-        return x[:, :width], valid[:, :width], logp_steps
+        return x[:, :width], valid[:, :width], logp_steps, torch.cat(hidden, dim=1)
 
     def _teacher_force(self, prompts, ids, mask):
-        """Use the dataset's answers as X: one target forward over prompt+X gives p(·|X<i)."""
+        """Use the dataset's answers as X: one target forward over prompt+X gives p(·|X<i) (and its hidden states,
+        as ``_generate``)."""
         n = self.s.max_new_tokens
         resp = [p.response_ids[:n] for p in prompts]
         width = max(len(r) for r in resp)
@@ -197,67 +223,75 @@ class Labeler:
         full_mask = torch.cat([mask, valid.long()], dim=1)
         h, _ = self.target.forward(torch.cat([ids, x], 1), full_mask, _positions(full_mask), None)
         p_len = ids.shape[1]
-        return x, valid, self.warp(self.target.logits(h[:, p_len - 1 : p_len - 1 + width]))
+        return x, valid, self.warp(self.target.logits(h[:, p_len - 1 : p_len - 1 + width])), h
 
     def _label_draft(self, prompts, ids, mask, u):
         """``draft`` rows: the draft's own completion Z; Z_i is the candidate at Z<i, scored by both models there."""
         p_len = ids.shape[1]
-        z, valid, logq = self._generate(self.draft, ids, mask, u[:, U_Y])
+        z, valid, logq, _ = self._generate(self.draft, ids, mask, u[:, U_Y])
         n = z.shape[1]
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
         seq = torch.cat([ids, z], 1)
-        h_d, _ = self.draft.forward(seq, full_mask, pos, None)
+        h_d, taps_d, _ = self._draft(seq, full_mask, pos, None)
         h_t, _ = self.target.forward(seq, full_mask, pos, None)
         logp = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
         stats = lm.token_stats(logq, logp, z)
+        a = self._response_index(ids, n)
+        extra = self._extra(taps_d[:, p_len:], taps_d[:, p_len - 1 : p_len - 1 + n], logq,
+                            self._stale(h_t, full_mask, a, p_len, u[:, U_STALE, :n]))
         rows = self._rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
-                          self._offsets(mask, n))
+                          self._offsets(mask, n), extra)
         return {**rows, SEQUENCES: sequences(prompts, z, valid)}
 
     def _label_response(self, prompts, ids, mask, u, category):
         """``target`` or ``interleaved`` rows, and the ``token_mixed`` rows of the same prompts."""
         p_len = ids.shape[1]
         if prompts[0].response_ids is not None:
-            x, valid, logp = self._teacher_force(prompts, ids, mask)
+            x, valid, logp, h_x = self._teacher_force(prompts, ids, mask)
         else:
-            x, valid, logp = self._generate(self.target, ids, mask, u[:, U_X])
+            x, valid, logp, h_x = self._generate(self.target, ids, mask, u[:, U_X])
         n = x.shape[1]
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
         resp_pos = pos[:, p_len:]
         offsets = self._offsets(mask, n)
+        a = self._response_index(ids, n)
+        stale_x = self._stale(h_x, full_mask, a, p_len, u[:, U_STALE, :n])  # rows labeled on X (target, token_mixed)
         cache = self.draft.new_cache()
-        h_d, cache = self.draft.forward(torch.cat([ids, x], 1), full_mask, pos, cache)
+        h_d, taps_d, cache = self._draft(torch.cat([ids, x], 1), full_mask, pos, cache)
         h_prev_x = h_d[:, p_len - 1 : p_len - 1 + n]
         logq = self.warp(self.draft.logits(h_prev_x))
         y = lm.sample_from_logprobs(logq, u[:, U_Y, :n])
         rows = []
         if category == "target":
-            a = torch.arange(p_len, p_len + n, device=ids.device).expand(len(prompts), n)
-            feats = self._candidate_pass(cache, full_mask, y, a, resp_pos)
+            feats, taps = self._candidate_pass(cache, full_mask, y, a, resp_pos)
             stats = lm.token_stats(logq, logp, y)
-            rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets))
+            extra = self._extra(taps, taps_d[:, p_len - 1 : p_len - 1 + n], logq, stale_x)
+            rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets, extra))
 
         # SpecDec++ token mixing: Z takes X_i with probability r, else Y_i; the label stays on the clean X<i
         from_target = lm.mixing_mask(u[:, U_MIX, :n], self.mixing_ratio)
         z = torch.where(from_target, x, y)
         if cache is not None:  # (stub models keep no cache)
             cache.crop(p_len - cache.get_seq_length())  # a negative count removes what follows the prompt
-        h_z, cache = self.draft.forward(z, full_mask, resp_pos, cache)
+        h_z, taps_z, cache = self._draft(z, full_mask, resp_pos, cache)
         h_prev_z = torch.cat([h_d[:, p_len - 1 : p_len], h_z[:, :-1]], dim=1)
+        taps_prev_z = torch.cat([taps_d[:, p_len - 1 : p_len], taps_z[:, :-1]], dim=1)
         logq_z = self.warp(self.draft.logits(h_prev_z))
         stats = {**lm.token_stats(logq, logp, z), **read_scores(logq_z, z)}  # the head reads q at Z<i, as decoding
-        rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets))
+        extra = self._extra(taps_z, taps_prev_z, logq_z, stale_x)
+        rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets,
+                               extra))
 
         if category == "interleaved":  # fresh candidates at the mixed prefix, scored by both models there
             h_t, _ = self.target.forward(torch.cat([ids, z], 1), full_mask, pos, None)
             logp_z = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
             c = lm.sample_from_logprobs(logq_z, u[:, U_C, :n])
-            a = torch.arange(p_len, p_len + n, device=ids.device).expand(len(prompts), n)
-            feats = self._candidate_pass(cache, full_mask, c, a, resp_pos)
+            feats, taps = self._candidate_pass(cache, full_mask, c, a, resp_pos)
             stats = lm.token_stats(logq_z, logp_z, c)
-            rows.append(self._rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets))
+            extra = self._extra(taps, taps_prev_z, logq_z, self._stale(h_t, full_mask, a, p_len, u[:, U_STALE, :n]))
+            rows.append(self._rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets, extra))
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z)}
 
     @staticmethod
@@ -265,9 +299,41 @@ class Labeler:
         """Index of each response token in the unpadded sequence prompt+response, (B, n)."""
         return mask.sum(-1, keepdim=True) + torch.arange(n, device=mask.device)
 
+    @staticmethod
+    def _response_index(ids, n):
+        """Padded index of each response token, (B, n)."""
+        p_len = ids.shape[1]
+        return torch.arange(p_len, p_len + n, device=ids.device).expand(ids.shape[0], n)
+
+    def _stale(self, h_target, mask, a, prompt_end, u):
+        """What a decoder still holds from the target's last call when it decides on the candidate at padded index
+        ``a`` (B,N): the candidate is the k-th of its round (k = ``round_index``, drawn from ``u``), so the last call
+        ended by sampling the token at a − k from the target's distribution there, which the target computed from
+        its hidden state at a − k − 1 (``h_target`` (B,T,d) over the row's label sequence: index j produces the
+        distribution of token j + 1). k is cut so that this stays inside the sequence and never reaches the row's
+        own distribution (k ≥ 1); a row at the prompt's second token has no such state (k = 0, stale columns 0).
+        Also the candidate's index in the response (negative inside the prompt)."""
+        start = (mask.shape[1] - mask.sum(-1, keepdim=True)).to(a.device)  # first unpadded index
+        k = torch.minimum((u * MAX_ROUND_INDEX).long() + 1, a - 1 - start)
+        at = (a - k - 1).clamp(min=0)
+        hidden = h_target.gather(1, at.unsqueeze(-1).expand(*at.shape, h_target.shape[-1]))
+        logp = self.warp(self.target.logits(hidden))
+        held = k >= 1
+        return {"round_index": k.clamp(min=0), "response_index": a - prompt_end,
+                "stale_entropy_target": lm.entropy(logp) * held, "stale_top1_target": logp.max(-1).values.exp() * held,
+                "stale_hidden_target": hidden * held.unsqueeze(-1)}
+
+    @staticmethod
+    def _extra(taps_own, taps_prev, logq_read, stale):
+        """The optional feature columns of rows (``data_gen/SCHEMA.md``): tapped layers at both feature positions, the
+        draft's top-2 margin where the features read the token, and the stale target state."""
+        return {"hidden_layers": taps_own, "hidden_layers_prev": taps_prev,
+                "read_margin_draft": lm.top2_margin(logq_read), **stale}
+
     # ----------------------------------------------------------------- shared
     def _candidate_pass(self, cache, key_mask, cand, cand_index, cand_pos):
-        """Hidden states of candidate tokens, each read right after the cached context before its own index.
+        """Hidden states (and tapped layers) of candidate tokens, each read right after the cached context before its
+        own index.
 
         cand (B,M) replaces the token at padded index cand_index (B,M); it sees cached keys k < cand_index that
         are not padding, and itself. One forward for all M candidates.
@@ -278,11 +344,11 @@ class Labeler:
         see_cache = (keys.view(1, 1, -1) < cand_index.unsqueeze(-1)) & key_mask.bool().unsqueeze(1)
         see_self = torch.eye(m, dtype=torch.bool, device=cand.device).expand(b, m, m)
         allowed = torch.cat([see_cache, see_self], dim=-1)
-        h, _ = self.draft.forward(cand, _float_mask(allowed, self.mask_dtype), cand_pos, cache)
-        return h
+        h, taps, _ = self._draft(cand, _float_mask(allowed, self.mask_dtype), cand_pos, cache)
+        return h, taps
 
-    def _rows(self, prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions):
-        """Flatten (B, N) tensors to rows of one category, keeping valid positions."""
+    def _rows(self, prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions, extra):
+        """Flatten (B, N) tensors to rows of one category, keeping valid positions; vectors are stored as float16."""
         keep = valid.cpu()
         stats = {**read_scores_of_label(stats), **stats}
         cols = {k: v.cpu()[keep] for k, v in stats.items()}
@@ -293,6 +359,9 @@ class Labeler:
         cols["loss_mask"] = loss_mask.cpu()[keep]
         cols["hidden"] = feats.cpu()[keep].to(torch.float16)
         cols["hidden_prev"] = feats_prev.cpu()[keep].to(torch.float16)
+        for name, v in extra.items():
+            v = v.cpu()[keep]
+            cols[name] = v.to(torch.float16) if v.dim() == 2 else v
         cols["category"] = [category] * int(keep.sum())
         return cols
 

@@ -30,7 +30,7 @@ from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, 
                          resolve_dtype)
 from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.sampling import Sampling
-from data_gen.labeler import SEQUENCES, Labeler, Prompt
+from data_gen.labeler import SEQUENCES, Labeler, Prompt, tap_layers
 
 
 class LabelingError(UserError):
@@ -158,9 +158,9 @@ class ShardWriter(BasePredictionWriter):
     A rank started by another process (Lightning's DDP launcher) stops before its next batch once that process is
     gone, so that no orphaned rank labels on, and writes shards, after the run was killed."""
 
-    def __init__(self, out_dir: Path, hidden_size: int):
+    def __init__(self, out_dir: Path, sizes: dict[str, int]):
         super().__init__(write_interval="batch")
-        self.out_dir, self.hidden_size = out_dir, hidden_size
+        self.out_dir, self.sizes = out_dir, sizes
         self._launcher: int | None = None
 
     def on_predict_start(self, trainer, pl_module) -> None:
@@ -173,7 +173,7 @@ class ShardWriter(BasePredictionWriter):
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         shard = self.out_dir / f"{prediction['key']}.arrow"
         shards.write_sequences(shards.sequences_path(shard), prediction["cols"][SEQUENCES])
-        shards.write_shard(shard, prediction["cols"], self.hidden_size)  # last: the batch is done
+        shards.write_shard(shard, prediction["cols"], self.sizes)  # last: the batch is done
 
 
 class LabelProgress(TQDMProgressBar):
@@ -307,6 +307,7 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
             settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
             seconds=round(time.perf_counter() - t_start, 1),
+            tapped_layers=tap_layers(draft.config.num_hidden_layers),
         )
     if not quiet:
         print_summary(manifest, out)
@@ -377,7 +378,7 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
         enable_model_summary=False,
         use_distributed_sampler=False,
         enable_progress_bar=not quiet,
-        callbacks=[ShardWriter(out, models["draft"]["hidden_size"]), *([] if quiet else [LabelProgress()]),
+        callbacks=[ShardWriter(out, shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"])), *([] if quiet else [LabelProgress()]),
                    *(callbacks or [])],
     )
     if not quiet:

@@ -16,7 +16,7 @@ import torch
 
 from evaluation import quality
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
-from evaluation.intervals import mean_interval, speedup_interval
+from core.intervals import mean_interval, speedup_interval
 from evaluation.latency import LatencyFit, latency_fits, selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md

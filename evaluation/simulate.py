@@ -287,7 +287,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     what the choice used) and its runs' fit (``fit``). Returns the text, the rows and the cost ratio c of the
     costs the choice used (the runs' fit's when the forwards were not timed)."""
     from evaluation.config import parse
-    from evaluation.intervals import speedup_interval
+    from core.intervals import speedup_interval
     from evaluation.latency import latency_fits, selection_fit
     from evaluation.results import ResultStore
 

@@ -34,7 +34,7 @@ from core.errors import UserError
 from core.identity import model_identity
 from core.label_math import FEATURE_POSITIONS
 from core.quantization import NONE, output_rows
-from heads.features import SCORES
+from heads.features import SCORES, VECTORS
 from heads.registry import HEADS, build_head
 
 SCHEMA_VERSION = "1"
@@ -61,8 +61,12 @@ def feature_position(meta: dict) -> str:
 
 
 def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
-                threshold: dict, metrics: dict, position: str = "own") -> Path:
+                threshold: dict, metrics: dict, position: str = "own", vectors: list[str] = ()) -> Path:
     """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
+    unknown = [v for v in vectors if v not in VECTORS]
+    if unknown or int(head.config.get("extra_size", 0)) and not vectors:
+        raise HeadFileError(f"the head's vector features {list(vectors)} are not known ones ({', '.join(VECTORS)}) "
+                            f"or do not match its extra_size {head.config.get('extra_size', 0)}")
     if getattr(head, "head_type", None) not in HEADS:
         raise HeadFileError(f"{type(head).__name__} is not a registered head type; known: {', '.join(sorted(HEADS))}")
     if position not in FEATURE_POSITIONS:
@@ -72,7 +76,8 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "draft": draft_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
         "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
-                   "scores": {n: SCORES[n] for n in head.config.get("scores", [])}},
+                   "scores": {n: SCORES[n] for n in head.config.get("scores", [])},
+                   "vectors": {n: VECTORS[n] for n in vectors}},
         "vocab_size": int(vocab_size),
         "label": label,
         "role": role,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from heads.export import HeadFileError, check_model, feature_position, load_head
-from heads.features import scores_from_logprobs
+from heads.features import FROM_LOGPROBS, scores_from_logprobs
 
 
 def log_accept(logit: float) -> float:
@@ -39,6 +39,10 @@ class ExportedHead:
             raise HeadFileError(f"{self.path}: a {self.role!r} head, this policy needs a {role!r} head")
         self._device: torch.device | None = None
         self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
+        beyond = [n for n in self._scores if n not in FROM_LOGPROBS] + list(self.meta["inputs"].get("vectors", {}))
+        if beyond:
+            raise HeadFileError(f"{self.path}: this head reads {beyond}, which a runtime here does not compute (only "
+                                f"the draft's hidden state and {', '.join(FROM_LOGPROBS)}); use a head without them")
         self.position = feature_position(self.meta)
         """Which draft hidden state the head reads for a token: ``own`` (after reading it) or ``prev`` (the one
         that produced q for it)."""

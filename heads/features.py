@@ -11,8 +11,15 @@ stage (columns ``logp_draft``, ``entropy_draft``) and the decoder (the draft's d
     logp_draft     log q(Y_i), clamped at −20
     entropy_draft  H(q) in nats
 
+Beyond the draft's confidence, a head may read the scalars of the other feature families a decoder holds for free
+when it decides (``data_gen/SCHEMA.md``, ``pipeline/DESIGN.md``): the draft's top-2 margin, the candidate's index
+in its round and in the response, and the target's entropy and top-1 probability at its last call. Each score names
+the label column it is read from (``SCORES``); a runtime that does not compute a column cannot feed a head that
+reads it (``score_columns`` says which).
+
 A head records the names it reads (``scores`` in its init args, so in the exported file) and adds w · scores,
-in that order, to the logit it computes from the hidden state.
+in that order, to the logit it computes from the hidden state. Vector features (``VECTORS``: more draft layers,
+the target's stale hidden state) are appended to the hidden state instead (``hidden_input``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 from torch import nn
 
 from core.errors import SettingError
-from core.label_math import entropy
+from core.label_math import entropy, top2_margin
 
 LOGP_FLOOR = -20.0
 
@@ -31,7 +38,36 @@ SCORES = {
     "p_draft": "q(Y_i), the draft's probability of its own token",
     "logp_draft": f"log q(Y_i), natural log, clamped at {LOGP_FLOOR:g}",
     "entropy_draft": "H(q) at Y_i's position, nats",
+    "margin_draft": "q's top-1 minus its top-2 probability at Y_i's position",
+    "round_index": "the candidate's index k ≥ 1 in its drafting round (0: no earlier target call)",
+    "response_index": "the candidate's index in the response (negative inside the prompt)",
+    "stale_entropy_target": "H(p) where the target's last call sampled, k positions back, nats",
+    "stale_top1_target": "the target's top-1 probability there",
 }
+SCORE_COLUMNS = {"p_draft": "read_logp_draft", "logp_draft": "read_logp_draft", "entropy_draft": "read_entropy_draft",
+                 "margin_draft": "read_margin_draft", "round_index": "round_index",
+                 "response_index": "response_index", "stale_entropy_target": "stale_entropy_target",
+                 "stale_top1_target": "stale_top1_target"}
+"""The label column each score is read from."""
+
+VECTORS = {
+    "layers": "the outputs of an early and a middle draft layer, each at unit RMS, at the head's feature position",
+    "stale_target": "the target's last hidden state at its last call, round_index positions back",
+}
+
+
+def vector_column(name: str, position: str) -> str:
+    """The label column of a vector feature at a feature position (``own`` or ``prev``)."""
+    if name not in VECTORS:
+        raise SettingError(f"unknown vector feature {name!r}; known: {', '.join(VECTORS)}")
+    if name == "layers":
+        return "hidden_layers" if position == "own" else "hidden_layers_prev"
+    return "stale_hidden_target"
+
+
+def score_columns(names: Sequence[str]) -> list[str]:
+    """The label columns these scores read, each once."""
+    return list(dict.fromkeys(SCORE_COLUMNS[n] for n in check_scores(names)))
 
 
 def check_scores(names: Sequence[str]) -> list[str]:
@@ -45,19 +81,39 @@ def check_scores(names: Sequence[str]) -> list[str]:
     return names
 
 
-def draft_scores(names: Sequence[str], logp_draft: torch.Tensor, entropy_draft: torch.Tensor) -> torch.Tensor:
-    """(..., len(names)) float32 features from log q(Y_i) and H(q), both shaped (...)."""
-    logp = logp_draft.float().clamp(min=LOGP_FLOOR)
-    columns = {"p_draft": lambda: logp.exp(), "logp_draft": lambda: logp, "entropy_draft": lambda: entropy_draft.float()}
+def scores_from_columns(names: Sequence[str], columns: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(..., len(names)) float32 features from label columns (``SCORE_COLUMNS``), each shaped (...)."""
+    missing = [c for c in score_columns(names) if c not in columns]
+    if missing:
+        raise SettingError(f"the scores {list(names)} read the columns {missing}, which were not given")
+
+    def value(name: str) -> torch.Tensor:
+        x = columns[SCORE_COLUMNS[name]].float()
+        if name == "p_draft":
+            return x.clamp(min=LOGP_FLOOR).exp()
+        return x.clamp(min=LOGP_FLOOR) if name == "logp_draft" else x
+
     if not names:
-        return logp.new_zeros((*logp.shape, 0))
-    return torch.stack([columns[n]() for n in names], dim=-1)
+        return next(iter(columns.values())).float().new_zeros((*next(iter(columns.values())).shape, 0))
+    return torch.stack([value(n) for n in names], dim=-1)
+
+
+def draft_scores(names: Sequence[str], logp_draft: torch.Tensor, entropy_draft: torch.Tensor) -> torch.Tensor:
+    """(..., len(names)) float32 features from log q(Y_i) and H(q), both shaped (...): the confidence scores."""
+    return scores_from_columns(names, {"read_logp_draft": logp_draft, "read_entropy_draft": entropy_draft})
+
+
+FROM_LOGPROBS = ("p_draft", "logp_draft", "entropy_draft", "margin_draft")
+"""The scores a runtime computes from the draft's log-probs at the token's position alone (``scores_from_logprobs``)."""
 
 
 def scores_from_logprobs(names: Sequence[str], logprobs: torch.Tensor, token: int) -> torch.Tensor:
     """The features of one token from the draft's log-probs (V,) at its position: what a runtime computes."""
     logprobs = logprobs.float()
-    return draft_scores(names, logprobs[token], entropy(logprobs))
+    columns = {"read_logp_draft": logprobs[token], "read_entropy_draft": entropy(logprobs)}
+    if "margin_draft" in names:
+        columns["read_margin_draft"] = top2_margin(logprobs)
+    return scores_from_columns(names, columns)
 
 
 class ScoreTerm(nn.Module):
@@ -90,3 +146,28 @@ def score_term(names: Sequence[str]) -> ScoreTerm | None:
 def add_scores(logits: torch.Tensor, term: ScoreTerm | None, scores: torch.Tensor | None) -> torch.Tensor:
     """``logits`` plus the score term (unchanged without one)."""
     return logits if term is None else logits + term(scores).to(logits.dtype)
+
+
+class ExtraProjection(nn.Module):
+    """Keeps the hidden state (the first ``hidden_size`` inputs) and projects the vector features after it to
+    ``rank`` dimensions: (..., d + extra) → (..., d + rank)."""
+
+    def __init__(self, hidden_size: int, extra_size: int, rank: int):
+        super().__init__()
+        if rank < 1:
+            raise SettingError(f"extra_rank must be positive, got {rank}")
+        self.hidden_size = hidden_size
+        self.linear = nn.Linear(extra_size, rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden_size + self.linear.in_features:
+            raise ValueError(f"this head reads {self.hidden_size} hidden + {self.linear.in_features} vector-feature "
+                             f"inputs, got {x.shape[-1]}")
+        return torch.cat([x[..., : self.hidden_size], self.linear(x[..., self.hidden_size :])], dim=-1)
+
+
+def extra_projection(hidden_size: int, extra_size: int, rank: int) -> ExtraProjection | None:
+    """An ``ExtraProjection``, or None without vector features (the head's state dict then has no such key)."""
+    if extra_size < 0:
+        raise SettingError(f"extra_size must be ≥ 0, got {extra_size}")
+    return ExtraProjection(hidden_size, extra_size, rank) if extra_size else None

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from core.errors import SettingError
-from heads.features import add_scores, score_term
+from heads.features import add_scores, extra_projection, score_term
 from heads.registry import register
 
 
@@ -28,13 +28,18 @@ class ResidualBlock(nn.Module):
 class ResNetHead(nn.Module):
     """(D+1)-layer ResNet with SiLU (SpecDec++ §4.3); every block has its own weights."""
 
-    def __init__(self, hidden_size: int, depth: int = 3, scores: list[str] = ()):
+    def __init__(self, hidden_size: int, depth: int = 3, scores: list[str] = (), extra_size: int = 0,
+                 extra_rank: int = 16):
         """
         Args:
             hidden_size: size d of the draft's last hidden state.
             depth: number D of residual blocks, 0 to 4 (D = 0 is a linear head).
             scores: draft scores whose weighted sum is added to the logit (``heads.features``); none: the paper's
                 head.
+            extra_size: size of the vector features appended to the hidden state (``heads.features.VECTORS``);
+                linked from the data.
+            extra_rank: the vector features are projected to this many dimensions before the blocks (they are
+                wide: a block over d + extra_size would hold millions of weights for a few thousand rows).
         """
         super().__init__()
         if hidden_size < 1:
@@ -43,14 +48,17 @@ class ResNetHead(nn.Module):
             raise SettingError(f"depth must be in 0..4, got {depth}")
         self.score_term = score_term(scores)
         self.scores = self.score_term.names if self.score_term else []
-        self.config = {"hidden_size": hidden_size, "depth": depth, "scores": self.scores}
+        self.extra = extra_projection(hidden_size, extra_size, extra_rank)
+        self.config = {"hidden_size": hidden_size, "depth": depth, "scores": self.scores,
+                       **({"extra_size": extra_size, "extra_rank": extra_rank} if extra_size else {})}
+        width = hidden_size + (extra_rank if extra_size else 0)
         # one block object per layer (never [block] * depth, which would share the weights)
-        self.blocks = nn.ModuleList([ResidualBlock(hidden_size) for _ in range(depth)])
-        self.out = nn.Linear(hidden_size, 1)
+        self.blocks = nn.ModuleList([ResidualBlock(width) for _ in range(depth)])
+        self.out = nn.Linear(width, 1)
 
     def forward(self, hidden: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., d) hidden states [and (..., k) draft scores] → (...) logits of acceptance."""
-        x = hidden
+        """(..., d [+ extra_size]) hidden states [and (..., k) draft scores] → (...) logits of acceptance."""
+        x = hidden if self.extra is None else self.extra(hidden)
         for block in self.blocks:
             x = block(x)
         return add_scores(self.out(x).squeeze(-1), self.score_term, scores)

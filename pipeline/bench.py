@@ -38,9 +38,11 @@ def _shard_table(n: int, d: int, rng: np.random.Generator, w: np.ndarray) -> pa.
         "loss_mask": pa.array(np.ones(n, dtype=bool)),
         **{c: pa.array(cols[c]) for c in FLOAT_COLUMNS},
         "greedy_match": pa.array(np.zeros(n, dtype=bool)),
+        "round_index": pa.array(np.ones(n, dtype=np.int32)),
+        "response_index": pa.array(np.zeros(n, dtype=np.int32)),
         "hidden": pa.FixedSizeListArray.from_arrays(pa.array(hidden.reshape(-1)), d),
     }
-    return pa.table(table, schema=features(d).arrow_schema)
+    return pa.table(table, schema=features({"hidden": d}).arrow_schema)
 
 
 def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
@@ -54,7 +56,7 @@ def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
         for i, start in enumerate(range(0, n, SHARD_ROWS)):
             path = folder / split / f"target-{i:04d}.arrow"
             path.parent.mkdir(parents=True, exist_ok=True)
-            writer = ArrowWriter(features=features(d), path=str(path))
+            writer = ArrowWriter(features=features({"hidden": d}), path=str(path))
             writer.write_table(_shard_table(min(SHARD_ROWS, n - start), d, rng, w))
             writer.finalize()
             writer.close()

@@ -33,6 +33,7 @@ class HeadCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.hidden_size", "model.head.init_args.hidden_size", apply_on="instantiate")
+        parser.link_arguments("data.extra_size", "model.head.init_args.extra_size", apply_on="instantiate")
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
         parser.set_defaults({"early_stopping.monitor": "val/loss", "early_stopping.patience": 5})
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")

@@ -19,17 +19,22 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from core import label_math as lm
 from core.errors import SettingError
 from core.shards import load_split, read_manifest
+from heads.features import SCORE_COLUMNS, vector_column
 
-SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "read_logp_draft", "read_entropy_draft")
+SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "prompt_id", *dict.fromkeys(SCORE_COLUMNS.values()))
 
 
 class LabelRows(Dataset):
     """The selected rows of one split; ``rows[idx_array]`` returns a whole batch as a dict of tensors."""
 
     def __init__(self, folder: str | Path, split: str, *, label: str, lam: float, categories: list[str],
-                 feature_column: str = "hidden"):
+                 feature_column: str = "hidden", vector_columns: list[str] = ()):
         ds = load_split(folder, split)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
+        missing = [c for c in (*SMALL_COLUMNS, feature_column, *vector_columns) if c not in table.column_names]
+        if missing:
+            raise SettingError(f"{folder}: the {split} shards have no columns {missing}; label again with this "
+                               f"version (data_gen/SCHEMA.md)")
         small = {c: table.column(c) for c in SMALL_COLUMNS}
         mask = small["loss_mask"].to_numpy(zero_copy_only=False).astype(bool)
         cats = small["category"].to_numpy(zero_copy_only=False).astype(str)
@@ -38,11 +43,12 @@ class LabelRows(Dataset):
         if not len(self.index):
             raise SettingError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
                                f"(label {label!r}); label more prompts or choose other categories")
-        hidden: pa.ChunkedArray = table.column(feature_column)
-        self.hidden_size = hidden.type.list_size
-        # one (rows, d) float16 numpy view per Arrow chunk: zero-copy into the memory map, nothing loaded yet
-        self.chunks = [c.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.hidden_size) for c in hidden.chunks]
-        self.starts = np.cumsum([0] + [len(c) for c in self.chunks])
+        self.hidden_size = table.column(feature_column).type.list_size
+        # the head's input: the hidden state, then each vector feature; per column one (rows, size) float16 numpy
+        # view per Arrow chunk: zero-copy into the memory map, nothing loaded yet
+        self.vectors = [_chunk_views(table.column(c)) for c in (feature_column, *vector_columns)]
+        self.input_size = sum(v[0].shape[1] for v in self.vectors)
+        self.starts = np.cumsum([0] + [len(c) for c in self.vectors[0]])
 
         def col(name: str) -> torch.Tensor:
             return torch.from_numpy(small[name].to_numpy(zero_copy_only=False)[self.index].astype(np.float32))
@@ -54,8 +60,11 @@ class LabelRows(Dataset):
             self.binary = (acceptance > 0.5).float()
         else:
             self.target = self.binary = lm.sprinter_label(ratio, lam).float()
-        # the draft scores at the prefix the hidden states read (what a decoder computes), for heads and baselines
-        self.logp_draft, self.entropy_draft = col("read_logp_draft"), col("read_entropy_draft")
+        # every scalar a head may read (``heads.features.SCORES``), by label column; the draft scores are at the
+        # prefix the hidden states read (what a decoder computes)
+        self.columns = {c: col(c) for c in dict.fromkeys(SCORE_COLUMNS.values())}
+        self.prompt_id = torch.from_numpy(small["prompt_id"].to_numpy(zero_copy_only=False)[self.index])
+        self.logp_draft, self.entropy_draft = self.columns["read_logp_draft"], self.columns["read_entropy_draft"]
         self.p_draft = self.logp_draft.exp()  # draft probability of its own token
         self.conf_entropy = (-self.entropy_draft).exp()  # exp(−H_draft): monotone in −entropy (SVIP)
 
@@ -65,16 +74,22 @@ class LabelRows(Dataset):
     def __getitem__(self, pos: np.ndarray) -> dict[str, torch.Tensor]:
         pos = np.sort(np.asarray(pos))
         rows = self.index[pos]
-        hidden = np.empty((len(rows), self.hidden_size), dtype=np.float16)
+        hidden = np.empty((len(rows), self.input_size), dtype=np.float16)
         which = np.searchsorted(self.starts, rows, side="right") - 1
         local = rows - self.starts[which]
         # rows are sorted, so the rows of one Arrow chunk (≤ 1000 rows as `datasets` writes them) form one run
         bounds = [0, *(np.flatnonzero(np.diff(which)) + 1).tolist(), len(rows)]
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            hidden[lo:hi] = self.chunks[which[lo]][local[lo:hi]]
+            at = 0
+            for chunks in self.vectors:
+                size = chunks[0].shape[1]
+                hidden[lo:hi, at : at + size] = chunks[which[lo]][local[lo:hi]]
+                at += size
         hidden = torch.from_numpy(hidden).float()  # torch's float16 → float32 cast is vectorised, numpy's is not
         pos_t = torch.from_numpy(pos)
         return {
+            **{c: v[pos_t] for c, v in self.columns.items()},
+            "prompt_id": self.prompt_id[pos_t],
             "hidden": hidden,
             "target": self.target[pos_t],
             "binary": self.binary[pos_t],
@@ -84,6 +99,11 @@ class LabelRows(Dataset):
             "logp_draft": self.logp_draft[pos_t],
             "entropy_draft": self.entropy_draft[pos_t],
         }
+
+
+def _chunk_views(column: pa.ChunkedArray) -> list[np.ndarray]:
+    size = column.type.list_size
+    return [c.flatten().to_numpy(zero_copy_only=False).reshape(-1, size) for c in column.chunks]
 
 
 class BlockSampler(Sampler):
@@ -122,6 +142,7 @@ class LabelDataModule(pl.LightningDataModule):
         lam: float = 1.0,
         categories: list[str] | None = None,
         feature_position: Literal["own", "prev"] = "own",
+        vectors: list[str] | None = None,
         batch_size: int = 256,
         eval_batch_size: int = 4096,
         block_size: int = 1,
@@ -138,6 +159,8 @@ class LabelDataModule(pl.LightningDataModule):
             feature_position: the hidden state the head reads: ``own`` (column ``hidden``, after reading the
                 token; SpecDec++ Eq. 4.1) or ``prev`` (column ``hidden_prev``, the state that produced q for it;
                 SPRINTER §3.2).
+            vectors: vector features appended to the hidden state (``heads.features.VECTORS``: ``layers``,
+                ``stale_target``), in this order; their total size is linked into the head's ``extra_size``.
             batch_size: training rows per step.
             eval_batch_size: rows per validation/test/predict batch.
             block_size: shuffle blocks of this many neighbouring rows (1: a full row permutation).
@@ -159,6 +182,8 @@ class LabelDataModule(pl.LightningDataModule):
         self.labels, self.label, self.lam = labels, label, lam
         self.categories = list(categories or lm.ROWS_FOR_LABEL[label])
         self.feature_position = feature_position
+        self.vectors = list(vectors or [])
+        self.vector_columns = [vector_column(v, feature_position) for v in self.vectors]
         self.batch_size, self.eval_batch_size, self.block_size = batch_size, eval_batch_size, block_size
         self.num_workers, self.seed = num_workers, seed
         self.manifest = read_manifest(labels)
@@ -170,14 +195,25 @@ class LabelDataModule(pl.LightningDataModule):
         return int(self.manifest["feature"]["hidden_size"])
 
     @property
+    def extra_size(self) -> int:
+        """Total size of the vector features appended to the hidden state, from the manifest."""
+        sizes = self.manifest["feature"].get("sizes", {})
+        missing = [c for c in self.vector_columns if c not in sizes]
+        if missing:
+            raise SettingError(f"{self.labels}: the labels hold no columns {missing} (vectors {self.vectors}); label "
+                               f"again with this version (data_gen/SCHEMA.md)")
+        return sum(int(sizes[c]) for c in self.vector_columns)
+
+    @property
     def draft(self) -> dict:
         return self.manifest["models"]["draft"]
 
     def rows(self, split: str) -> LabelRows:
         if split not in self.splits:
             rows = LabelRows(self.labels, split, label=self.label, lam=self.lam, categories=self.categories,
-                             feature_column=lm.FEATURE_POSITIONS[self.feature_position].column)
-            if rows.hidden_size != self.hidden_size:
+                             feature_column=lm.FEATURE_POSITIONS[self.feature_position].column,
+                             vector_columns=self.vector_columns)
+            if rows.hidden_size != self.hidden_size or rows.input_size != self.hidden_size + self.extra_size:
                 raise SettingError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
                                  f"shards hold features of size {rows.hidden_size}; label again or fix the manifest")
             self.splits[split] = rows

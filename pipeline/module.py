@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from core.errors import SettingError
-from heads.features import draft_scores
+from heads.features import scores_from_columns
 from pipeline.loss import weighted_bce
 from pipeline.metrics import SplitMetrics
 
@@ -48,7 +48,7 @@ class HeadModule(pl.LightningModule):
         names = getattr(self.head, "scores", [])
         if not names:
             return self.head(batch["hidden"])
-        return self.head(batch["hidden"], draft_scores(names, batch["logp_draft"], batch["entropy_draft"]))
+        return self.head(batch["hidden"], scores_from_columns(names, batch))
 
     def _step(self, batch: dict, split: str) -> torch.Tensor:
         logits = self(batch)

@@ -11,6 +11,7 @@ head and the training-free scores on the held-out test rows. One table compares 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -21,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from sklearn.metrics import roc_curve
+from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
 from core.errors import UserError
+from core.intervals import Interval, grouped_interval
 from heads.export import export_head
 from pipeline.cli import HeadCLI
 from pipeline.metrics import BASELINES
@@ -43,6 +45,9 @@ class RunResult:
     test: dict
     export: Path | None = None
     curves: dict = field(default_factory=dict)
+    intervals: dict = field(default_factory=dict)
+    """Test AUROC of the head and its difference from the best training-free score, with 95 % intervals over
+    prompts (``auroc_intervals``)."""
 
 
 def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
@@ -113,25 +118,45 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     test_pred = _predict(trainer, model, dm.test_dataloader())
     result.curves = {"head": (test_pred["binary"], test_pred["probs"])}
     result.curves.update({b: (test_pred["binary"], test_pred[b]) for b in BASELINES})
+    result.intervals = auroc_intervals(test_pred, test)
     if heads_dir is not None:
         result.export = export_head(
             model.head, heads_dir / f"{name}.safetensors", draft=dm.draft,
             vocab_size=int(dm.draft["vocab_size"]), label=label, role="stop" if soft else "verifier",
-            threshold=threshold, position=dm.feature_position,
+            threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
         )
     return result
 
 
+def auroc_intervals(pred: dict[str, np.ndarray], test: dict) -> dict[str, Interval]:
+    """The head's test AUROC and its difference from the best training-free score there, each with a bootstrap
+    interval over the test prompts (``core.intervals.grouped_interval``); empty when the rows hold one class."""
+    y = pred["binary"]
+    if y.min() == y.max():
+        return {}
+    best = max(BASELINES, key=lambda b: test.get(f"{b}/auroc", float("-inf")))
+
+    def auc(scores, rows):
+        return roc_auc_score(y[rows], scores[rows]) if y[rows].min() != y[rows].max() else np.nan
+
+    return {"auroc": grouped_interval(pred["prompt_id"], lambda r: auc(pred["probs"], r)),
+            "delta": grouped_interval(pred["prompt_id"], lambda r: auc(pred["probs"], r) - auc(pred[best], r))}
+
+
 def plot_roc(results: list[RunResult], path: Path) -> Path:
-    """One panel per run: ROC of the head and of each training-free score on the test rows."""
+    """One panel per run (four to a row): ROC of the head and of each training-free score on the test rows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.5), squeeze=False)
-    for ax, r in zip(axes[0], results):
+    cols = min(4, len(results))
+    rows = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4.5 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, r in zip(axes.flat, results):
         for scorer, (y, s) in r.curves.items():
             if y.min() == y.max():
                 continue
@@ -159,7 +184,7 @@ def table(results: list[RunResult]) -> str:
                  "η_TP*": "eta_tp_thm", "η_FP*": "eta_fp_thm", "η_FP*w": "eta_fp_thm_weighted"}
     w = max([len(r.name) for r in results] + [25]) + 1  # the run-name column fits the longest name
     cols = (f"{'run':<{w}}{'label':<20}{'scorer':<14}" + "".join(f"{c:>7}" for c in head_cols)
-            + f"{'thr':>12}{'ΔAUROC':>8}")
+            + f"{'thr':>12}{'ΔAUROC':>8}{'AUROC 95% CI':>18}{'ΔAUROC 95% CI':>20}")
     lines = [cols, "-" * len(cols)]
     for r in results:
         t = r.test
@@ -167,15 +192,23 @@ def table(results: list[RunResult]) -> str:
         thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
         lines.append(f"{r.name:<{w}}{_label_text(r.label):<20}{'head':<14}"
                      + "".join(f"{t[f'head/{k}']:>7.3f}" for k in head_cols.values())
-                     + f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}")
+                     + f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}" + _intervals_text(r.intervals))
         for b in BASELINES:
             lines.append(f"{'':<{w}}{'':<20}{b:<14}{t[f'{b}/auroc']:>7.3f}{t[f'{b}/ap']:>7.3f}")
-    lines += ["ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val.",
+    lines += ["ΔAUROC: head minus the best training-free score. Test rows only; threshold chosen on val. Intervals: "
+              "95 % bootstrap over test prompts (rows of a prompt resampled together).",
               "ECE, KL: against the training target (min(1, p/q) for soft heads). η_TP, η_FP: P(P̂ ≥ τ) on rows the "
               "label accepts / rejects;",
               "η_TP*, η_FP*: on rows with q/p ≤ 1 / q/p > 1, whatever λ (SPRINTER Theorem 1's definition); η_FP*w: "
               "η_FP* weighted by the excess mass (1 − p/q)+, under which Theorem 7 holds for a token-dependent head."]
     return "\n".join(lines)
+
+
+def _intervals_text(intervals: dict) -> str:
+    if not intervals:
+        return ""
+    a, d = intervals["auroc"], intervals["delta"]
+    return f"{f'[{a.low:.3f}, {a.high:.3f}]':>18}{f'[{d.low:+.3f}, {d.high:+.3f}]':>20}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -221,6 +254,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     (out / "metrics.txt").write_text(report + "\n")
     (out / "metrics.json").write_text(json.dumps(
         [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
+          "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
           "export": str(r.export) if r.export else None} for r in results], indent=2) + "\n")
     png = plot_roc(results, out / "roc.png") if not a.sweep else None
     for r in results:

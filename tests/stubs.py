@@ -22,6 +22,13 @@ class StubLM:
     def forward(self, input_ids, attention_mask, position_ids, cache):
         return torch.nn.functional.one_hot(input_ids, self.vocab).float(), cache
 
+    def forward_tapped(self, input_ids, attention_mask, position_ids, cache, layers):
+        hidden, cache = self.forward(input_ids, attention_mask, position_ids, cache)
+        return hidden, hidden.repeat(*([1] * (hidden.dim() - 1)), len(layers)), cache
+
+    def num_layers(self) -> int:
+        return 4
+
     def logits(self, hidden):
         return hidden @ self.table
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evaluation.intervals import Interval, mean_interval, speedup_interval
+from core.intervals import Interval, mean_interval, speedup_interval
 
 
 def runs(rng, n, speed, difficulty):
@@ -54,3 +54,18 @@ def test_mean_interval_and_bad_input():
     assert mean_interval([1, 1, 1]) == Interval(1.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="same prompts"):
         speedup_interval([{"new_tokens": 1, "wall_s": 1.0}] * 3, [{"new_tokens": 1, "wall_s": 1.0}] * 2)
+
+
+def test_a_grouped_interval_resamples_prompts_not_rows():
+    """Rows of one prompt are copies here: the interval over prompts is the one of the prompts' own values, far
+    wider than a bootstrap that took the 500 rows as independent would give."""
+    from core.intervals import grouped_interval
+
+    values = np.random.default_rng(0).normal(size=10)
+    rows, groups = np.repeat(values, 50), np.repeat(np.arange(10), 50)
+    grouped = grouped_interval(groups, lambda r: rows[r].mean())
+    by_prompt = mean_interval(values)
+    assert grouped.value == pytest.approx(values.mean())
+    assert grouped.high - grouped.low == pytest.approx(by_prompt.high - by_prompt.low, rel=0.15)
+    by_row = mean_interval(rows)
+    assert by_row.high - by_row.low < 0.3 * (grouped.high - grouped.low)

@@ -88,15 +88,15 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
     from datasets import List
 
-    from core.shards import SCHEMA_VERSION, features, shard_records, write_json, write_shard
+    from core.shards import SCHEMA_VERSION, features, shard_records, vector_sizes, write_json, write_shard
 
     n = len(rows)
     cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),
             "tv": np.array([r[2] for r in rows], np.float32)}
-    for name, f in features(2).items():  # every other column of the current schema: zeros
+    for name, f in features(vector_sizes(2, 2)).items():  # every other column of the current schema: zeros
         if name not in cols:
             cols[name] = np.zeros((n, f.length), f.feature.dtype) if isinstance(f, List) else np.zeros(n, f.dtype)
-    write_shard(folder / "test" / "draft-0000.arrow", cols, hidden_size=2)
+    write_shard(folder / "test" / "draft-0000.arrow", cols, vector_sizes(2, 2))
     write_json(folder / "manifest.json", {"schema_version": SCHEMA_VERSION, "models": {"draft": draft},
                                           "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
                                                        "max_new_tokens": 8},

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from heads import build_head
-from heads.features import LOGP_FLOOR, SCORES, check_scores, draft_scores, scores_from_logprobs
+from heads.features import FROM_LOGPROBS, LOGP_FLOOR, SCORES, check_scores, draft_scores, scores_from_logprobs
 from pipeline.module import HeadModule
 
 
@@ -23,12 +23,15 @@ def test_scores_from_columns():
 
 
 def test_runtime_scores_equal_the_label_columns():
-    """What the decoder computes from the draft's log-probs is what the labels store (log q(y), H(q))."""
+    """What the decoder computes from the draft's log-probs is what the labels store (log q(y), H(q), the top-2
+    margin); the scores it cannot compute from them are refused by name."""
     probs = torch.tensor([0.5, 0.25, 0.25, 0.0])
     logprobs = probs.log()
-    out = scores_from_logprobs(list(SCORES), logprobs, token=1)
+    out = scores_from_logprobs(list(FROM_LOGPROBS), logprobs, token=1)
     entropy = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
-    assert torch.allclose(out, torch.tensor([0.25, math.log(0.25), entropy]))
+    assert torch.allclose(out, torch.tensor([0.25, math.log(0.25), entropy, 0.25]))
+    with pytest.raises(ValueError, match="stale_top1_target"):
+        scores_from_logprobs(list(SCORES), logprobs, token=1)
 
 
 def test_unknown_or_repeated_scores_are_refused():

@@ -158,3 +158,28 @@ def test_sampled_response_stops_at_eos_and_keeps_it():
 def test_one_category_per_batch():
     with pytest.raises(ValueError, match="one category"):
         labeler({1: 1.0}, {1: 1.0}).label([forced("target"), forced("draft", pid=1)], "cpu")
+
+
+@pytest.mark.parametrize("category", ["target", "draft", "interleaved", "original"])
+def test_feature_family_columns_read_what_a_decoder_holds(category):
+    """The tapped layers read what ``hidden``/``hidden_prev`` read; the stale target columns are the target's state
+    ``round_index`` positions back on the row's label prefix (k ≥ 1, never the row's own distribution); the margin
+    is q's top-1 minus top-2 where the features read the token; the response index counts from the prompt's end."""
+    prompt = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    x = [11, 12, 13, 14, 1, 2, 3, 4]
+    rows = labeler({1: 0.5, 2: 0.3, 3: 0.2}, P_STEP).label([forced(category, response=x, prompt=prompt)], "cpu")
+    out = only(rows, category)
+    assert torch.equal(out["hidden_layers"].float(), out["hidden"].float().repeat(1, 2))
+    assert torch.equal(out["hidden_layers_prev"].float(), out["hidden_prev"].float().repeat(1, 2))
+    assert torch.allclose(out["read_margin_draft"], torch.full_like(out["read_margin_draft"], 0.2))
+    pos, k = out["position"], out["round_index"]
+    assert ((k >= 1) & (k <= 8)).all() and len(set(k.tolist())) > 1
+    assert torch.equal(out["response_index"], pos - len(prompt))
+    seq = list(prompt) + (x if category in ("target", "original") else [])
+    if category in ("target", "original"):  # the label prefix is known here: the token read k + 1 positions back
+        read = torch.tensor([seq[p - kk - 1] for p, kk in zip(pos.tolist(), k.tolist())])
+        assert torch.equal(out["stale_hidden_target"].float(), one_hot(read))
+    entropy_p = -sum(p * math.log(p) for p in P_STEP.values() if p > 0)
+    assert torch.allclose(out["stale_entropy_target"], torch.full_like(out["stale_entropy_target"], entropy_p),
+                          atol=1e-5)
+    assert torch.allclose(out["stale_top1_target"], torch.full_like(out["stale_top1_target"], max(P_STEP.values())))

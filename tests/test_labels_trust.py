@@ -141,7 +141,7 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
 
     def label_at_the_mixed_prefix(row, seq):
         c = right(row, seq)
-        return audit.Contexts(c.features, c.features, c.token)
+        return audit.Contexts(c.features, c.features, c.token, c.prompt_length)
 
     monkeypatch.setattr(audit, "contexts", label_at_the_mixed_prefix)
     broken = audit.audit(out, rows=40, quiet=True)
@@ -160,13 +160,13 @@ def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
 
     from data_gen.run import ShardWriter
 
-    writer = ShardWriter(tmp_path, hidden_size=4)
+    writer = ShardWriter(tmp_path, {"hidden": 4})
     launcher = os.getppid()
     writer.on_predict_start(SimpleNamespace(global_rank=1), None)
     writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 0)  # the launcher lives: go on
     monkeypatch.setattr(os, "getppid", lambda: launcher + 1)
     with pytest.raises(SystemExit, match="rank 1: the process that launched this run is gone"):
         writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 1)
-    rank0 = ShardWriter(tmp_path, hidden_size=4)
+    rank0 = ShardWriter(tmp_path, {"hidden": 4})
     rank0.on_predict_start(SimpleNamespace(global_rank=0), None)
     rank0.on_predict_batch_start(SimpleNamespace(global_rank=0), None, {}, 1)  # rank 0 is the launcher itself

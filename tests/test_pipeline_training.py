@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core import label_math as lm
+from core.errors import SettingError
 from core.shards import load_split, read_manifest
 from pipeline.cli import HeadCLI
 from pipeline.data import BlockSampler, LabelDataModule
@@ -175,3 +176,32 @@ def test_train_all_exports_loadable_heads(tiny_labels, tmp_path):
     assert (tmp_path / "train" / "roc.png").stat().st_size > 0
     table = (tmp_path / "train" / "metrics.txt").read_text()
     assert "p_draft" in table and "η_FP*" in table
+
+
+def test_feature_family_heads_train_export_and_name_what_they_read(tiny_labels, tmp_path):
+    """Every feature family reaches the head (scores and vectors), the file lists them, the table gives intervals
+    over prompts, and a runtime that cannot compute them refuses the file in one line."""
+    from heads.export import HeadFileError, load_head
+    from heads.exported import ExportedHead
+    from pipeline import train_all
+
+    configs = [str(CONFIGS[0].parent / f"{c}_all.yaml") for c in ("sprinter_lam1.5", "specdecpp_d3_w6")]
+    results = train_all.main(["--labels", str(tiny_labels), "--configs", *configs, "--out", str(tmp_path / "train"),
+                              "--checkpoints", str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"),
+                              "--max-epochs", "1", "--quiet"])
+    draft = read_manifest(tiny_labels)["models"]["draft"]
+    for r in results:
+        head, meta = load_head(r.export, draft=draft)
+        assert list(meta["inputs"]["vectors"]) == ["layers", "stale_target"]
+        assert "stale_top1_target" in meta["inputs"]["scores"]
+        assert head.config["extra_size"] == 2 * 32 + 32  # two tapped draft layers, the tiny target's hidden state
+        interval = r.intervals["auroc"]
+        assert interval.low <= interval.value <= interval.high
+        with pytest.raises(HeadFileError, match="round_index"):
+            ExportedHead(r.export)
+    assert "ΔAUROC 95% CI" in (tmp_path / "train" / "metrics.txt").read_text()
+
+
+def test_a_head_asking_for_a_vector_the_labels_lack_is_refused(tiny_labels):
+    with pytest.raises(SettingError, match="unknown vector feature"):
+        LabelDataModule(labels=str(tiny_labels), vectors=["target_logits"])

@@ -1,4 +1,5 @@
-"""95 % intervals over prompts for the report's figures: paired bootstrap (``scipy.stats.bootstrap``).
+"""95 % intervals over prompts (``scipy.stats.bootstrap``): the eval report's speedups and means, the training
+table's AUROCs.
 
 Every policy decodes the same prompts with the same seeds, so a ratio between two policies is resampled by prompt,
 both policies' runs of a prompt together (``paired=True``): the prompt-to-prompt spread (short and long answers,
@@ -58,3 +59,26 @@ def mean_interval(values, seed: int = 0) -> Interval:
     res = stats.bootstrap((x,), np.mean, n_resamples=RESAMPLES, confidence_level=CONFIDENCE, method="percentile",
                           random_state=np.random.default_rng(seed))
     return Interval(float(x.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def grouped_interval(groups, statistic, seed: int = 0, resamples: int = 1999) -> Interval:
+    """``statistic(rows)`` (a function of an index array of rows) with a bootstrap interval over groups: each
+    resample draws whole groups (prompts) with replacement and takes all their rows, so that rows of one prompt,
+    which are correlated, are never counted as independent evidence. Resamples where the statistic is NaN are left
+    out."""
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    value = float(statistic(np.arange(len(groups))))
+    if len(members) < 2:
+        return Interval(value, value, value)
+
+    def on_groups(chosen):
+        return statistic(np.concatenate([members[int(i)] for i in chosen]))
+
+    res = stats.bootstrap((np.arange(len(members)),), on_groups, vectorized=False, n_resamples=resamples,
+                          confidence_level=CONFIDENCE, method="percentile", random_state=np.random.default_rng(seed))
+    # a resample can leave the statistic undefined (an AUROC over rows of one class): the percentiles of the
+    # defined ones, which is what the percentile method reports when every resample is defined
+    tail = 50 * (1 - CONFIDENCE)
+    low, high = np.nanpercentile(res.bootstrap_distribution, [tail, 100 - tail])
+    return Interval(value, float(low), float(high))
