@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from core.adapter import HFCausalLM
-from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, warp_logits
+from core.label_math import (acceptance_probability, entropy, residual_distribution, sample_from_logprobs,
+                             warp_logits)
 from core.models import check_vocabularies
 from core.quantization import output_rows
 from core.sampling import Sampling
+from heads.features import SCORES, VECTORS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -91,6 +93,10 @@ class ModelPair:
         return next(self.target.parameters()).device
 
 
+HEAD_FEATURES = (*SCORES, *VECTORS)
+"""Every feature a head may read that this decoder feeds (``Decoding.head_context``, ``heads.features``)."""
+
+
 class Policy(Protocol):
     name: str
 
@@ -109,14 +115,18 @@ class CachedLM:
     The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits).
     """
 
-    def __init__(self, model, sampling: Sampling):
+    def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = ()):
         self.lm = HFCausalLM(model)
         self.sampling = sampling
+        self.layers = tuple(layers)
+        """Layers whose outputs each forward also keeps (``last_taps``; none: a plain forward)."""
+        self.last_taps: torch.Tensor | None = None
+        """The tapped layers' outputs (T, len(layers)·d) of the tokens the last forward read (``core.adapter.tap``)."""
         self.cache = self.lm.new_cache()
         self.device = next(model.parameters()).device
         self.ids: list[int] = []
         self.calls = 0
-        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # after all of ``ids``
+        self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
         self.last_logits: torch.Tensor | None = None
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
 
@@ -141,14 +151,19 @@ class CachedLM:
                 break
             common += 1
         if rows == 1 and common == len(seq) == len(self.ids) and self._last is not None:
-            hidden, logprobs, self.last_logits = self._last
+            hidden, logprobs, self.last_logits, taps = self._last
+            self.last_taps = taps
             return hidden, logprobs
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
         x = torch.tensor([new], dtype=torch.long, device=self.device)
         start = len(self.ids)
         positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-        hidden, _ = self.lm.forward(x, None, positions, self.cache)
+        if self.layers:
+            hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
+            self.last_taps = taps[0]
+        else:
+            hidden, _ = self.lm.forward(x, None, positions, self.cache)
         hidden = hidden[0]
         s = self.sampling
         logits = self.lm.logits(hidden[-rows:])
@@ -156,7 +171,8 @@ class CachedLM:
         self.ids.extend(new)
         self.calls += 1
         self.last_logits = logits[-1]
-        self._last = (hidden[-1:], logprobs[-1:], self.last_logits)
+        self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
+                      self.last_taps[-1:] if self.layers else None)
         return hidden, logprobs
 
 
@@ -175,6 +191,8 @@ class DraftStep:
     """q, the warped log-probs (V,) the candidate is sampled from."""
     logits: torch.Tensor
     """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_confidence``)."""
+    layers: torch.Tensor | None = None
+    """The draft's tapped layers at ``hidden``'s position, when the decoding taps them (``Decoding(layers=…)``)."""
 
 
 class StopRule(Protocol):
@@ -210,7 +228,8 @@ def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: i
 class Decoding:
     """The state of one generation: the sequence, the two cached models, the random source and the counts."""
 
-    def __init__(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator):
+    def __init__(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator,
+                 draft_layers: tuple[int, ...] = ()):
         if not prompt_ids:
             raise ValueError("the prompt must hold at least one token")
         self.pair = pair
@@ -219,8 +238,12 @@ class Decoding:
         self.n_prompt = len(self.seq)
         self.max_new_tokens = pair.sampling.max_new_tokens
         self.eos = set(pair.eos_token_ids)
-        self.draft = CachedLM(pair.draft, pair.sampling)
+        self.draft = CachedLM(pair.draft, pair.sampling, draft_layers)
         self.target = CachedLM(pair.target, pair.sampling)
+        self.stale: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
+        target's hidden state that produced that token's distribution, and the distribution (log-probs)."""
+        self._target_rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self.discarded = 0
         self.accepted_lengths: list[int] = []
         self._cuda = pair.device.type == "cuda"
@@ -259,7 +282,8 @@ class Decoding:
     def draft_step(self, candidates: list[int] = ()) -> DraftStep:
         """The draft's forward for the next token after seq + candidates (cached when already read)."""
         hidden, logq = self.draft.advance(self.seq + list(candidates))
-        return DraftStep(hidden=hidden[-1], logq=logq[-1], logits=self.draft.last_logits)
+        taps = self.draft.last_taps[-1] if self.draft.layers else None
+        return DraftStep(hidden=hidden[-1], logq=logq[-1], logits=self.draft.last_logits, layers=taps)
 
     def draft_dist(self, candidates: list[int] = ()) -> torch.Tensor:
         """q(· | seq + candidates), the draft's next-token log-probs (V,)."""
@@ -281,12 +305,39 @@ class Decoding:
 
     def draft_feature(self, candidates: list[int]) -> torch.Tensor:
         """The draft's hidden state of the last candidate, read at its own position (d,): one draft forward, which
-        also gives q for the token after it."""
+        also gives q for the token after it (its tapped layers: ``draft.last_taps[-1]``)."""
         return self.draft.advance(self.seq + list(candidates))[0][-1]
 
     def target_dist(self, candidates: list[int] = (), rows: int = 1) -> torch.Tensor:
         """p at the last ``rows`` positions of seq + candidates, (rows, V); one target call."""
-        return self.target.advance(self.seq + list(candidates), rows=rows)[1]
+        hidden, logps = self.target.advance(self.seq + list(candidates), rows=rows)
+        self._target_rows = (hidden[-rows:], logps)
+        return logps
+
+    def target_sampled(self, row: int) -> None:
+        """Note that the token appended next to ``seq`` is drawn at row ``row`` of the last ``target_dist`` call
+        (the bonus token, a correction, or a candidate the target judged), for ``head_context``."""
+        hidden, logps = self._target_rows
+        self.stale = (len(self.seq), hidden[row], logps[row])
+
+    def head_context(self, candidates: list[int], layers: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The label columns (``data_gen/SCHEMA.md``) a head may read beyond the draft's scores, for the last of
+        ``candidates`` (drafted after ``seq``): its index k after the token the last target call sampled, its index
+        in the response, the target's entropy, top-1 probability and hidden state there, and the draft's tapped
+        layers ``layers``. Before the first target call the stale columns are zero, as on a label row with k = 0."""
+        at = len(self.seq) + len(candidates) - 1
+        context = {"response_index": torch.tensor(float(at - self.n_prompt))}
+        if self.stale is None:
+            d = self.pair.target.config.hidden_size
+            context.update(round_index=torch.tensor(0.0), stale_entropy_target=torch.tensor(0.0),
+                           stale_top1_target=torch.tensor(0.0), stale_target=torch.zeros(d))
+        else:
+            sampled_at, hidden, logp = self.stale
+            context.update(round_index=torch.tensor(float(at - sampled_at)), stale_entropy_target=entropy(logp),
+                           stale_top1_target=logp.max().exp(), stale_target=hidden)
+        if layers is not None:
+            context["layers"] = layers
+        return context
 
     def draft_round(self, max_k: int, stop: StopRule | None = None) -> tuple[list[int], list[torch.Tensor]]:
         """Draft up to ``max_k`` candidates (fewer when ``stop`` says so, at an EOS, or where the round's target
@@ -328,7 +379,10 @@ class Decoding:
         elif not (candidates and candidates[-1] in self.eos):
             new.append(self.sample(logps[n]))  # bonus token
         self.record_round(n, len(candidates) - n)
-        self.extend(new)
+        self.extend(new[:n])
+        if len(new) > n:  # the target drew the last token: what it left for the next round's head features
+            self.target_sampled(n)
+            self.extend(new[n:])
         return n
 
     def record_round(self, kept: int, discarded: int) -> None:

@@ -67,7 +67,7 @@ class Engine:
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
         from core.models import check_vocabularies, eos_token_ids, load_model
-        from evaluation.decoder import ModelPair
+        from evaluation.decoder import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
         from heads.exported import ExportedHead
@@ -104,7 +104,7 @@ class Engine:
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
             build_policy=build_policy,
             hf_generate=peer,
-            check_head=lambda path: ExportedHead(path).check(draft),
+            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),

@@ -61,12 +61,15 @@ def feature_position(meta: dict) -> str:
 
 
 def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
-                threshold: dict, metrics: dict, position: str = "own", vectors: list[str] = ()) -> Path:
+                threshold: dict, metrics: dict, position: str = "own", vectors: list[str] = (),
+                tapped_layers: list[int] | None = None) -> Path:
     """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
     unknown = [v for v in vectors if v not in VECTORS]
     if unknown or int(head.config.get("extra_size", 0)) and not vectors:
         raise HeadFileError(f"the head's vector features {list(vectors)} are not known ones ({', '.join(VECTORS)}) "
                             f"or do not match its extra_size {head.config.get('extra_size', 0)}")
+    if "layers" in vectors and not tapped_layers:
+        raise HeadFileError("a head that reads the draft's tapped layers needs their indices (tapped_layers)")
     if getattr(head, "head_type", None) not in HEADS:
         raise HeadFileError(f"{type(head).__name__} is not a registered head type; known: {', '.join(sorted(HEADS))}")
     if position not in FEATURE_POSITIONS:
@@ -77,7 +80,8 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "hidden_size": int(head.config["hidden_size"]),
         "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])},
-                   "vectors": {n: VECTORS[n] for n in vectors}},
+                   "vectors": {n: VECTORS[n] for n in vectors},
+                   **({"tapped_layers": list(tapped_layers)} if "layers" in vectors else {})},
         "vocab_size": int(vocab_size),
         "label": label,
         "role": role,

@@ -26,11 +26,14 @@ def verifier_accepts(logit: float, tau: float) -> bool:
 class ExportedHead:
     """The head module and its metadata; ``logit(hidden, …)`` scores one draft token on the hidden state's device."""
 
-    def __init__(self, path: str | Path, role: str | None = None):
+    def __init__(self, path: str | Path, role: str | None = None, computes: tuple[str, ...] = FROM_LOGPROBS):
         """
         Args:
             path: the exported ``.safetensors`` file.
             role: the role the caller needs (``"stop"`` or ``"verifier"``); None takes the file's.
+            computes: the features the caller can feed beside the hidden state: score names
+                (``heads.features.SCORES``) and vector names (``VECTORS``); a head reading any other is refused.
+                The default, what the draft's log-probs give, is what every runtime has.
         """
         self.path = Path(path)
         self.module, self.meta = load_head(self.path)
@@ -39,10 +42,16 @@ class ExportedHead:
             raise HeadFileError(f"{self.path}: a {self.role!r} head, this policy needs a {role!r} head")
         self._device: torch.device | None = None
         self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
-        beyond = [n for n in self._scores if n not in FROM_LOGPROBS] + list(self.meta["inputs"].get("vectors", {}))
+        self.vectors = list(self.meta["inputs"].get("vectors", {}))
+        """Vector features appended to the hidden state, in order (``heads.features.VECTORS``)."""
+        self.tapped_layers = tuple(self.meta["inputs"].get("tapped_layers", ()))
+        """The draft layers the ``layers`` vector reads."""
+        beyond = [n for n in (*self._scores, *self.vectors) if n not in computes]
         if beyond:
-            raise HeadFileError(f"{self.path}: this head reads {beyond}, which a runtime here does not compute (only "
-                                f"the draft's hidden state and {', '.join(FROM_LOGPROBS)}); use a head without them")
+            raise HeadFileError(f"{self.path}: this head reads {beyond}, which this runtime does not compute (only "
+                                f"the draft's hidden state and {', '.join(computes)}); use a head without them")
+        self.needs_context = any(n not in FROM_LOGPROBS for n in self._scores) or bool(self.vectors)
+        """Whether ``logit`` needs the decoder's ``context`` (``Decoding.head_context``)."""
         self.position = feature_position(self.meta)
         """Which draft hidden state the head reads for a token: ``own`` (after reading it) or ``prev`` (the one
         that produced q for it)."""
@@ -62,14 +71,19 @@ class ExportedHead:
         return list(self._scores)
 
     @torch.no_grad()
-    def logit(self, hidden: torch.Tensor, logprobs: torch.Tensor | None = None, token: int | None = None) -> float:
+    def logit(self, hidden: torch.Tensor, logprobs: torch.Tensor | None = None, token: int | None = None,
+              context: dict[str, torch.Tensor] | None = None) -> float:
         """The head's logit for one token: its hidden state (d,) and, when the head reads draft scores, the
-        draft's confidence log-probs (V,) at the token's position and the token id."""
+        draft's confidence log-probs (V,) at the token's position and the token id; a head that reads more gets
+        the decoder's ``context`` (label-column names and vector names to tensors, ``Decoding.head_context``)."""
         if self._device != hidden.device:
             self.module.to(hidden.device)
             self._device = hidden.device
+        if self.vectors:
+            hidden = torch.cat([hidden.float(), *(context[v].float().to(hidden.device) for v in self.vectors)])
         if not self._scores:
             return self.module(hidden.float()).item()
         if logprobs is None or token is None:
             raise ValueError(f"{self.path}: this head reads the draft scores {self._scores}; pass logprobs and token")
-        return self.module(hidden.float(), scores_from_logprobs(self._scores, logprobs, token).to(hidden.device)).item()
+        scores = scores_from_logprobs(self._scores, logprobs, token, context or {})
+        return self.module(hidden.float(), scores.to(hidden.device)).item()

@@ -107,10 +107,13 @@ FROM_LOGPROBS = ("p_draft", "logp_draft", "entropy_draft", "margin_draft")
 """The scores a runtime computes from the draft's log-probs at the token's position alone (``scores_from_logprobs``)."""
 
 
-def scores_from_logprobs(names: Sequence[str], logprobs: torch.Tensor, token: int) -> torch.Tensor:
-    """The features of one token from the draft's log-probs (V,) at its position: what a runtime computes."""
+def scores_from_logprobs(names: Sequence[str], logprobs: torch.Tensor, token: int,
+                         context: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The features of one token from the draft's log-probs (V,) at its position: what a runtime computes; the
+    other columns (``SCORE_COLUMNS``) come from ``context`` (a decoder's, ``Decoding.head_context``)."""
     logprobs = logprobs.float()
-    columns = {"read_logp_draft": logprobs[token], "read_entropy_draft": entropy(logprobs)}
+    columns = {**{k: v.to(logprobs.device) for k, v in (context or {}).items()},
+               "read_logp_draft": logprobs[token], "read_entropy_draft": entropy(logprobs)}
     if "margin_draft" in names:
         columns["read_margin_draft"] = top2_margin(logprobs)
     return scores_from_columns(names, columns)

@@ -124,6 +124,7 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             model.head, heads_dir / f"{name}.safetensors", draft=dm.draft,
             vocab_size=int(dm.draft["vocab_size"]), label=label, role="stop" if soft else "verifier",
             threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
+            tapped_layers=dm.manifest["feature"].get("tapped_layers"),
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
         )
     return result

@@ -338,3 +338,68 @@ def _resized(model):
     other = copy.deepcopy(model)
     other.resize_token_embeddings(model.config.vocab_size + 8)
     return other
+
+
+def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(models):
+    """Mid-generation, what the decoder feeds a head for each candidate of a round (``Decoding.head_context``) is
+    what the labeler stores for a row at that prefix with that round index, as the audit recomputes it with plain
+    forwards: the stale target state where the last call sampled, the round and response index, the tapped
+    layers at the previous position and the draft's top-2 margin."""
+    from data_gen import audit
+    from data_gen.labeler import tap_layers
+    from heads.features import scores_from_logprobs
+
+    pair = pair_with(models, temperature=1.0, max_new_tokens=12)
+    layers = tap_layers(pair.draft.config.num_hidden_layers)
+    dec = Decoding(pair, PROMPTS[0], torch.Generator().manual_seed(0), draft_layers=layers)
+    dec.verify(*dec.draft_round(3))  # a first round: the target samples the round's last token
+    assert dec.stale is not None and dec.stale[0] == len(dec.seq) - 1
+    candidates, _ = dec.draft_round(3)
+    readers = (audit.Reader(pair.draft, layers=layers), audit.Reader(pair.target))
+    for j in range(1, len(candidates) + 1):
+        step = dec.draft_step(candidates[: j - 1])
+        context = dec.head_context(candidates[:j], step.layers)
+        row = {"position": len(dec.seq) + j - 1, "category": "target", "token_id": candidates[j - 1],
+               "round_index": int(context["round_index"])}
+        seq = {"prompt_ids": PROMPTS[0], "response_ids": dec.seq[len(PROMPTS[0]):] + candidates[: j - 1],
+               "mixed_ids": []}
+        label = audit.recompute(row, seq, *readers, pair.sampling)
+        assert row["round_index"] == j and int(context["response_index"]) == label["response_index"]
+        for column in ("stale_entropy_target", "stale_top1_target"):
+            assert context[column].item() == pytest.approx(label[column], abs=1e-4)
+        assert torch.allclose(context["stale_target"], torch.from_numpy(label["stale_hidden_target"]), atol=1e-4)
+        assert torch.allclose(context["layers"], torch.from_numpy(label["hidden_layers_prev"]), atol=1e-4)
+        margin = scores_from_logprobs(["margin_draft"], step.logq, candidates[j - 1])
+        assert margin.item() == pytest.approx(label["read_margin_draft"], abs=1e-4)
+
+
+@pytest.mark.parametrize("position", ["own", "prev"])
+def test_heads_reading_every_feature_family_decode_exactly(models, tmp_path, position):
+    """A stop head and a verifier that read the runtime, draft and stale-target families run through the decoder
+    (greedy SpecDec++ still equals target-only); the transformers runtime refuses them in one line."""
+    from data_gen.labeler import tap_layers
+    from heads.exported import ExportedHead
+    from heads.features import SCORES
+
+    draft, target = (m.config.hidden_size for m in models)
+    layers = tap_layers(models[0].config.num_hidden_layers)
+    extra = len(layers) * draft + target
+    torch.manual_seed(0)
+    stop = ResNetHead(hidden_size=draft, depth=1, scores=list(SCORES), extra_size=extra, extra_rank=4)
+    verifier = SprinterHead(hidden_size=draft, scores=list(SCORES), extra_size=extra)
+    with torch.no_grad():
+        for head in (stop, verifier):
+            for p in head.parameters():
+                p.normal_(0, 0.1)
+    files = {role: str(export_head(head, tmp_path / f"{role}.safetensors", draft={"name": "tiny-draft", "source": "t"},
+                                   vocab_size=57, label={"kind": "test"}, role=role,
+                                   threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={},
+                                   position=position, vectors=["layers", "stale_target"], tapped_layers=list(layers)))
+             for role, head in (("stop", stop), ("verifier", verifier))}
+    pair = pair_with(models, temperature=0.0, max_new_tokens=16)
+    for prompt in PROMPTS:
+        reference = generate(build_policy("target_only"), pair, prompt).tokens
+        assert generate(build_policy("specdecpp", head=files["stop"]), pair, prompt).tokens == reference
+        assert len(generate(build_policy("sprinter", head=files["verifier"], tau=0.5), pair, prompt).tokens) == 16
+    with pytest.raises(HeadFileError, match="this runtime does not compute"):
+        ExportedHead(files["stop"])

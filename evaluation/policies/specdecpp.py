@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.decoder import Decoding, DraftStep, ModelPair
+from evaluation.decoder import HEAD_FEATURES, Decoding, DraftStep, ModelPair
 from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
 from heads.exported import ExportedHead, log_accept
@@ -35,7 +35,11 @@ class HeadStop:
 
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
         hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
-        logit = self.head.logit(hidden, confidence, candidates[-1])
+        context = None
+        if self.head.needs_context:
+            layers = (dec.draft.last_taps[-1] if self.reads_candidate else step.layers) if dec.draft.layers else None
+            context = dec.head_context(candidates, layers)
+        logit = self.head.logit(hidden, confidence, candidates[-1], context)
         self.log_all_accepted += log_accept(logit)
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 
@@ -43,7 +47,7 @@ class HeadStop:
 @register("specdecpp", setting="h", trained=True)
 class SpecDecPP(SpeculativePolicy):
     def __init__(self, head: str | Path, h: float | None = None, max_k: int = 20):
-        self.head = ExportedHead(head, role="stop")
+        self.head = ExportedHead(head, role="stop", computes=HEAD_FEATURES)
         self.h = self.head.threshold if h is None else float(h)
         if not 0 <= self.h <= 1 or max_k < 1:
             raise ValueError(f"need 0 <= h <= 1 and max_k >= 1, got {self.h}, {max_k}")
@@ -51,6 +55,9 @@ class SpecDecPP(SpeculativePolicy):
 
     def round_length(self) -> int:
         return self.max_k
+
+    def draft_layers(self) -> tuple[int, ...]:
+        return self.head.tapped_layers if "layers" in self.head.vectors else ()
 
     def stop_rule(self, pair: ModelPair) -> HeadStop:
         self.head.check(pair.draft)

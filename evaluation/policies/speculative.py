@@ -28,10 +28,14 @@ class SpeculativePolicy:
     def start(self) -> None:
         """Called at the start of a generation (adaptive schedules reset here)."""
 
+    def draft_layers(self) -> tuple[int, ...]:
+        """Draft layers whose outputs the stop rule reads (the decoding then taps them)."""
+        return ()
+
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         self.start()
         stop = self.stop_rule(pair)
-        dec = Decoding(pair, prompt_ids, generator)
+        dec = Decoding(pair, prompt_ids, generator, self.draft_layers())
         while not dec.done:
             candidates, logqs = dec.draft_round(self.round_length(), stop)
             kept = dec.verify(candidates, logqs)

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 
 from core.label_math import residual_distribution
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, exact_accept
+from evaluation.decoder import HEAD_FEATURES, DecodeResult, Decoding, ModelPair, exact_accept
 from evaluation.policies.registry import register
 from heads.exported import ExportedHead, verifier_accepts
 
@@ -50,8 +50,8 @@ class HeadVerifier:
         self.position = head.position
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
-                 confidence: torch.Tensor | None) -> bool:
-        return verifier_accepts(self.head.logit(hidden, confidence, ids[-1]), self.tau)
+                 confidence: torch.Tensor | None, context: dict | None = None) -> bool:
+        return verifier_accepts(self.head.logit(hidden, confidence, ids[-1], context), self.tau)
 
 
 @register("sprinter", exact=False, setting="tau", trained=True)
@@ -67,7 +67,7 @@ class Sprinter:
             raise ValueError("give exactly one of head and verifier")
         self.head = None
         if head is not None:
-            self.head = ExportedHead(head, role="verifier")
+            self.head = ExportedHead(head, role="verifier", computes=HEAD_FEATURES)
             tau = self.head.threshold if tau is None else float(tau)
             if not 0 <= tau <= 1:
                 raise ValueError(f"tau must be in [0, 1], got {tau}")
@@ -81,7 +81,8 @@ class Sprinter:
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.head is not None:
             self.head.check(pair.draft)
-        dec = Decoding(pair, prompt_ids, generator)
+        tapped = self.head.tapped_layers if self.head is not None and "layers" in self.head.vectors else ()
+        dec = Decoding(pair, prompt_ids, generator, tapped)
         while not dec.done:
             pending: list[int] = []  # accepted by the verifier, not seen by the target
             rejected = None
@@ -90,7 +91,11 @@ class Sprinter:
                 y = dec.sample(step.logq)
                 confidence = dec.draft_confidence(step) if self.needs_confidence else None
                 hidden = step.hidden if self.position == "prev" else dec.draft_feature(pending + [y])
-                if not self.verifier(hidden, dec.seq + pending + [y], generator, confidence):
+                context = {}
+                if self.head is not None and self.head.needs_context:
+                    layers = (step.layers if self.position == "prev" else dec.draft.last_taps[-1]) if tapped else None
+                    context = {"context": dec.head_context(pending + [y], layers)}
+                if not self.verifier(hidden, dec.seq + pending + [y], generator, confidence, **context):
                     rejected = (y, step.logq)
                     break
                 pending.append(y)
@@ -102,10 +107,9 @@ class Sprinter:
                 continue
             y, logq = rejected
             logp = dec.target_dist(pending)[-1]  # one target call: p at the rejected token's position
-            if exact_accept(dec, logp, logq, y):
-                dec.record_round(len(pending) + 1, 0)
-                dec.extend(pending + [y])
-            else:
-                dec.record_round(len(pending), 1)
-                dec.extend(pending + [dec.sample(residual_distribution(logp, logq))])
+            accepted = exact_accept(dec, logp, logq, y)
+            dec.record_round(len(pending) + accepted, 0 if accepted else 1)
+            dec.extend(pending)
+            dec.target_sampled(-1)
+            dec.extend([y if accepted else dec.sample(residual_distribution(logp, logq))])
         return dec.result()
