@@ -22,11 +22,15 @@ import torch
 from tqdm import tqdm
 
 from core import label_math as lm
+from core.adapter import tap
 from core.errors import UserError
 from core.models import ModelSpec, load_model
-from core.adapter import tap
 from core.sampling import Sampling
-from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths
+from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths, vector_sizes
+from data_gen.labeler import MAX_ROUND_INDEX
+
+VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
+"""The vector columns, compared relative to 1 + |value|."""
 
 TOLERANCES = {
     **{c: 2e-3 for c in FLOAT_COLUMNS},
@@ -38,6 +42,7 @@ TOLERANCES = {
     "stale_hidden_target": 2e-3,
     "greedy_match": 0.0,
     "response_index": 0.0,
+    "round_index": 0.0,
 }
 """Largest allowed difference per column between the labeled and the recomputed value: |a − b| for the scores
 (float32 kernels on batched and unbatched inputs differ by ~1e-5 in log space), |a − b| / (1 + |b|) for the hidden
@@ -124,6 +129,8 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
                response_index=len(ctx.label) - ctx.prompt_length)
     # the target's last call: round_index positions back on the label's prefix (its drawn value is taken as stored)
     k = int(row["round_index"])
+    drawable = (k == 0) if len(ctx.label) == 1 else 1 <= k <= min(MAX_ROUND_INDEX, len(ctx.label) - 1)
+    out["round_index"] = k if drawable else -1  # a k the labeler cannot draw is a mismatch of the column
     if k == 0:  # no earlier target state (a row at the prompt's second token)
         out.update(stale_hidden_target=np.zeros_like(row["stale_hidden_target"]), stale_entropy_target=0.0,
                    stale_top1_target=0.0)
@@ -143,7 +150,7 @@ def differences(row: dict, again: dict) -> dict[str, float]:
         a, b = np.asarray(row[col], np.float64), np.asarray(again[col], np.float64)
         if col == "ratio":  # q/p is infinite where p = 0: equal when both are
             a, b = np.log(np.maximum(a, 1e-30)), np.log(np.maximum(b, 1e-30))
-        scale = 1 + np.abs(b) if col.startswith("hidden") else 1.0
+        scale = 1 + np.abs(b) if col in VECTOR_COLUMNS else 1.0
         diff[col] = 0.0 if np.array_equal(a, b) else float(np.max(np.abs(a - b) / scale))
     return diff
 

@@ -313,7 +313,7 @@ class Labeler:
         distribution of token j + 1). k is cut so that this stays inside the sequence and never reaches the row's
         own distribution (k ≥ 1); a row at the prompt's second token has no such state (k = 0, stale columns 0).
         Also the candidate's index in the response (negative inside the prompt)."""
-        start = (mask.shape[1] - mask.sum(-1, keepdim=True)).to(a.device)  # first unpadded index
+        start = mask.long().argmax(-1, keepdim=True).to(a.device)  # first unpadded index (responses pad on the right)
         k = torch.minimum((u * MAX_ROUND_INDEX).long() + 1, a - 1 - start)
         at = (a - k - 1).clamp(min=0)
         hidden = h_target.gather(1, at.unsqueeze(-1).expand(*at.shape, h_target.shape[-1]))

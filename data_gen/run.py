@@ -369,6 +369,7 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
             mixing_ratio=cfg.mixing_ratio,
         ),
     )
+    sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"])
     trainer = pl.Trainer(
         accelerator=cfg.accelerator,
         devices=cfg.devices,
@@ -378,7 +379,7 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
         enable_model_summary=False,
         use_distributed_sampler=False,
         enable_progress_bar=not quiet,
-        callbacks=[ShardWriter(out, shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"])), *([] if quiet else [LabelProgress()]),
+        callbacks=[ShardWriter(out, sizes), *([] if quiet else [LabelProgress()]),
                    *(callbacks or [])],
     )
     if not quiet:

@@ -192,7 +192,8 @@ class DraftStep:
     logits: torch.Tensor
     """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_confidence``)."""
     layers: torch.Tensor | None = None
-    """The draft's tapped layers at ``hidden``'s position, when the decoding taps them (``Decoding(layers=…)``)."""
+    """The draft's tapped layers at ``hidden``'s position, when the decoding taps them
+    (``Decoding(draft_layers=…)``)."""
 
 
 class StopRule(Protocol):

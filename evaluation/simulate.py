@@ -140,7 +140,9 @@ def sprinter_counts(accepts: np.ndarray) -> Counts:
 # policies
 
 
-cached_head = functools.lru_cache(maxsize=None)(ExportedHead)
+TRACE_SCORES = ("p_draft", "logp_draft", "entropy_draft")
+"""The draft scores a trace holds (``Trace``): a head reading any other feature cannot be replayed."""
+cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, computes=TRACE_SCORES))
 """An exported head by file, loaded once per process."""
 
 

@@ -65,7 +65,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
                 tapped_layers: list[int] | None = None) -> Path:
     """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
     unknown = [v for v in vectors if v not in VECTORS]
-    if unknown or int(head.config.get("extra_size", 0)) and not vectors:
+    if unknown or bool(int(head.config.get("extra_size", 0))) != bool(vectors):
         raise HeadFileError(f"the head's vector features {list(vectors)} are not known ones ({', '.join(VECTORS)}) "
                             f"or do not match its extra_size {head.config.get('extra_size', 0)}")
     if "layers" in vectors and not tapped_layers:

@@ -44,8 +44,11 @@ class ExportedHead:
         self._scores = list(getattr(self.module, "scores", []))  # read once: ``logit`` runs per draft token
         self.vectors = list(self.meta["inputs"].get("vectors", {}))
         """Vector features appended to the hidden state, in order (``heads.features.VECTORS``)."""
-        self.tapped_layers = tuple(self.meta["inputs"].get("tapped_layers", ()))
-        """The draft layers the ``layers`` vector reads."""
+        self.draft_layers = tuple(self.meta["inputs"].get("tapped_layers", ())) if "layers" in self.vectors else ()
+        """The draft layers whose outputs the head reads (its ``layers`` vector); none for most heads."""
+        if "layers" in self.vectors and not self.draft_layers:
+            raise HeadFileError(f"{self.path}: this head reads the draft's tapped layers but does not say which; "
+                                f"export it again (make train)")
         beyond = [n for n in (*self._scores, *self.vectors) if n not in computes]
         if beyond:
             raise HeadFileError(f"{self.path}: this head reads {beyond}, which this runtime does not compute (only "

@@ -1,4 +1,5 @@
-"""The head types: adding a head is one new file plus ``@register("name")``."""
+"""The head types: adding a head is one new file plus ``@register("name")``; its constructor takes ``hidden_size``
+and ``extra_size`` (both linked from the data by the training CLI)."""
 
 from __future__ import annotations
 

@@ -312,6 +312,15 @@ def test_a_peer_head_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_
     with pytest.raises(EvalError, match="thresholds names heads that hf_peer.heads does not list"):
         run_eval(make_cfg(tmp_path, hf_peer=HFPeer(heads=[stop], thresholds={own: 0.5})), fake_engine(calls),
                  quiet=True)
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    head = ResNetHead(hidden_size=2, depth=1, scores=["stale_top1_target"])
+    stale = export_head(head, tmp_path / "stale.safetensors", draft=FAKE_DRAFT, vocab_size=16,
+                        label={"kind": "specdecpp"}, role="stop", threshold={"name": "h", "value": 0.7, "rule": "t"},
+                        metrics={})
+    with pytest.raises(EvalError, match="does not compute"):  # a feature family the runtime does not feed
+        run_eval(make_cfg(tmp_path, hf_peer=HFPeer(heads=[str(stale)])), fake_engine(calls), quiet=True)
     assert calls == []
 
 

@@ -183,3 +183,17 @@ def test_feature_family_columns_read_what_a_decoder_holds(category):
     assert torch.allclose(out["stale_entropy_target"], torch.full_like(out["stale_entropy_target"], entropy_p),
                           atol=1e-5)
     assert torch.allclose(out["stale_top1_target"], torch.full_like(out["stale_top1_target"], max(P_STEP.values())))
+
+
+def test_stale_columns_of_a_batch_with_responses_of_different_lengths():
+    """A shorter response pads on the right: its rows still draw k from 1..8 and read the state k positions back."""
+    prompts = [forced("target", response=[11, 12, 13, 14, 1, 2, 3, 4], prompt=(1, 2, 3), pid=0),
+               forced("target", response=[5, 6], prompt=(1, 2, 3, 4), pid=1)]
+    rows = only(labeler({1: 0.5, 2: 0.5}, P_STEP).label(prompts, "cpu"), "target")
+    for p in prompts:
+        mine = rows["prompt_id"] == p.prompt_id
+        seq = p.input_ids + p.response_ids
+        k, pos = rows["round_index"][mine], rows["position"][mine]
+        assert torch.equal(k, torch.minimum(k, pos - 1)) and (k >= 1).all()
+        read = torch.tensor([seq[q - kk - 1] for q, kk in zip(pos.tolist(), k.tolist())])
+        assert torch.equal(rows["stale_hidden_target"][mine].float(), one_hot(read))

@@ -57,7 +57,7 @@ class SpecDecPP(SpeculativePolicy):
         return self.max_k
 
     def draft_layers(self) -> tuple[int, ...]:
-        return self.head.tapped_layers if "layers" in self.head.vectors else ()
+        return self.head.draft_layers
 
     def stop_rule(self, pair: ModelPair) -> HeadStop:
         self.head.check(pair.draft)

@@ -81,7 +81,7 @@ class Sprinter:
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.head is not None:
             self.head.check(pair.draft)
-        tapped = self.head.tapped_layers if self.head is not None and "layers" in self.head.vectors else ()
+        tapped = self.head.draft_layers if self.head is not None else ()
         dec = Decoding(pair, prompt_ids, generator, tapped)
         while not dec.done:
             pending: list[int] = []  # accepted by the verifier, not seen by the target
