@@ -241,9 +241,10 @@ class Decoding:
         self.eos = set(pair.eos_token_ids)
         self.draft = CachedLM(pair.draft, pair.sampling, draft_layers)
         self.target = CachedLM(pair.target, pair.sampling)
-        self.stale: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self.stale: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
-        target's hidden state that produced that token's distribution, and the distribution (log-probs)."""
+        target's hidden state that produced that token's distribution, and that distribution's entropy and top-1
+        probability."""
         self._target_rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self.discarded = 0
         self.accepted_lengths: list[int] = []
@@ -319,7 +320,8 @@ class Decoding:
         """Note that the token appended next to ``seq`` is drawn at row ``row`` of the last ``target_dist`` call
         (the bonus token, a correction, or a candidate the target judged), for ``head_context``."""
         hidden, logps = self._target_rows
-        self.stale = (len(self.seq), hidden[row], logps[row])
+        # the stale columns hold for every candidate until the next call: computed once here, not per decision
+        self.stale = (len(self.seq), hidden[row], entropy(logps[row]), logps[row].max().exp())
 
     def head_context(self, candidates: list[int], layers: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The label columns (``data_gen/SCHEMA.md``) a head may read beyond the draft's scores, for the last of
@@ -333,9 +335,9 @@ class Decoding:
             context.update(round_index=torch.tensor(0.0), stale_entropy_target=torch.tensor(0.0),
                            stale_top1_target=torch.tensor(0.0), stale_target=torch.zeros(d))
         else:
-            sampled_at, hidden, logp = self.stale
-            context.update(round_index=torch.tensor(float(at - sampled_at)), stale_entropy_target=entropy(logp),
-                           stale_top1_target=logp.max().exp(), stale_target=hidden)
+            sampled_at, hidden, stale_entropy, stale_top1 = self.stale
+            context.update(round_index=torch.tensor(float(at - sampled_at)), stale_entropy_target=stale_entropy,
+                           stale_top1_target=stale_top1, stale_target=hidden)
         if layers is not None:
             context["layers"] = layers
         return context
