@@ -14,6 +14,7 @@ one a user quantized by hand, so a head can refuse a draft of another precision.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +81,7 @@ def quantization_of(model: nn.Module) -> str:
     ``custom`` for a mix none of the names describes."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    quantized = {n: m for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
+    quantized = {n.removesuffix(".layer"): m for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
     if not quantized:
         return NONE
     floats = [n for n, m in model.named_modules() if type(m) is nn.Linear]
@@ -97,3 +98,86 @@ def output_rows(model: nn.Module) -> int:
     """The vocabulary size of a causal LM's output layer, float or quantized."""
     head = model.get_output_embeddings()
     return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
+
+
+REDUCED_RANGE_MAX = 127
+"""The largest quantized activation: PyTorch's dynamic Linear quantizes its input to 0..127 (``reduce_range``)."""
+
+
+class DecodeScaledLinear(nn.Module):
+    """A dynamic int8 Linear whose activation scale is taken per token, as a one-token decode step takes it.
+
+    PyTorch's dynamic Linear takes one scale over its whole input, so a token's result depends on every token that
+    shares its forward: 8 left-padded sequences in a labeling batch, a prompt's large first-token activations, the
+    padding. A decoder reads one token per forward after the prompt. This layer computes what that forward computes
+    for every token at once: the same int8 weights, the same choice of scale and zero point (fbgemm's
+    ``ChooseQuantizationParams`` over the token's values, reduced range), the same rounding, with the integer
+    product formed in float32 (within float rounding of the int8 kernel's result; ``tests/test_quantization.py``).
+    Tokens listed in ``shared`` share one scale, as the tokens of one prompt share it in the decoder's prefill.
+    """
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer  # kept so that ``quantization_of`` still reads the scheme from the modules
+        self.register_buffer("weight", layer.weight().dequantize(), persistent=False)
+        self.register_buffer("bias", layer.bias(), persistent=False)
+        self.shared: torch.Tensor | None = None
+        """(N,) group of each of the N tokens of the next input (tokens of one group share a scale), or None."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        lo, hi = flat.amin(-1).clamp(max=0), flat.amax(-1).clamp(min=0)
+        if self.shared is not None:
+            if self.shared.numel() != flat.shape[0]:
+                raise RuntimeError(f"shared-scale groups for {self.shared.numel()} tokens, input has {flat.shape[0]}")
+            groups = int(self.shared.max()) + 1
+            lo = lo.new_zeros(groups).scatter_reduce(0, self.shared, lo, "amin")[self.shared]
+            hi = hi.new_zeros(groups).scatter_reduce(0, self.shared, hi, "amax")[self.shared]
+        lo, hi = lo.double(), hi.double()
+        scale = ((hi - lo) / REDUCED_RANGE_MAX).float()
+        scale = torch.where(scale == 0, torch.full_like(scale, 0.1), scale)
+        s = scale.double()
+        # the zero point from whichever end of the range it represents with the smaller error, rounded and clamped
+        from_min, from_max = -lo / s, REDUCED_RANGE_MAX - hi / s
+        better_min = -(lo / s).abs() < REDUCED_RANGE_MAX - (hi / s).abs()
+        zero = torch.where(better_min, from_min, from_max).round().clamp(0, REDUCED_RANGE_MAX).float()
+        scale, zero = scale.unsqueeze(-1), zero.unsqueeze(-1)
+        q = (torch.round(flat * (1.0 / scale)) + zero).clamp(0, REDUCED_RANGE_MAX)
+        out = nn.functional.linear((q - zero) * scale, self.weight, self.bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def decode_numerics(model: nn.Module) -> nn.Module:
+    """``model`` (in place) with every dynamic int8 Linear computed as the decoder's one-token steps compute it
+    (``DecodeScaledLinear``); a float model is returned unchanged. It costs a float32 copy of the int8 weights and
+    float32 matmuls: for labeling, where rows must not depend on their batch, not for decoding."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, DynamicLinear)]
+    for name, layer in layers:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, DecodeScaledLinear(layer))
+    return model
+
+
+@contextmanager
+def prompt_scales(model: nn.Module | None, mask: torch.Tensor, prompt_width: int):
+    """Within the block, a forward of ``model`` over left-padded (B, T) tokens with attention ``mask`` quantizes each
+    row's first ``prompt_width`` unpadded tokens with one scale, as the decoder's prefill of that prompt does, and
+    every other token (padding included) with its own. The output layer keeps per-token scales: the decoder applies
+    it to the prompt's last position alone. No effect on a model without ``DecodeScaledLinear``."""
+    output = model.get_output_embeddings() if model is not None and hasattr(model, "get_output_embeddings") else None
+    layers = [m for m in (model.modules() if model is not None else ())
+              if isinstance(m, DecodeScaledLinear) and m is not output]
+    b, t = mask.shape
+    groups = torch.arange(b * t, device=mask.device).view(b, t)
+    prompt = mask.bool() & (torch.arange(t, device=mask.device) < prompt_width)
+    groups = torch.where(prompt, b * t + torch.arange(b, device=mask.device).unsqueeze(1), groups)
+    groups = torch.unique(groups.flatten(), return_inverse=True)[1]
+    for layer in layers:
+        layer.shared = groups
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.shared = None

@@ -28,7 +28,7 @@ from core import label_math as lm
 from core.cache import file_sha256
 from core.errors import UserError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SPLITS = ("train", "val", "test")
 FLOAT_COLUMNS = (
     "logp_draft",

@@ -25,6 +25,7 @@ from core import label_math as lm
 from core.adapter import tap
 from core.errors import UserError
 from core.models import ModelSpec, load_model
+from core.quantization import decode_numerics, prompt_scales
 from core.sampling import Sampling
 from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths, vector_sizes
 from data_gen.labeler import MAX_ROUND_INDEX
@@ -77,10 +78,11 @@ def contexts(row: dict, seq: dict) -> Contexts:
 
 
 ACCESS = ("plain", "decoder")
-"""How the audit reads a prefix: ``plain``, one forward over the whole unpadded sequence; ``decoder``, as the
-evaluation's decoder reads it, the prefix before the last tokens in one forward, then one token per forward with
-the KV cache. The two agree for float weights; for a dynamically quantized draft, whose activation scale is taken
-over each forward's whole input, ``decoder`` measures how far the labeled features are from what decoding reads."""
+"""How the audit reads a prefix: ``plain``, one forward over the whole unpadded sequence, an int8 model with the
+labeler's numerics (one activation scale over the prompt, one per token after it: ``core.quantization``);
+``decoder``, as the evaluation's decoder reads it, the prompt in one forward, then one token per forward with the
+KV cache, an int8 model through PyTorch's own int8 kernels. The two agree for float weights; for an int8 model
+``decoder`` measures how far the labeled features are from what decoding reads."""
 
 
 class Reader:
@@ -90,23 +92,27 @@ class Reader:
     def __init__(self, model, access: str = "plain", layers: tuple[int, ...] = ()):
         if access not in ACCESS:
             raise UserError(f"unknown access {access!r}; choose one of {', '.join(ACCESS)}")
-        self.model, self.access, self.layers = model, access, tuple(layers)
+        self.model = decode_numerics(model) if access == "plain" else model
+        self.access, self.layers = access, tuple(layers)
 
     @torch.inference_mode()
-    def __call__(self, ids: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.access == "plain" or len(ids) <= last:
-            out = self.model(torch.tensor([ids]), output_hidden_states=True)
+    def __call__(self, ids: list[int], last: int, prompt_length: int) -> tuple[torch.Tensor, ...]:
+        """The last ``last`` positions of ``ids``, whose first ``prompt_length`` tokens are the prompt."""
+        start = min(prompt_length, len(ids) - last)
+        if self.access == "plain" or start < 1:
+            with prompt_scales(self.model, torch.ones(1, len(ids), dtype=torch.long), prompt_length):
+                out = self.model(torch.tensor([ids]), output_hidden_states=True)
             return (out.hidden_states[-1][0, -last:].float(), out.logits[0, -last:].float(),
                     tap(out.hidden_states, self.layers)[0, -last:])
-        cache = self.model(torch.tensor([ids[:-last]]), use_cache=True).past_key_values
+        cache = self.model(torch.tensor([ids[:start]]), use_cache=True).past_key_values
         hidden, logits, taps = [], [], []
-        for token in ids[-last:]:
+        for token in ids[start:]:
             out = self.model(torch.tensor([[token]]), past_key_values=cache, use_cache=True, output_hidden_states=True)
             cache = out.past_key_values
             hidden.append(out.hidden_states[-1][0, -1].float())
             logits.append(out.logits[0, -1].float())
             taps.append(tap(out.hidden_states, self.layers)[0, -1])
-        return torch.stack(hidden), torch.stack(logits), torch.stack(taps)
+        return torch.stack(hidden)[-last:], torch.stack(logits)[-last:], torch.stack(taps)[-last:]
 
 
 def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sampling) -> dict:
@@ -117,11 +123,11 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         return lm.warp_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
 
     token = torch.tensor(ctx.token)
-    _, q_logits, _ = draft(ctx.label, 1)
-    _, p_logits, _ = target(ctx.label, 1)
+    _, q_logits, _ = draft(ctx.label, 1, ctx.prompt_length)
+    _, p_logits, _ = target(ctx.label, 1, ctx.prompt_length)
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(warp(q_logits[0]), warp(p_logits[0]),
                                                                          token).items()}
-    hidden, logits, taps = draft(ctx.features + [ctx.token], 2)
+    hidden, logits, taps = draft(ctx.features + [ctx.token], 2, ctx.prompt_length)
     read = warp(logits[0])
     out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), hidden_layers=taps[1].numpy(),
                hidden_layers_prev=taps[0].numpy(), read_logp_draft=read[ctx.token].item(),
@@ -135,7 +141,7 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         out.update(stale_hidden_target=np.zeros_like(row["stale_hidden_target"]), stale_entropy_target=0.0,
                    stale_top1_target=0.0)
         return out
-    stale_hidden, stale_logits, _ = target(ctx.label[: len(ctx.label) - k], 1)
+    stale_hidden, stale_logits, _ = target(ctx.label[: len(ctx.label) - k], 1, ctx.prompt_length)
     stale = warp(stale_logits[0])
     out.update(stale_hidden_target=stale_hidden[0].numpy(), stale_entropy_target=lm.entropy(stale).item(),
                stale_top1_target=stale.max().exp().item())

@@ -26,12 +26,14 @@ lands in.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from core import label_math as lm
 from core.adapter import CausalLM
+from core.quantization import prompt_scales
 from core.sampling import Sampling, prompt_generator
 
 
@@ -78,6 +80,14 @@ def sequences(prompts: list["Prompt"], response: torch.Tensor | None = None, val
             "mixed_ids": cut(mixed)}
 
 
+def _prompt_scales(model: CausalLM, mask: torch.Tensor, prompt_width: int):
+    """``core.quantization.prompt_scales`` for a forward whose first ``prompt_width`` columns are the prompt (per-token
+    scales everywhere when it is 0)."""
+    if prompt_width <= 0:
+        return contextlib.nullcontext()
+    return prompt_scales(getattr(model, "model", None), mask, prompt_width)
+
+
 def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -119,9 +129,19 @@ class Labeler:
         self.mask_dtype = mask_dtype
         self.layers = tap_layers(draft.num_layers())
 
-    def _draft(self, ids, mask, pos, cache):
-        """The draft's forward: (last hidden state, the tapped layers' outputs, cache)."""
-        return self.draft.forward_tapped(ids, mask, pos, cache, self.layers)
+    def _draft(self, ids, mask, pos, cache, prompt_width: int = 0):
+        """The draft's forward: (last hidden state, the tapped layers' outputs, cache); ``prompt_width`` as
+        ``_forward``."""
+        with _prompt_scales(self.draft, mask, prompt_width):
+            return self.draft.forward_tapped(ids, mask, pos, cache, self.layers)
+
+    @staticmethod
+    def _forward(model: CausalLM, ids, mask, pos, cache, prompt_width: int = 0):
+        """``model``'s forward over (B, T) tokens that start with the prompt's ``prompt_width`` padded columns when it
+        is positive: an int8 model then reads them with one activation scale per prompt, as the decoder's prefill,
+        and every later token with its own, as the decoder's one-token steps (``core.quantization``)."""
+        with _prompt_scales(model, mask, prompt_width):
+            return model.forward(ids, mask, pos, cache)
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return lm.warp_logits(logits, self.s.temperature, self.s.top_k, self.s.top_p)
@@ -162,10 +182,10 @@ class Labeler:
         a = torch.arange(width - m, width, device=ids.device).expand(b, m)
         valid = (m - torch.arange(m, device=ids.device)).unsqueeze(0) <= (lens - 1).unsqueeze(1)
 
-        h_t, _ = self.target.forward(ids, mask, pos, None)
+        h_t, _ = self._forward(self.target, ids, mask, pos, None, width)
         logp = self.warp(self.target.logits(h_t[:, width - m - 1 : width - 1]))
         cache = self.draft.new_cache()
-        h_d, taps_d, cache = self._draft(ids, mask, pos, cache)
+        h_d, taps_d, cache = self._draft(ids, mask, pos, cache, width)
         h_prev = h_d[:, width - m - 1 : width - 1]
         logq = self.warp(self.draft.logits(h_prev))
         # uniforms indexed by distance from the prompt's end, so a row's draw does not depend on the batch's m
@@ -186,7 +206,7 @@ class Labeler:
         b, n = ids.shape[0], self.s.max_new_tokens
         eos = self.eos.to(ids.device)
         cache = model.new_cache()
-        h, cache = model.forward(ids, mask, _positions(mask), cache)
+        h, cache = self._forward(model, ids, mask, _positions(mask), cache, ids.shape[1])
         hidden = [h]
         next_pos = mask.sum(-1, keepdim=True)
         x = torch.full((b, n), self.pad, dtype=torch.long, device=ids.device)
@@ -221,8 +241,8 @@ class Labeler:
             x[b, : len(r)] = torch.tensor(r, dtype=torch.long)
             valid[b, : len(r)] = True
         full_mask = torch.cat([mask, valid.long()], dim=1)
-        h, _ = self.target.forward(torch.cat([ids, x], 1), full_mask, _positions(full_mask), None)
         p_len = ids.shape[1]
+        h, _ = self._forward(self.target, torch.cat([ids, x], 1), full_mask, _positions(full_mask), None, p_len)
         return x, valid, self.warp(self.target.logits(h[:, p_len - 1 : p_len - 1 + width])), h
 
     def _label_draft(self, prompts, ids, mask, u):
@@ -233,8 +253,8 @@ class Labeler:
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
         seq = torch.cat([ids, z], 1)
-        h_d, taps_d, _ = self._draft(seq, full_mask, pos, None)
-        h_t, _ = self.target.forward(seq, full_mask, pos, None)
+        h_d, taps_d, _ = self._draft(seq, full_mask, pos, None, p_len)
+        h_t, _ = self._forward(self.target, seq, full_mask, pos, None, p_len)
         logp = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
         stats = lm.token_stats(logq, logp, z)
         a = self._response_index(ids, n)
@@ -259,7 +279,7 @@ class Labeler:
         a = self._response_index(ids, n)
         stale_x = self._stale(h_x, full_mask, a, p_len, u[:, U_STALE, :n])  # rows labeled on X (target, token_mixed)
         cache = self.draft.new_cache()
-        h_d, taps_d, cache = self._draft(torch.cat([ids, x], 1), full_mask, pos, cache)
+        h_d, taps_d, cache = self._draft(torch.cat([ids, x], 1), full_mask, pos, cache, p_len)
         h_prev_x = h_d[:, p_len - 1 : p_len - 1 + n]
         logq = self.warp(self.draft.logits(h_prev_x))
         y = lm.sample_from_logprobs(logq, u[:, U_Y, :n])
@@ -285,7 +305,7 @@ class Labeler:
                                extra))
 
         if category == "interleaved":  # fresh candidates at the mixed prefix, scored by both models there
-            h_t, _ = self.target.forward(torch.cat([ids, z], 1), full_mask, pos, None)
+            h_t, _ = self._forward(self.target, torch.cat([ids, z], 1), full_mask, pos, None, p_len)
             logp_z = self.warp(self.target.logits(h_t[:, p_len - 1 : p_len - 1 + n]))
             c = lm.sample_from_logprobs(logq_z, u[:, U_C, :n])
             feats, taps = self._candidate_pass(cache, full_mask, c, a, resp_pos)

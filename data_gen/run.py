@@ -28,6 +28,7 @@ from core.adapter import HFCausalLM
 from core.errors import UserError
 from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve,
                          resolve_dtype)
+from core.quantization import decode_numerics
 from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt, tap_layers
@@ -346,9 +347,12 @@ def _done(shard: Path) -> bool:
 
 
 def _load_pair(cfg: LabelConfig):
-    """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked."""
+    """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked.
+    An int8 model computes each token as the decoder's steps do (``core.quantization.decode_numerics``), so that a
+    row does not depend on the batch it is labeled in."""
     draft, d_tok, d_id = load_model(cfg.draft, cfg.model_dtype)
     target, t_tok, t_id = load_model(cfg.target, cfg.model_dtype)
+    draft, target = decode_numerics(draft), decode_numerics(target)
     check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
     return draft, target, t_tok, {"draft": d_id, "target": t_id}
 

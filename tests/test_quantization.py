@@ -73,6 +73,57 @@ def test_greedy_sd_with_an_int8_draft_equals_the_target(tiny_pair):
             assert policy.generate(pair, prompt, torch.Generator().manual_seed(0)).tokens == reference
 
 
+def test_decode_numerics_compute_each_token_as_a_one_token_forward_does():
+    """``DecodeScaledLinear`` over many tokens equals PyTorch's int8 Linear called once per token (a decode step), and
+    over a shared group equals one call over that group (a prefill); one call over all tokens (what a batched
+    forward computes) is far from both, so the comparison can fail."""
+    torch.manual_seed(0)
+    layer = q.quantize(torch.nn.Sequential(torch.nn.Linear(64, 48)), "int8-dynamic-per-channel")[0]
+    x = torch.randn(2, 5, 64)
+    x[0, 0, 3] = 80.0  # one large activation, as a prompt's first token has
+    scaled = q.DecodeScaledLinear(layer)
+    per_token = torch.stack([torch.cat([layer(x[b, t : t + 1]) for t in range(5)]) for b in range(2)])
+    scale = per_token.abs().max()
+    assert (scaled(x) - per_token).abs().max() < 1e-5 * scale
+    assert (layer(x) - per_token).abs().max() > 1e-2 * scale
+
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    with q.prompt_scales(torch.nn.Sequential(scaled), mask, 3):
+        grouped = scaled(x)
+    assert (grouped[0, :3] - layer(x[0, :3])).abs().max() < 1e-5 * scale  # row 0's prompt: tokens 0..2
+    assert (grouped[1, 1:3] - layer(x[1, 1:3])).abs().max() < 1e-5 * scale  # row 1's: 1..2 (0 is padding)
+    assert (grouped[:, 3:] - per_token[:, 3:]).abs().max() < 1e-5 * scale and (grouped[1, 0] - per_token[1, 0]).abs().max() < 1e-5 * scale
+    assert scaled.shared is None  # the groups last for the block only
+
+
+def test_int8_labels_do_not_depend_on_the_batch(tiny_pair):
+    """A prompt's draft-side columns are the same labeled alone or beside another prompt, with the decoder's numerics;
+    with PyTorch's int8 kernels over the whole batch they are not."""
+    from core.adapter import HFCausalLM
+    from core.sampling import Sampling
+    from data_gen.labeler import Labeler, Prompt
+
+    target = HFCausalLM(tiny_model(tiny_pair[1]))
+    one = Prompt(0, [1, 10, 11, 12, 13], "target")
+    other = Prompt(1, [1, 20] + [7] * 12, "target")  # longer, so ``one`` is left-padded beside it
+
+    def labels(draft, prompts):
+        labeler = Labeler(HFCausalLM(draft), target, Sampling(max_new_tokens=6), seed=0, eos_token_ids=[],
+                          pad_token_id=0)
+        rows = labeler.label(prompts, torch.device("cpu"))
+        keep = rows["prompt_id"] == 0
+        return {c: rows[c][keep] for c in ("logp_draft", "read_logp_draft", "hidden", "hidden_layers")}
+
+    def gap(draft):
+        alone, beside = labels(draft, [one]), labels(draft, [one, other])
+        return max((alone[c].float() - beside[c].float()).abs().max().item() for c in alone)
+
+    int8 = q.quantize(tiny_model(tiny_pair[0]), "int8-dynamic-per-channel")
+    assert gap(int8) > 1e-2
+    assert gap(q.decode_numerics(int8)) < 2e-3
+    assert q.quantization_of(int8) == "int8-dynamic-per-channel"  # still told back after the swap
+
+
 def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp_path):
     """The quantized draft labels (its identity in the manifest), a head trains on those labels and carries it,
     loads against the same quantized draft, and refuses the float draft with one line (and the reverse)."""
