@@ -57,6 +57,16 @@ class HFCausalLM:
         return DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
 
 
+TAPPED_DEPTHS = (1 / 4, 1 / 2)
+"""Where the tapped draft layers sit, as fractions of its depth: an early and a middle one (EAGLE-3 reads low, mid and
+high layers; the high one is the last hidden state)."""
+
+
+def tap_layers(num_layers: int) -> tuple[int, ...]:
+    """The draft layers whose outputs the ``hidden_layers`` label columns hold (``TAPPED_DEPTHS``)."""
+    return tuple(max(1, int(num_layers * d)) for d in TAPPED_DEPTHS)
+
+
 def tap(hidden_states, layers) -> "torch.Tensor":
     """The residual stream after each of ``layers`` (``hidden_states[i]`` is the output of layer i), each divided by
     its root mean square: the stream's scale grows with depth, and a head should see every layer on one scale."""

@@ -25,6 +25,8 @@ from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
+from core.adapter import TAPPED_DEPTHS
+from core.columns import FEATURE_COLUMNS
 from core.cache import file_sha256
 from core.errors import UserError
 
@@ -45,8 +47,8 @@ FLOAT_COLUMNS = (
     "stale_entropy_target",
     "stale_top1_target",
 )
-TAPPED_LAYERS = 2
-"""Draft layers besides the last whose outputs a row holds (``data_gen.labeler.tap_layers``)."""
+TAPPED_LAYERS = len(TAPPED_DEPTHS)
+"""Draft layers besides the last whose outputs a row holds (``core.adapter.tap_layers``)."""
 
 
 def vector_sizes(draft_hidden: int, target_hidden: int) -> dict[str, int]:
@@ -257,15 +259,6 @@ def split_summary(out_dir: Path, split: str) -> dict:
         "mean_1_minus_tv": float(1 - cols["tv"][mask].mean()) if mask.any() else None,
         "categories": {str(c): int(n) for c, n in zip(cats, counts)},
     }
-
-
-FEATURE_COLUMNS = {
-    "hidden": "draft last-layer hidden state (after the final norm) after reading the token",
-    "hidden_prev": "the same at the previous position: the state that produced q for the token",
-    "hidden_layers": "outputs of the draft layers `tapped_layers` (each scaled to unit RMS) after reading the token",
-    "hidden_layers_prev": "the same at the previous position",
-    "stale_hidden_target": "the target's last hidden state at its last call, round_index positions back",
-}
 
 
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from core import label_math as lm
-from core.adapter import CausalLM
+from core.adapter import CausalLM, tap_layers
 from core.quantization import prompt_scales
 from core.sampling import Sampling, prompt_generator
 
@@ -52,11 +52,6 @@ MAX_ROUND_INDEX = 8
 """A row's candidate index in its drafting round is drawn uniformly from 1..MAX_ROUND_INDEX (the eval's largest
 fixed K): the target's last call is that many positions back."""
 
-
-def tap_layers(num_layers: int) -> tuple[int, int]:
-    """The draft layers whose outputs ``hidden_layers`` holds: an early and a middle one (EAGLE-3 reads low, mid and
-    high layers; the high one is ``hidden``)."""
-    return (max(1, num_layers // 4), max(1, num_layers // 2))
 
 SEQUENCES = "sequences"
 """The key of a labeled batch's token sequences (``sequences``) beside its row columns."""

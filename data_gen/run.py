@@ -24,14 +24,14 @@ from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 
 from core import label_math as lm
 from core import shards
-from core.adapter import HFCausalLM
+from core.adapter import HFCausalLM, tap_layers
 from core.errors import UserError
 from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve,
                          resolve_dtype)
-from core.quantization import decode_numerics
 from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core.quantization import decode_numerics
 from core.sampling import Sampling
-from data_gen.labeler import SEQUENCES, Labeler, Prompt, tap_layers
+from data_gen.labeler import SEQUENCES, Labeler, Prompt
 
 
 class LabelingError(UserError):

@@ -104,7 +104,7 @@ class Engine:
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
             build_policy=build_policy,
             hf_generate=peer,
-            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft),
+            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),

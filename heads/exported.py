@@ -64,9 +64,20 @@ class ExportedHead:
         """The threshold chosen at export (τ of a verifier, h of a stop head)."""
         return float(self.meta["threshold"]["value"])
 
-    def check(self, draft) -> None:
-        """Refuse a draft the head was not trained for (``heads.export.check_model``)."""
+    def check(self, draft, target=None) -> None:
+        """Refuse a draft the head was not trained for (``heads.export.check_model``), and a ``target`` whose hidden
+        state is not the size of the head's ``stale_target`` vector."""
         check_model(self.meta, draft, path=self.path)
+        if target is None or "stale_target" not in self.vectors:
+            return
+        config = getattr(target, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        size = getattr(text, "hidden_size", None)
+        extra = int(self.meta["head"]["init_args"].get("extra_size", 0))
+        expected = extra - (len(self.draft_layers) * int(self.meta["hidden_size"]))
+        if size is not None and int(size) != expected:
+            raise HeadFileError(f"{self.path}: head reads the target's hidden state of size {expected}, the target has "
+                                f"{size}; train a head on labels of this pair")
 
     @property
     def scores(self) -> list[str]:

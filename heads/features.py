@@ -31,6 +31,7 @@ from torch import nn
 
 from core.errors import SettingError
 from core.label_math import entropy, top2_margin
+from core.columns import FEATURE_COLUMNS
 
 LOGP_FLOOR = -20.0
 
@@ -50,19 +51,21 @@ SCORE_COLUMNS = {"p_draft": "read_logp_draft", "logp_draft": "read_logp_draft", 
                  "stale_top1_target": "stale_top1_target"}
 """The label column each score is read from."""
 
-VECTORS = {
-    "layers": "the outputs of an early and a middle draft layer, each at unit RMS, at the head's feature position",
-    "stale_target": "the target's last hidden state at its last call, round_index positions back",
+VECTOR_COLUMNS = {
+    "layers": {"own": "hidden_layers", "prev": "hidden_layers_prev"},
+    "stale_target": {"own": "stale_hidden_target", "prev": "stale_hidden_target"},  # one state per round
 }
+"""Each vector feature's label column at each feature position."""
+
+VECTORS = {name: FEATURE_COLUMNS[columns["own"]] for name, columns in VECTOR_COLUMNS.items()}
+"""Vector features and what they hold (the label columns' descriptions, ``core.columns``)."""
 
 
 def vector_column(name: str, position: str) -> str:
     """The label column of a vector feature at a feature position (``own`` or ``prev``)."""
     if name not in VECTORS:
         raise SettingError(f"unknown vector feature {name!r}; known: {', '.join(VECTORS)}")
-    if name == "layers":
-        return "hidden_layers" if position == "own" else "hidden_layers_prev"
-    return "stale_hidden_target"
+    return VECTOR_COLUMNS[name][position]
 
 
 def score_columns(names: Sequence[str]) -> list[str]:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -346,7 +347,7 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
     forwards: the stale target state where the last call sampled, the round and response index, the tapped
     layers at the previous position and the draft's top-2 margin."""
     from data_gen import audit
-    from data_gen.labeler import tap_layers
+    from core.adapter import tap_layers
     from heads.features import scores_from_logprobs
 
     pair = pair_with(models, temperature=1.0, max_new_tokens=12)
@@ -377,7 +378,7 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
 def test_heads_reading_every_feature_family_decode_exactly(models, tmp_path, position):
     """A stop head and a verifier that read the runtime, draft and stale-target families run through the decoder
     (greedy SpecDec++ still equals target-only); the transformers runtime refuses them in one line."""
-    from data_gen.labeler import tap_layers
+    from core.adapter import tap_layers
     from heads.exported import ExportedHead
     from heads.features import SCORES
 
@@ -403,3 +404,8 @@ def test_heads_reading_every_feature_family_decode_exactly(models, tmp_path, pos
         assert len(generate(build_policy("sprinter", head=files["verifier"], tau=0.5), pair, prompt).tokens) == 16
     with pytest.raises(HeadFileError, match="this runtime does not compute"):
         ExportedHead(files["stop"])
+    wider = copy.deepcopy(models[1])
+    wider.config.hidden_size = target + 8
+    with pytest.raises(HeadFileError, match=f"target's hidden state of size {target}, the target has {target + 8}"):
+        build_policy("specdecpp", head=files["stop"]).generate(
+            pair_with((models[0], wider), temperature=0.0, max_new_tokens=4), PROMPTS[0], torch.Generator())

@@ -60,5 +60,5 @@ class SpecDecPP(SpeculativePolicy):
         return self.head.draft_layers
 
     def stop_rule(self, pair: ModelPair) -> HeadStop:
-        self.head.check(pair.draft)
+        self.head.check(pair.draft, pair.target)
         return HeadStop(self.head, self.h)

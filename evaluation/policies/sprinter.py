@@ -80,7 +80,7 @@ class Sprinter:
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.head is not None:
-            self.head.check(pair.draft)
+            self.head.check(pair.draft, pair.target)
         tapped = self.head.draft_layers if self.head is not None else ()
         dec = Decoding(pair, prompt_ids, generator, tapped)
         while not dec.done:
