@@ -133,18 +133,37 @@ class DecodeScaledLinear(nn.Module):
             groups = int(self.shared.max()) + 1
             lo = lo.new_zeros(groups).scatter_reduce(0, self.shared, lo, "amin")[self.shared]
             hi = hi.new_zeros(groups).scatter_reduce(0, self.shared, hi, "amax")[self.shared]
-        lo, hi = lo.double(), hi.double()
-        scale = ((hi - lo) / REDUCED_RANGE_MAX).float()
-        scale = torch.where(scale == 0, torch.full_like(scale, 0.1), scale)
-        s = scale.double()
-        # the zero point from whichever end of the range it represents with the smaller error, rounded and clamped
-        from_min, from_max = -lo / s, REDUCED_RANGE_MAX - hi / s
-        better_min = -(lo / s).abs() < REDUCED_RANGE_MAX - (hi / s).abs()
-        zero = torch.where(better_min, from_min, from_max).round().clamp(0, REDUCED_RANGE_MAX).float()
+        scale, zero = choose_qparams(lo, hi)
         scale, zero = scale.unsqueeze(-1), zero.unsqueeze(-1)
-        q = (torch.round(flat * (1.0 / scale)) + zero).clamp(0, REDUCED_RANGE_MAX)
+        q = torch.round(flat * (1.0 / scale) + zero).clamp(0, REDUCED_RANGE_MAX)
         out = nn.functional.linear((q - zero) * scale, self.weight, self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+SMALL_SCALE = 6.1e-5
+"""PyTorch's ``SMALL_SCALE_THRESHOLD``: a smaller activation scale is raised to it."""
+
+
+def choose_qparams(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero point), float32, for activations in [lo, hi] (lo ≤ 0 ≤ hi, float32), as PyTorch's dynamic int8
+    Linear chooses them (``ChooseQuantizationParams`` in ATen's ``QuantUtils.h``, reduced range 0..127): the scale in
+    double, 0.1 where it is 0 or its reciprocal overflows, raised to ``SMALL_SCALE`` (the range widened with it),
+    and the zero point from whichever end of the range gives it with the smaller error, rounded and clamped."""
+    top = REDUCED_RANGE_MAX
+    scale = (hi.double() - lo.double()) / top
+    degenerate = (scale.float() == 0) | torch.isinf(1.0 / scale.float())
+    scale = torch.where(degenerate, torch.full_like(scale, 0.1), scale)
+    small = scale < torch.tensor(SMALL_SCALE, dtype=torch.float32).double()
+    amplifier = torch.tensor(SMALL_SCALE, dtype=torch.float32) / scale.float()
+    floor = torch.tensor(SMALL_SCALE * top, dtype=torch.float32)
+    lo, hi = (torch.where(small, torch.where(lo == 0, lo, torch.where(hi == 0, -floor, lo * amplifier)), lo),
+              torch.where(small, torch.where(lo == 0, floor, torch.where(hi == 0, hi, hi * amplifier)), hi))
+    scale = torch.where(small, torch.tensor(SMALL_SCALE, dtype=torch.float32).double(), scale)
+    lo, hi = lo.double(), hi.double()
+    better_min = -(lo / scale).abs() < top - (hi / scale).abs()
+    zero = torch.where(better_min, -lo / scale, top - hi / scale)
+    zero = torch.where(zero < 0, 0.0, torch.where(zero > top, float(top), zero.round()))
+    return scale.float(), zero.float()
 
 
 def decode_numerics(model: nn.Module) -> nn.Module:
@@ -153,7 +172,8 @@ def decode_numerics(model: nn.Module) -> nn.Module:
     float32 matmuls: for labeling, where rows must not depend on their batch, not for decoding."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, DynamicLinear)]
+    wrapped = {id(m.layer) for m in model.modules() if isinstance(m, DecodeScaledLinear)}
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, DynamicLinear) and id(m) not in wrapped]
     for name, layer in layers:
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, DecodeScaledLinear(layer))

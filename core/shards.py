@@ -26,8 +26,8 @@ from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
 from core.adapter import TAPPED_DEPTHS
-from core.columns import FEATURE_COLUMNS
 from core.cache import file_sha256
+from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
 
 SCHEMA_VERSION = 4

@@ -78,11 +78,12 @@ def contexts(row: dict, seq: dict) -> Contexts:
 
 
 ACCESS = ("plain", "decoder")
-"""How the audit reads a prefix: ``plain``, one forward over the whole unpadded sequence, an int8 model with the
-labeler's numerics (one activation scale over the prompt, one per token after it: ``core.quantization``);
-``decoder``, as the evaluation's decoder reads it, the prompt in one forward, then one token per forward with the
-KV cache, an int8 model through PyTorch's own int8 kernels. The two agree for float weights; for an int8 model
-``decoder`` measures how far the labeled features are from what decoding reads."""
+"""How the audit reads a sequence. Both read the row's whole prompt in one forward, as labeling and the decoder's
+prefill read it, and the tokens after it (or after the part of it the sequence shares) from the KV cache: ``plain``
+in one more forward, an int8 model with the labeler's numerics (``core.quantization.decode_numerics``, which
+``Reader`` applies to the model it is given); ``decoder`` one token per forward, an int8 model through PyTorch's own
+int8 kernels, as the evaluation's decoder reads. The two agree for float weights; for an int8 model ``decoder``
+measures how far the labeled features are from what decoding reads."""
 
 
 class Reader:
@@ -93,26 +94,29 @@ class Reader:
         if access not in ACCESS:
             raise UserError(f"unknown access {access!r}; choose one of {', '.join(ACCESS)}")
         self.model = decode_numerics(model) if access == "plain" else model
+        self.base = self.model.get_decoder()
         self.access, self.layers = access, tuple(layers)
 
     @torch.inference_mode()
-    def __call__(self, ids: list[int], last: int, prompt_length: int) -> tuple[torch.Tensor, ...]:
-        """The last ``last`` positions of ``ids``, whose first ``prompt_length`` tokens are the prompt."""
-        start = min(prompt_length, len(ids) - last)
-        if self.access == "plain" or start < 1:
-            with prompt_scales(self.model, torch.ones(1, len(ids), dtype=torch.long), prompt_length):
-                out = self.model(torch.tensor([ids]), output_hidden_states=True)
-            return (out.hidden_states[-1][0, -last:].float(), out.logits[0, -last:].float(),
-                    tap(out.hidden_states, self.layers)[0, -last:])
-        cache = self.model(torch.tensor([ids[:start]]), use_cache=True).past_key_values
-        hidden, logits, taps = [], [], []
-        for token in ids[start:]:
-            out = self.model(torch.tensor([[token]]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+    def __call__(self, ids: list[int], last: int, prompt: list[int]) -> tuple[torch.Tensor, ...]:
+        """The last ``last`` positions of ``ids``, a sequence that starts with the row's ``prompt`` or a part of it."""
+        shared = next((i for i, (a, b) in enumerate(zip(ids, prompt)) if a != b), min(len(ids), len(prompt)))
+        with prompt_scales(self.model, torch.ones(1, len(prompt), dtype=torch.long), len(prompt)):
+            out = self.base(input_ids=torch.tensor([prompt]), use_cache=True, output_hidden_states=True)
+        hidden, taps = [out.last_hidden_state[0, :shared]], [tap(out.hidden_states, self.layers)[0, :shared]]
+        cache = out.past_key_values
+        if shared < len(prompt):
+            cache.crop(shared - len(prompt))  # a negative count removes that many tokens from the end
+        rest = ids[shared:]
+        for chunk in ([rest] if self.access == "plain" else [[t] for t in rest]) if rest else []:
+            out = self.base(input_ids=torch.tensor([chunk]), past_key_values=cache, use_cache=True,
+                            output_hidden_states=True)
             cache = out.past_key_values
-            hidden.append(out.hidden_states[-1][0, -1].float())
-            logits.append(out.logits[0, -1].float())
-            taps.append(tap(out.hidden_states, self.layers)[0, -1])
-        return torch.stack(hidden)[-last:], torch.stack(logits)[-last:], torch.stack(taps)[-last:]
+            hidden.append(out.last_hidden_state[0])
+            taps.append(tap(out.hidden_states, self.layers)[0])
+        hidden, taps = torch.cat(hidden)[-last:].float(), torch.cat(taps)[-last:]
+        head = self.model.get_output_embeddings()  # per position, as the decoder computes one distribution a call
+        return hidden, torch.cat([head(h.unsqueeze(0)) for h in hidden]).float(), taps
 
 
 def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sampling) -> dict:
@@ -123,11 +127,11 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         return lm.warp_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
 
     token = torch.tensor(ctx.token)
-    _, q_logits, _ = draft(ctx.label, 1, ctx.prompt_length)
-    _, p_logits, _ = target(ctx.label, 1, ctx.prompt_length)
+    _, q_logits, _ = draft(ctx.label, 1, seq["prompt_ids"])
+    _, p_logits, _ = target(ctx.label, 1, seq["prompt_ids"])
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(warp(q_logits[0]), warp(p_logits[0]),
                                                                          token).items()}
-    hidden, logits, taps = draft(ctx.features + [ctx.token], 2, ctx.prompt_length)
+    hidden, logits, taps = draft(ctx.features + [ctx.token], 2, seq["prompt_ids"])
     read = warp(logits[0])
     out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), hidden_layers=taps[1].numpy(),
                hidden_layers_prev=taps[0].numpy(), read_logp_draft=read[ctx.token].item(),
@@ -141,7 +145,7 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         out.update(stale_hidden_target=np.zeros_like(row["stale_hidden_target"]), stale_entropy_target=0.0,
                    stale_top1_target=0.0)
         return out
-    stale_hidden, stale_logits, _ = target(ctx.label[: len(ctx.label) - k], 1, ctx.prompt_length)
+    stale_hidden, stale_logits, _ = target(ctx.label[: len(ctx.label) - k], 1, seq["prompt_ids"])
     stale = warp(stale_logits[0])
     out.update(stale_hidden_target=stale_hidden[0].numpy(), stale_entropy_target=lm.entropy(stale).item(),
                stale_top1_target=stale.max().exp().item())
@@ -205,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=200, help="rows drawn from each split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--access", choices=ACCESS, default="plain",
-                   help="plain: one forward per sequence; decoder: one token per forward after the prefix, as decoding")
+                   help="plain: the prompt, then the rest in one forward, with the labeler's numerics; decoder: the prompt, "
+                        "then one token per forward, as decoding")
     a = p.parse_args(argv)
     try:
         result = audit(a.labels, a.rows, a.seed, a.access)

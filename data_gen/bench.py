@@ -18,10 +18,10 @@ from jsonargparse import ArgumentParser
 
 from core.adapter import HFCausalLM
 from core.errors import UserError
-from core.models import context_window, eos_token_ids, load_model
+from core.models import context_window, eos_token_ids
 from data_gen.__main__ import parser as label_parser
 from data_gen.labeler import Labeler
-from data_gen.run import LabelConfig, build_records, make_batches
+from data_gen.run import LabelConfig, build_records, load_pair, make_batches
 
 
 def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:
@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     n_prompts = ns.pop("bench_prompts")
     try:
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
-        draft, _, _ = load_model(cfg.draft, cfg.model_dtype)
-        target, tok, _ = load_model(cfg.target, cfg.model_dtype)
+        draft, target, tok, _ = load_pair(cfg)  # as labeling loads them, int8 models with its numerics
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

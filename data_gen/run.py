@@ -294,7 +294,7 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     manifest = _finished_run(out, cfg, inputs, quiet)
     if manifest is None:
         _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
-        draft, target, tok, models = _load_pair(cfg)
+        draft, target, tok, models = load_pair(cfg)
         records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
         _start_run(out, cfg, inputs)
         batches = make_batches(records, cfg.batch_size)
@@ -346,7 +346,7 @@ def _done(shard: Path) -> bool:
     return False
 
 
-def _load_pair(cfg: LabelConfig):
+def load_pair(cfg: LabelConfig):
     """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked.
     An int8 model computes each token as the decoder's steps do (``core.quantization.decode_numerics``), so that a
     row does not depend on the batch it is labeled in."""

@@ -6,11 +6,11 @@ head may read (the state that produced q, and the state after reading Y_i). Two 
 
 - **label traces**: the label shards' ``target`` rows (a quarter of the labeled prompts, every split). They cover
   the whole labeled set, so ``make eval`` chooses thresholds on them; their draft side was computed in batched,
-  left-padded forwards, which an int8 draft with one activation scale per forward reads differently from the
-  decoder (``core/DESIGN.md``).
+  left-padded forwards with the decoder's int8 numerics (``core.quantization.decode_numerics``), equal to its
+  one-token steps up to rounding (``core/DESIGN.md``).
 - **decoder traces** (``record_trace``): the evaluation's own target-only responses replayed through the decoder's
   cached forwards, one token per draft forward as the decoder reads them, on the prompts the policies decoded.
-  They check the simulator against the measured runs without that difference. ``make eval`` records them after
+  They check the simulator against the measured runs on the very forwards the decoder ran. ``make eval`` records them after
   its runs (untimed) under ``traces/<mode>/`` in its output folder, one safetensors file per prompt.
 """
 

@@ -30,11 +30,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
 from core.identity import model_identity
 from core.label_math import FEATURE_POSITIONS
 from core.quantization import NONE, output_rows
-from heads.features import SCORES, VECTORS
+from heads.features import SCORES, VECTORS, vector_column
 from heads.registry import HEADS, build_head
 
 SCHEMA_VERSION = "1"
@@ -80,7 +81,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "hidden_size": int(head.config["hidden_size"]),
         "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])},
-                   "vectors": {n: VECTORS[n] for n in vectors},
+                   "vectors": {n: FEATURE_COLUMNS[vector_column(n, position)] for n in vectors},
                    **({"tapped_layers": list(tapped_layers)} if "layers" in vectors else {})},
         "vocab_size": int(vocab_size),
         "label": label,

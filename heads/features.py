@@ -29,9 +29,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from core.columns import FEATURE_COLUMNS
 from core.errors import SettingError
 from core.label_math import entropy, top2_margin
-from core.columns import FEATURE_COLUMNS
 
 LOGP_FLOOR = -20.0
 
