@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.errors import UserError
 from core.shards import SPLITS
 from evaluation.latency import LatencyFit
 from evaluation.traces import Trace, load_label_traces, read_recorded
 from heads.exported import ExportedHead
-from heads.features import draft_scores
+from heads.features import SCORES, VECTORS, draft_scores
 
 MAX_K = 20
 
@@ -144,6 +145,12 @@ TRACE_SCORES = ("p_draft", "logp_draft", "entropy_draft")
 """The draft scores a trace holds (``Trace``): a head reading any other feature cannot be replayed."""
 cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, computes=TRACE_SCORES))
 """An exported head by file, loaded once per process."""
+
+
+def replayable(path: str) -> bool:
+    """Whether the traces hold every feature the head at ``path`` reads (``TRACE_SCORES`` and the hidden states)."""
+    head = ExportedHead(path, computes=(*SCORES, *VECTORS))
+    return set(head.scores) <= set(TRACE_SCORES) and not head.vectors
 
 
 def sd_round_lengths(length: int, k: int) -> np.ndarray:
@@ -319,6 +326,9 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         if family not in SIMULATED or len(recs) < 2:
             continue
         params = {**fixed.get(family, {}), **recs[0]["params"]}
+        if "head" in params and not replayable(params["head"]):
+            lines.append(f"{(mode + ' ' + run)[:43]:<44}not replayed: its head reads features the traces do not hold")
+            continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
         counts = {"label": simulate(traces_for(family, every, held_out), family, **params),
                   "decod": simulate([recorded[r["prompt"]] for r in recs], family, **params)}
@@ -378,7 +388,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.timing:
         fit = timing_fit(json.loads(Path(a.timing).read_text()), a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
-    heads = a.heads if a.heads is not None else sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
+    if a.heads is None:  # every exported head the traces can replay
+        found = sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
+        heads = [h for h in found if replayable(h)]
+        if len(heads) < len(found):
+            print(f"not replayed (their heads read features the traces do not hold): "
+                  f"{', '.join(Path(h).stem for h in found if h not in heads)}")
+    else:
+        heads = a.heads
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:
@@ -396,5 +413,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(0)

@@ -4,6 +4,8 @@ and the command on tiny labels."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -119,6 +121,32 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     oracle = rows[0]["counts"]
     assert all(r["counts"].speedup(0.1) <= oracle.speedup(0.1) + 1e-9 for r in rows if r["family"] != "sprinter")
     assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
+
+
+def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_config, tmp_path, capsys, monkeypatch):
+    """By default such heads are left out with a note; named on the command line, they are one clear error."""
+    import subprocess
+    import sys
+
+    from data_gen.run import run_labels
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    heads = tmp_path / "checkpoints" / "heads"
+    for name, scores in (("plain", []), ("runtime", ["round_index"])):
+        export_head(ResNetHead(hidden_size=32, depth=1, scores=scores), heads / f"{name}.safetensors",
+                    draft={"name": "tiny", "source": "test"}, vocab_size=57, label={"kind": "test"}, role="stop",
+                    threshold={"name": "h", "value": 0.5}, metrics={})
+    monkeypatch.chdir(tmp_path)
+    rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--c", "0.1"])
+    assert "not replayed (their heads read features the traces do not hold): runtime" in capsys.readouterr().out
+    assert {Path(r["params"]["head"]).stem for r in rows if "head" in r["params"]} == {"plain"}
+    done = subprocess.run([sys.executable, "-m", "evaluation.simulate", "--labels", str(cfg.output_dir), "--heads",
+                           str(heads / "runtime.safetensors")], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1
 
 
 def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_pair, prompt_file, tmp_path, capsys):
