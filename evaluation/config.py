@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from core.cache import file_sha256
 from core.errors import UserError
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
@@ -207,11 +209,15 @@ class EvalConfig:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
 
     def settings(self) -> dict:
-        """What a resumed run must share with the results already on disk."""
+        """What a resumed run must share with the results already on disk: also the sha256 of every head file the
+        policies name, so that heads trained again at the same paths do not join results of the old ones."""
+        heads = {str(v) for sweep in self.policies for v in [sweep.fixed.get("head"), *sweep.grid.get("head", [])]
+                 if v is not None} | set(self.hf_peer.heads)
         return {
             "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
+            "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
         }
 
 

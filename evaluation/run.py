@@ -137,9 +137,10 @@ def _prepare_output(cfg: EvalConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "settings.json"
     settings = json.loads(json.dumps(cfg.settings()))
-    if path.exists():
+    if path.exists() and len(ResultStore(out / "results.jsonl")):  # settings without results bind nothing
         old = json.loads(path.read_text())
         shared_modes = set(old["modes"]) & set(settings["modes"])
+        old.setdefault("heads", settings["heads"])  # a folder written before head digests were recorded
         diff = [k for k in settings if k != "modes" and old.get(k) != settings[k]]
         diff += [f"modes.{m}" for m in sorted(shared_modes) if old["modes"][m] != settings["modes"][m]]
         if diff:

@@ -295,13 +295,18 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     latency with each cost model the eval has (``evaluation.latency``): the pair's timed forwards (``forwards``,
     what the choice used) and its runs' fit (``fit``). Returns the text, the rows and the cost ratio c of the
     costs the choice used (the runs' fit's when the forwards were not timed)."""
-    from evaluation.config import parse
+    import json
+
+    from core.cache import file_sha256
     from core.intervals import speedup_interval
+    from evaluation.config import parse
     from evaluation.latency import latency_fits, selection_fit
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
     records = ResultStore(Path(cfg.output_dir) / "results.jsonl").records()
+    settings = Path(cfg.output_dir) / "settings.json"
+    recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}
     fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
     if not fits:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
@@ -328,6 +333,10 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         params = {**fixed.get(family, {}), **recs[0]["params"]}
         if "head" in params and not replayable(params["head"]):
             lines.append(f"{(mode + ' ' + run)[:43]:<44}not replayed: its head reads features the traces do not hold")
+            continue
+        if "head" in params and recorded_heads.get(str(params["head"])) != file_sha256(Path(params["head"])):
+            why = "changed since the run" if str(params["head"]) in recorded_heads else "is not recorded with the run"
+            lines.append(f"{(mode + ' ' + run)[:43]:<44}not replayed: its head file {why}")
             continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
         counts = {"label": simulate(traces_for(family, every, held_out), family, **params),

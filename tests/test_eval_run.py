@@ -195,6 +195,19 @@ def test_resume_refuses_other_settings(tmp_path):
     run_eval(make_cfg(tmp_path, max_new_tokens=9, overwrite=True), fake_engine(), quiet=True)
 
 
+def test_resume_refuses_a_head_trained_again_at_the_same_path(tmp_path):
+    """Heads re-exported by another `make train` keep their paths; their digests in settings.json tell them apart."""
+    head = tmp_path / "verifier.safetensors"
+    write_verifier(head, eta_fp_thm=0.2)
+    cfg = dict(policies=[Sweep("target_only"), Sweep("sprinter", fixed={"head": str(head)}, grid={"tau": [0.5]})],
+               hf_peer=HFPeer(enabled=False), modes=[Mode("sample", 1.0)])
+    run_eval(make_cfg(tmp_path, **cfg), fake_engine(), quiet=True)
+    run_eval(make_cfg(tmp_path, **cfg), fake_engine(), quiet=True)  # the same file resumes
+    write_verifier(head, eta_fp_thm=0.3)
+    with pytest.raises(EvalError, match=r"other settings \(heads\)"):
+        run_eval(make_cfg(tmp_path, **cfg), fake_engine(), quiet=True)
+
+
 def test_missing_head_file_is_one_clear_error(tmp_path):
     cfg = make_cfg(tmp_path, policies=[Sweep("sprinter", fixed={"head": str(tmp_path / "nope.safetensors")})])
     with pytest.raises(EvalError, match="make train"):
