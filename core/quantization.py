@@ -150,15 +150,15 @@ def choose_qparams(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, to
     double, 0.1 where it is 0 or its reciprocal overflows, raised to ``SMALL_SCALE`` (the range widened with it),
     and the zero point from whichever end of the range gives it with the smaller error, rounded and clamped."""
     top = REDUCED_RANGE_MAX
+    least = torch.tensor(SMALL_SCALE, dtype=torch.float32)  # ATen's constant is a float
     scale = (hi.double() - lo.double()) / top
     degenerate = (scale.float() == 0) | torch.isinf(1.0 / scale.float())
     scale = torch.where(degenerate, torch.full_like(scale, 0.1), scale)
-    small = scale < torch.tensor(SMALL_SCALE, dtype=torch.float32).double()
-    amplifier = torch.tensor(SMALL_SCALE, dtype=torch.float32) / scale.float()
-    floor = torch.tensor(SMALL_SCALE * top, dtype=torch.float32)
+    small = scale < least.double()
+    amplifier, floor = least / scale.float(), least * top
     lo, hi = (torch.where(small, torch.where(lo == 0, lo, torch.where(hi == 0, -floor, lo * amplifier)), lo),
               torch.where(small, torch.where(lo == 0, floor, torch.where(hi == 0, hi, hi * amplifier)), hi))
-    scale = torch.where(small, torch.tensor(SMALL_SCALE, dtype=torch.float32).double(), scale)
+    scale = torch.where(small, least.double(), scale)
     lo, hi = lo.double(), hi.double()
     better_min = -(lo / scale).abs() < top - (hi / scale).abs()
     zero = torch.where(better_min, -lo / scale, top - hi / scale)

@@ -66,13 +66,13 @@ def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None) -> list[PeerRun]:
 def head_runs(peer: HFPeer) -> list[PeerRun]:
     """A run per head in ``peer.heads``; a head the runtime cannot run is an ``EvalError``."""
     from heads.export import feature_position, read_metadata
+    from heads.exported import features_beyond
     from heads.features import FROM_LOGPROBS
 
     runs = []
     for head in map(str, peer.heads):
         meta = read_metadata(head)
-        beyond = [n for n in (*meta["inputs"].get("scores", {}), *meta["inputs"].get("vectors", {}))
-                  if n not in FROM_LOGPROBS]
+        beyond = features_beyond(meta, FROM_LOGPROBS)
         if beyond:
             raise EvalError(f"hf_peer.heads: {head} reads {beyond}, which transformers' generate() does not compute "
                             f"(only the draft's hidden state and {', '.join(FROM_LOGPROBS)})")

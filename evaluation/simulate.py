@@ -31,8 +31,9 @@ from core.errors import UserError
 from core.shards import SPLITS
 from evaluation.latency import LatencyFit
 from evaluation.traces import Trace, load_label_traces, read_recorded
-from heads.exported import ExportedHead
-from heads.features import SCORES, VECTORS, draft_scores
+from heads.export import read_metadata
+from heads.exported import ExportedHead, features_beyond
+from heads.features import draft_scores
 
 MAX_K = 20
 
@@ -149,8 +150,7 @@ cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, 
 
 def replayable(path: str) -> bool:
     """Whether the traces hold every feature the head at ``path`` reads (``TRACE_SCORES`` and the hidden states)."""
-    head = ExportedHead(path, computes=(*SCORES, *VECTORS))
-    return set(head.scores) <= set(TRACE_SCORES) and not head.vectors
+    return not features_beyond(read_metadata(path), TRACE_SCORES)
 
 
 def sd_round_lengths(length: int, k: int) -> np.ndarray:

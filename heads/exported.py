@@ -23,6 +23,12 @@ def verifier_accepts(logit: float, tau: float) -> bool:
     return torch.sigmoid(torch.tensor(logit)).item() >= tau
 
 
+def features_beyond(meta: dict, computes) -> list[str]:
+    """The features an exported head's metadata says it reads (scores, then vectors) that are not in ``computes``."""
+    inputs = meta["inputs"]
+    return [n for n in (*inputs.get("scores", {}), *inputs.get("vectors", {})) if n not in computes]
+
+
 class ExportedHead:
     """The head module and its metadata; ``logit(hidden, …)`` scores one draft token on the hidden state's device."""
 
@@ -49,7 +55,7 @@ class ExportedHead:
         if "layers" in self.vectors and not self.draft_layers:
             raise HeadFileError(f"{self.path}: this head reads the draft's tapped layers but does not say which; "
                                 f"export it again (make train)")
-        beyond = [n for n in (*self._scores, *self.vectors) if n not in computes]
+        beyond = features_beyond(self.meta, computes)
         if beyond:
             raise HeadFileError(f"{self.path}: this head reads {beyond}, which this runtime does not compute (only "
                                 f"the draft's hidden state and {', '.join(computes)}); use a head without them")
