@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from evaluation import simulate as sim
 
@@ -151,14 +152,27 @@ def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_c
 
 def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_pair, prompt_file, tmp_path, capsys):
     """``--eval CONFIG``: a real (tiny) eval times its forwards, scores and traces its outputs; the simulator then
-    sets each exact run beside its predictions from the label traces and from the decoder traces of its prompts."""
+    sets each exact run beside its predictions from the label traces and from the decoder traces of its prompts.
+    A run whose head file was rewritten since is not replayed, with the reason on its line."""
     import yaml
 
+    from core.models import ModelSpec, resolve
     from data_gen.run import run_labels
     from evaluation.__main__ import main as eval_main
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
 
     labels = label_config(split_fractions=(0.5, 0.25, 0.25))
     run_labels(labels, quiet=True)
+    identity = {"name": "tiny-draft", **resolve(ModelSpec(path=str(tiny_pair[0])))[1]}
+
+    def stop_head(seed: int) -> str:
+        torch.manual_seed(seed)
+        return str(export_head(ResNetHead(hidden_size=32, depth=1), tmp_path / "stop.safetensors", draft=identity,
+                               vocab_size=57, label={"kind": "test"}, role="stop",
+                               threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={}, position="own"))
+
+    head = stop_head(0)
     out = tmp_path / "eval"
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump({
@@ -167,14 +181,15 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
         "prompts": {"source": str(prompt_file), "response_field": "answer", "limit": 4},
         "modes": [{"name": "sample", "temperature": 1.0}],
         "policies": [{"family": "target_only"}, {"family": "sd", "grid": {"k": [2, 3]}},
-                     {"family": "confidence", "grid": {"threshold": [0.3]}}],
+                     {"family": "confidence", "grid": {"threshold": [0.3]}},
+                     {"family": "specdecpp", "fixed": {"head": head}, "grid": {"h": [0.5]}}],
         "max_new_tokens": 6, "select_by": "simulated", "hf_peer": {"enabled": False}, "train_dir": None,
         "labels_dir": str(labels.output_dir), "output_dir": str(out), "device": "cpu", "warmup": False}))
     assert eval_main(["--config", str(config)]) == 0
     assert len(list((out / "traces" / "sample").glob("*.safetensors"))) == 4
     capsys.readouterr()
     text, rows, c = sim.validate(labels.output_dir, str(config))
-    assert {r["family"] for r in rows} == {"sd", "confidence"} and c > 0
+    assert {r["family"] for r in rows} == {"sd", "confidence", "specdecpp"} and c > 0
     for r in rows:
         m = r["measured"]
         lo, hi = m["speedup_ci"]
@@ -185,3 +200,7 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
         for source in ("label", "decod"):
             assert 0 < r["rates"][source]["target"] <= 1
     assert "predicted vs measured" in text and "decoder traces" in text
+    stop_head(1)  # trained again at the same path: the run's decisions are not this file's
+    text, rows, _ = sim.validate(labels.output_dir, str(config))
+    assert {r["family"] for r in rows} == {"sd", "confidence"}
+    assert "not replayed: its head file changed since the run" in text
