@@ -287,20 +287,25 @@ def traces_for(family: str, every: list[Trace], held_out: list[Trace]) -> list[T
     return held_out if family in ("specdecpp", "sprinter") else every
 
 
+HELD_OUT = "fit-out"
+"""The cost model ``validate`` predicts a run with that is not fitted on it: the runs' fit without that run."""
+
+
 def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     """Predicted against measured, per run of a finished ``make eval`` (its config) in each mode its decoder traces
     were recorded in: N_target/N, N_draft/N and the speedup over target-only with its paired bootstrap interval.
     Rates come from the label traces ``make eval`` chose settings on (every labeled prompt; heads on the held-out
     ones) and from the decoder traces of the eval's own prompts (``evaluation.traces``). Speedups turn them into
     latency with each cost model the eval has (``evaluation.latency``): the pair's timed forwards (``forwards``,
-    what the choice used) and its runs' fit (``fit``). Returns the text, the rows and the cost ratio c of the
+    what the choice used), its runs' fit (``fit``) and, so that no prediction is fitted on what it predicts, the
+    runs' fit without the run at hand (``HELD_OUT``). Returns the text, the rows and the cost ratio c of the
     costs the choice used (the runs' fit's when the forwards were not timed)."""
     import json
 
     from core.cache import file_sha256
     from core.intervals import speedup_interval
-    from evaluation.config import parse
-    from evaluation.latency import latency_fits, selection_fit
+    from evaluation.config import PEER_FAMILIES, parse
+    from evaluation.latency import fit_records, latency_fits, selection_fit
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
@@ -310,6 +315,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
     if not fits:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
+    models = [*fits, HELD_OUT] if "fit" in fits else list(fits)
     every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
     by_run: dict[tuple[str, str], list[dict]] = {}
@@ -317,7 +323,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
     rows, lines = [], []
     head = f"{'mode / run':<44}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}{'decod':>7}" \
-           f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>16}{'error':>8}" for name in fits
+           f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>17}{'error':>8}" for name in models
                                                    for src in ("label", "decod"))
     recorded_by_mode: dict[str, dict[int, Trace]] = {}
     for (mode, run), recs in by_run.items():
@@ -347,15 +353,19 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
                     "draft": sum(r["stats"]["draft_calls"] for r in recs) / n,
                     "speedup": iv.value, "speedup_ci": [iv.low, iv.high]}
         rates = {src: {"target": c.target / c.n, "draft": c.draft / c.n} for src, c in counts.items()}
-        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in fits.items()
-                    for src, c in counts.items()}
+        run_fits = dict(fits)
+        if "fit" in fits:
+            run_fits[HELD_OUT] = fit_records([r for r in records if r["family"] not in PEER_FAMILIES
+                                              and (r["mode"], r["run"]) != (mode, run)])
+        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in run_fits.items()
+                    if fit is not None for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
                      "rates": rates, "speedups": speedups,
                      "errors": {k: v / measured["speedup"] - 1 for k, v in speedups.items()}})
         line = (f"{(mode + ' ' + run)[:43]:<44}{measured['target']:>11.3f}{rates['label']['target']:>7.3f}"
                 f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
                 f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
-        lines.append(line + "".join(f"{v:>16.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
+        lines.append(line + "".join(f"{v:>17.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
     if not rows:
         raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
                          f"with this config to the end: it records them after the runs)")
@@ -365,7 +375,8 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
              + (f", R² {f.r2:.2f} over {f.n_runs} runs" if name == "fit" else "") for name, f in fits.items()]
     title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
-             f"predicted / measured − 1)\ncost models: " + "; ".join(costs))
+             f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
+             + (f"; {HELD_OUT}: the runs' fit without the run it predicts" if HELD_OUT in models else ""))
     costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 

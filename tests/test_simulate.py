@@ -194,7 +194,9 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
         m = r["measured"]
         lo, hi = m["speedup_ci"]
         assert lo <= m["speedup"] <= hi
-        assert set(r["speedups"]) == {"label·forwards", "decod·forwards", "label·fit", "decod·fit"}
+        assert set(r["speedups"]) == {f"{src}·{name}" for src in ("label", "decod")
+                                      for name in ("forwards", "fit", sim.HELD_OUT)}
+        assert r["speedups"][f"label·{sim.HELD_OUT}"] != r["speedups"]["label·fit"]
         for key, value in r["speedups"].items():
             assert value > 0 and r["errors"][key] == pytest.approx(value / m["speedup"] - 1)
         for source in ("label", "decod"):
