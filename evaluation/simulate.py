@@ -287,7 +287,7 @@ def traces_for(family: str, every: list[Trace], held_out: list[Trace]) -> list[T
     return held_out if family in ("specdecpp", "sprinter") else every
 
 
-HELD_OUT = "fit-out"
+FIT_WITHOUT_RUN = "fit-out"
 """The cost model ``validate`` predicts a run with that is not fitted on it: the runs' fit without that run."""
 
 
@@ -298,14 +298,14 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     ones) and from the decoder traces of the eval's own prompts (``evaluation.traces``). Speedups turn them into
     latency with each cost model the eval has (``evaluation.latency``): the pair's timed forwards (``forwards``,
     what the choice used), its runs' fit (``fit``) and, so that no prediction is fitted on what it predicts, the
-    runs' fit without the run at hand (``HELD_OUT``). Returns the text, the rows and the cost ratio c of the
+    runs' fit without the run at hand (``FIT_WITHOUT_RUN``). Returns the text, the rows and the cost ratio c of the
     costs the choice used (the runs' fit's when the forwards were not timed)."""
     import json
 
     from core.cache import file_sha256
     from core.intervals import speedup_interval
-    from evaluation.config import PEER_FAMILIES, parse
-    from evaluation.latency import fit_records, latency_fits, selection_fit
+    from evaluation.config import parse
+    from evaluation.latency import fit_records, latency_fits, own_runs, selection_fit
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
@@ -315,7 +315,8 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
     if not fits:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
-    models = [*fits, HELD_OUT] if "fit" in fits else list(fits)
+    models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
+    fitted = own_runs(records)
     every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
     by_run: dict[tuple[str, str], list[dict]] = {}
@@ -355,12 +356,12 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         rates = {src: {"target": c.target / c.n, "draft": c.draft / c.n} for src, c in counts.items()}
         run_fits = dict(fits)
         if "fit" in fits:
-            run_fits[HELD_OUT] = fit_records([r for r in records if r["family"] not in PEER_FAMILIES
-                                              and (r["mode"], r["run"]) != (mode, run)])
+            run_fits[FIT_WITHOUT_RUN] = fit_records([r for r in fitted if (r["mode"], r["run"]) != (mode, run)])
         speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in run_fits.items()
                     if fit is not None for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
                      "rates": rates, "speedups": speedups,
+                     "fit_runs": {name: fit.n_runs for name, fit in run_fits.items() if fit is not None},
                      "errors": {k: v / measured["speedup"] - 1 for k, v in speedups.items()}})
         line = (f"{(mode + ' ' + run)[:43]:<44}{measured['target']:>11.3f}{rates['label']['target']:>7.3f}"
                 f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
@@ -376,7 +377,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
-             + (f"; {HELD_OUT}: the runs' fit without the run it predicts" if HELD_OUT in models else ""))
+             + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else ""))
     costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
