@@ -193,13 +193,15 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         ds = load_split(folder, split)
         chosen += [ds[int(i)] for i in rng.choice(len(ds), size=min(rows, len(ds)), replace=False)]
     worst = {c: (0.0, None) for c in TOLERANCES}
+    past = dict.fromkeys(TOLERANCES, 0)
     for row in tqdm(chosen, desc="audit", disable=quiet):
         diff = differences(row, recompute(row, seqs[by_prompt[int(row["prompt_id"])]], *models, sampling))
         for col, d in diff.items():
+            past[col] += d > TOLERANCES[col]
             if d > worst[col][0]:
                 worst[col] = (d, f"prompt {row['prompt_id']} {row['category']} position {row['position']}")
-    report = {col: {"worst_diff": d, "tolerance": TOLERANCES[col], "ok": d <= TOLERANCES[col], "worst_row": where}
-              for col, (d, where) in worst.items()}
+    report = {col: {"worst_diff": d, "tolerance": TOLERANCES[col], "ok": d <= TOLERANCES[col], "worst_row": where,
+                    "rows_past": past[col]} for col, (d, where) in worst.items()}
     return {"rows": len(chosen), "columns": report, "ok": all(r["ok"] for r in report.values())}
 
 
@@ -217,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{'column':<20} {'worst diff':>13} {'tolerance':>10}  worst row   (hidden: relative to 1 + |value|)")
+    n = result["rows"]
+    print(f"{'column':<20} {'worst diff':>13} {'tolerance':>10} {'rows past':>10}  worst row   "
+          f"(hidden: relative to 1 + |value|)")
     for col, r in result["columns"].items():
         flag = "" if r["ok"] else "  PAST TOLERANCE"
-        print(f"{col:<20} {r['worst_diff']:>13.3g} {r['tolerance']:>10.3g}  {r['worst_row'] or '-'}{flag}")
+        past = f"{r['rows_past']}/{n}"
+        print(f"{col:<20} {r['worst_diff']:>13.3g} {r['tolerance']:>10.3g} {past:>10}  {r['worst_row'] or '-'}{flag}")
     print(f"{result['rows']} rows recomputed: {'all columns within tolerance' if result['ok'] else 'MISMATCH'}")
     return 0 if result["ok"] else 1
 

@@ -136,6 +136,7 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
     result = audit.audit(out, rows=40, quiet=True)
     assert result["ok"], result
     assert result["columns"]["hidden"]["worst_diff"] < 1e-2 and result["columns"]["acceptance"]["worst_diff"] < 1e-4
+    assert all(r["rows_past"] == 0 for r in result["columns"].values())
     # a broken reading of the sequences is caught: token_mixed rows labeled at Z<i instead of the clean X<i
     right = audit.contexts
 
@@ -147,6 +148,7 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
     broken = audit.audit(out, rows=40, quiet=True)
     assert not broken["ok"] and not broken["columns"]["logp_target"]["ok"]
     assert "token_mixed" in broken["columns"]["logp_target"]["worst_row"]
+    assert 0 < broken["columns"]["logp_target"]["rows_past"] < broken["rows"]  # only the token_mixed rows
     monkeypatch.setattr(audit, "contexts", right)
     assert audit.main([str(out), "--rows", "5"]) == 0
     # read as the decoder reads (one token per forward after the prefix): float weights give the same rows
