@@ -83,17 +83,15 @@ def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit
                       intercept=float(reg.intercept_) if intercept else 0.0, r2=r2, n_runs=len(y))
 
 
-def own_runs(records: list[dict]) -> list[dict]:
-    """The records of our decoder's runs: the HF peer's are left out of every fit (their counts come from hooks, and
-    transformers' loop has costs of its own that a fit would take for the draft's)."""
+def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | None:
+    """Fit on every run whose counts are known (our decoder's, not the HF peer's); None with fewer than 3.
+
+    The peers are left out: their counts come from hooks, and transformers' loop has costs of its own that the
+    fit would take for the draft's."""
     from evaluation.config import PEER_FAMILIES
 
-    return [r for r in records if r["family"] not in PEER_FAMILIES]
-
-
-def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | None:
-    """Fit on every run whose counts are known (our decoder's, not the HF peer's); None with fewer than 3."""
-    rows = [r["stats"] for r in records if r["stats"].get("draft_calls") is not None
+    rows = [r["stats"] for r in records if r.get("family") not in PEER_FAMILIES
+            and r["stats"].get("draft_calls") is not None
             and r["stats"].get("target_calls") is not None]
     if len(rows) < 3:
         return None
@@ -132,7 +130,7 @@ def verify_costs(entry: dict) -> tuple[float, float]:
 def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
     """The fits an evaluation (``EvalConfig`` ``cfg``) knows: ``fit``, from its own runs (the peers left out),
     and ``timing``, from the timing file when it names one."""
-    fits = {"fit": fit_records(own_runs(records))}
+    fits = {"fit": fit_records(records)}
     forwards = Path(cfg.output_dir) / FORWARD_TIMING
     if forwards.exists():
         fits["forwards"] = timing_fit(json.loads(forwards.read_text()))

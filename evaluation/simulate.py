@@ -305,7 +305,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     from core.cache import file_sha256
     from core.intervals import speedup_interval
     from evaluation.config import parse
-    from evaluation.latency import fit_records, latency_fits, own_runs, selection_fit
+    from evaluation.latency import fit_records, latency_fits, selection_fit
     from evaluation.results import ResultStore
 
     cfg, _ = parse(["--config", config])
@@ -316,7 +316,6 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     if not fits:
         raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
-    fitted = own_runs(records)
     every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
     by_run: dict[tuple[str, str], list[dict]] = {}
@@ -356,7 +355,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         rates = {src: {"target": c.target / c.n, "draft": c.draft / c.n} for src, c in counts.items()}
         run_fits = dict(fits)
         if "fit" in fits:
-            run_fits[FIT_WITHOUT_RUN] = fit_records([r for r in fitted if (r["mode"], r["run"]) != (mode, run)])
+            run_fits[FIT_WITHOUT_RUN] = fit_records([r for r in records if (r["mode"], r["run"]) != (mode, run)])
         speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in run_fits.items()
                     if fit is not None for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
