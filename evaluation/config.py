@@ -111,6 +111,10 @@ class HFPeer:
     transformers' assisted decoding), a verifier as ``hf_sprinter``."""
     thresholds: dict[str, float] = field(default_factory=dict)
     """A head's threshold (h of a stop head, τ of a verifier) by file, in place of the one exported with it."""
+    same_threshold_as_ours: bool = True
+    """A head not in ``thresholds`` takes the threshold of our decoder's chosen run of the same head in the mode
+    (the simulator's pick with ``select_by: simulated``), so both loops run one stop rule; with no such run, or
+    False, the one exported with it."""
 
 
 @dataclass
@@ -191,6 +195,10 @@ class EvalConfig:
     """One untimed short generation per mode before the timed runs."""
     overwrite: bool = False
     """Delete an existing run in ``output_dir`` instead of resuming it."""
+    loglik: bool = True
+    """Score every output's mean target log-likelihood per token (one target forward per output, about 5 s each
+    for the real pair on 2 CPU cores): the quality metric of approximate policies, not needed to compare exact
+    ones."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -48,8 +48,14 @@ class PeerRun:
         return self.family != HF_TARGET_ONLY
 
 
-def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None) -> list[PeerRun]:
-    """The peer runs of one mode: HF's own rules, HF target-only, and each head, in that order."""
+def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None,
+              our_thresholds: dict[str, float | None] | None = None) -> list[PeerRun]:
+    """The peer runs of one mode: HF's own rules, HF target-only, and each head, in that order.
+
+    Args:
+        sd_k: K of our chosen fixed-K SD (``same_k_as_sd``).
+        our_thresholds: head file → the threshold of our decoder's chosen run of it (``same_threshold_as_ours``).
+    """
     runs = []
     if peer.defaults:
         runs.append(PeerRun(HF_FAMILY))
@@ -59,12 +65,13 @@ def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None) -> list[PeerRun]:
         runs.append(PeerRun(HF_FAMILY, {"k": sd_k}, peer_settings(sd_k, "k")))
     if peer.target_only:
         runs.append(PeerRun(HF_TARGET_ONLY))
-    runs += head_runs(peer)
+    runs += head_runs(peer, our_thresholds if peer.same_threshold_as_ours else None)
     return [r for r in runs if mode.runs(r.family)]
 
 
-def head_runs(peer: HFPeer) -> list[PeerRun]:
-    """A run per head in ``peer.heads``; a head the runtime cannot run is an ``EvalError``."""
+def head_runs(peer: HFPeer, our_thresholds: dict[str, float | None] | None = None) -> list[PeerRun]:
+    """A run per head in ``peer.heads``, at its threshold in ``peer.thresholds``, else at ``our_thresholds``' (our
+    decoder's), else at the exported one; a head the runtime cannot run is an ``EvalError``."""
     from heads.export import feature_position, read_metadata
     from heads.exported import features_beyond
     from heads.features import FROM_LOGPROBS
@@ -79,7 +86,7 @@ def head_runs(peer: HFPeer) -> list[PeerRun]:
         if meta["role"] == "verifier" and feature_position(meta) != "prev":
             raise EvalError(f"hf_peer.heads: {head} reads the token's own hidden state; the runtime runs SPRINTER "
                             "with the paper's feature, the previous token's state (name a `prev` head)")
-        threshold = peer.thresholds.get(head)
+        threshold = peer.thresholds.get(head, (our_thresholds or {}).get(head))
         key = THRESHOLD_KEYS[meta["role"]]
         if threshold is not None and not 0 <= threshold <= 1:
             raise EvalError(f"hf_peer.thresholds: {key} of {head} must be in [0, 1], got {threshold}")

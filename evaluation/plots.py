@@ -100,8 +100,9 @@ def plot_quality(summary: dict, path: Path) -> Path:
             return vs["rougeL"] if vs else None
 
         for fam, style in zip(_families(m, lambda p: not p.exact and p.setting), ("o-", "s--")):
-            rows = sorted((r for r in m["sweep"] if r["family"] == fam and y(r) is not None),
-                          key=lambda r: r["speedup_vs_target"] or 0)
+            rows = sorted((r for r in m["sweep"] if r["family"] == fam and y(r) is not None
+                           and r["speedup_vs_target"] is not None),  # None: no target-only run
+                          key=lambda r: r["speedup_vs_target"])
             if rows:
                 ax.plot([r["speedup_vs_target"] for r in rows], [y(r) for r in rows], style, label=fam)
                 for r in rows:

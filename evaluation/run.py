@@ -7,7 +7,8 @@ Per mode (a sampling setting):
 2. each family's setting is chosen (``evaluation.summary.choose``: lowest latency per token, measured or by
    Eq. 5.1) and, when the sweep used fewer prompts, finished on every prompt;
 3. the peers run (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
-   threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it.
+   threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it, at
+   the threshold our decoder's chosen run of that head took.
 
 Each (mode, run, prompt) is one line in ``results.jsonl`` written as soon as it finishes, so an interrupted
 evaluation resumes where it stopped. Every policy decodes a prompt with the same seed (common random numbers).
@@ -34,7 +35,7 @@ from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
-from evaluation.summary import SELECTION, best_k, choose
+from evaluation.summary import SELECTION, best_k, choose, chosen_head_thresholds
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -336,9 +337,10 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
                               if r["mode"] == mode.name and r["run"] == chosen[s.family])
                 runner.policy(mode, pair, s.family, s.fixed, params, all_ids)
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
-            for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name)):
+            ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
+            for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours):
                 runner.peer(mode, sampling, run)
-    if engine.loglik is not None:
+    if cfg.loglik and engine.loglik is not None:
         score_records(out, store.records(), runner._ids, engine.loglik, quiet)
     if engine.record_trace is not None:
         cpu = torch.device("cpu")

@@ -214,6 +214,20 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
     return None
 
 
+def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: str,
+                           fixed: dict[str, dict]) -> dict[str, float | None]:
+    """head file → the threshold (h of SpecDec++, τ of SPRINTER; None: the exported one) of our decoder's chosen run
+    of that head in ``mode``; ``fixed`` is each family's fixed keyword arguments (where a head may be named)."""
+    out = {}
+    for family, key in (("specdecpp", "h"), ("sprinter", "tau")):
+        run = chosen.get(family)
+        params = next((r["params"] for r in records if r["mode"] == mode and r["run"] == run), None)
+        head = None if params is None else params.get("head", fixed.get(family, {}).get("head"))
+        if head is not None:
+            out[str(head)] = params.get(key)
+    return out
+
+
 def label_tv(labels_dir: str | Path) -> dict:
     """Mean TV(p, q) over the test split's draft tokens (``loss_mask``) of the SPRINTER prefix categories (the
     verifier's rows, ``ROWS_FOR_LABEL``), with the sampling and the draft the labels were made with (manifest)."""

@@ -76,3 +76,6 @@ def test_report_gives_each_runs_loglik_and_its_paired_difference_from_the_exact_
     (tmp_path / "other").mkdir()
     no_scores = run_eval(make_cfg(tmp_path / "other"), fake_engine(), quiet=True)
     assert not (no_scores / LOGLIK_FILE).exists()
+    (tmp_path / "off").mkdir()
+    switched_off = run_eval(make_cfg(tmp_path / "off", loglik=False), fake_engine(loglik=fake_loglik), quiet=True)
+    assert not (switched_off / LOGLIK_FILE).exists()

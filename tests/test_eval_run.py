@@ -243,7 +243,7 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
 def test_eval_config_parses_and_repeats_the_labeling_pair(path):
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
-    assert {s.family for s in cfg.policies} >= {"target_only", "sd", "specdecpp"}
+    assert {s.family for s in cfg.policies} >= {"sd", "specdecpp"}  # the stop rules every config compares
     labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
     for role in ("draft", "target"):
         assert vars(getattr(cfg, role)) == vars(ModelSpec(**labels[role]))
@@ -315,6 +315,30 @@ def test_heads_inside_generate_run_as_peers_with_their_goals(tmp_path):
                      "and threshold"]
     assert overhead["value"] is not None and "specdecpp[h=0.9]" in overhead["detail"]
     assert "hf_specdecpp" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_peer_head_takes_the_threshold_our_decoder_chose_for_it(tmp_path, follow):
+    """Without a threshold in ``hf_peer.thresholds``, a head inside ``generate()`` runs at the h (τ) of our decoder's
+    chosen run of the same head, so the overhead goal compares one stop rule in two loops; the exported one when
+    ``same_threshold_as_ours`` is off."""
+    stop, verifier = _peer_heads(tmp_path)
+    cfg = make_cfg(tmp_path, modes=[Mode("sample", 1.0)],
+                   policies=[Sweep("sd", grid={"k": [3]}),
+                             Sweep("specdecpp", fixed={"head": stop}, grid={"h": [0.5, 0.8]}),
+                             Sweep("sprinter", grid={"head": [verifier], "tau": [0.3]})],
+                   hf_peer=HFPeer(confidence_thresholds=[], heads=[stop, verifier], same_threshold_as_ours=follow))
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    rep = json.loads((out / "report.json").read_text())
+    table = rep["modes"]["sample"]["table"]
+    chosen = next(r for r in table if r["family"] == "specdecpp")["params"]["h"]  # equal fake costs: the first
+    peers = [r["run"] for r in table if r["family"] in ("hf_specdecpp", "hf_sprinter")]
+    if follow:
+        assert peers == [f"hf_specdecpp[head={stop},h={chosen:g}]", f"hf_sprinter[head={verifier},tau=0.3]"]
+        overhead = next(g for g in rep["goals"] if g["goal"].startswith("runtime overhead of stop"))
+        assert overhead["value"] is not None
+    else:
+        assert peers == [f"hf_specdecpp[head={stop},h=file]", f"hf_sprinter[head={verifier},tau=file]"]
 
 
 def test_a_peer_head_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_path):
