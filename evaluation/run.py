@@ -35,7 +35,7 @@ from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
 from evaluation.results import ResultStore, run_label
-from evaluation.summary import SELECTION, best_k, choose, chosen_head_thresholds
+from evaluation.summary import SELECTION, best_k, choose, chosen_head_thresholds, chosen_params
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -333,8 +333,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
                         preset={f: run_label(f, params) for f, params in simulated.items()})
         for s in sweeps:
             if s.family in chosen:
-                params = next(r["params"] for r in store.records()
-                              if r["mode"] == mode.name and r["run"] == chosen[s.family])
+                params = chosen_params(chosen, store.records(), mode.name, s.family)
                 runner.policy(mode, pair, s.family, s.fixed, params, all_ids)
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
             ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})

@@ -205,13 +205,20 @@ def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[
     return chosen
 
 
+HEAD_THRESHOLDS = {"specdecpp": "h", "sprinter": "tau"}
+"""The families of our decoder that run an exported head, and the name of the head's threshold in each."""
+
+
+def chosen_params(chosen: dict[str, str], records: list[dict], mode: str, family: str) -> dict | None:
+    """The swept parameters of ``family``'s chosen run in ``mode``; None when it has none."""
+    run = chosen.get(family)
+    return next((r["params"] for r in records if r["mode"] == mode and r["run"] == run), None)
+
+
 def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None:
     """K of the chosen fixed-K SD run in ``mode``."""
-    run = chosen.get("sd")
-    for r in records:
-        if r["mode"] == mode and r["run"] == run:
-            return int(r["params"]["k"])
-    return None
+    params = chosen_params(chosen, records, mode, "sd")
+    return None if params is None else int(params["k"])
 
 
 def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: str,
@@ -219,9 +226,8 @@ def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: st
     """head file → the threshold (h of SpecDec++, τ of SPRINTER; None: the exported one) of our decoder's chosen run
     of that head in ``mode``; ``fixed`` is each family's fixed keyword arguments (where a head may be named)."""
     out = {}
-    for family, key in (("specdecpp", "h"), ("sprinter", "tau")):
-        run = chosen.get(family)
-        params = next((r["params"] for r in records if r["mode"] == mode and r["run"] == run), None)
+    for family, key in HEAD_THRESHOLDS.items():
+        params = chosen_params(chosen, records, mode, family)
         head = None if params is None else params.get("head", fixed.get(family, {}).get("head"))
         if head is not None:
             out[str(head)] = params.get(key)
