@@ -12,7 +12,10 @@ Weights are random (timing does not depend on their values), so only a shape is 
   cost per call in Eq. 5.1);
 - ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call), and
   ``verify_short``, one of ``--verify-short`` tokens: on a CPU a forward of a few tokens leaves the one-token
-  step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate.
+  step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate;
+- ``verify_by_tokens`` (with ``--verify-lengths``): one forward of each of those lengths, where a line through two
+  lengths does not describe the cost (a 1.5B target on 2 CPU cores: 0.50 s for one token, 1.07 s for two, 1.34 s
+  for three, 1.84 s for ten).
 
 Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``core.quantization`` (CPU
 only, on float32 weights). The table ends with the cost ratio c = t_draft / t_target of the decode step for each
@@ -117,7 +120,7 @@ def _time(fn, device: torch.device, repeats: int) -> dict:
 
 @torch.no_grad()
 def bench_model(model, device: torch.device, prefill: int, caches: list[int], verify: int, repeats: int,
-                verify_short: int = 3) -> dict:
+                verify_short: int = 3, verify_lengths: tuple[int, ...] = ()) -> dict:
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
@@ -148,19 +151,29 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
     if 1 < verify_short < verify:
         out["verify_short"] = {"tokens": verify_short, "cache": caches[0],
                                **_time(step(cache, caches[0], verify_short), device, repeats)}
+    if verify_lengths:
+        out["verify_by_tokens"] = {str(m): {"cache": caches[0], **_time(step(cache, caches[0], m), device, repeats)}
+                                   for m in sorted(set(verify_lengths))}
     return out
+
+
+PAIR_VERIFY_LENGTHS = (2, 3, 4, 5, 6, 8, 11, 16, 21)
+"""Verification lengths (candidates + 1) ``time_pair`` times the target at: every round length of the grids up to
+K = 10 nearby, and SpecDec++'s longest round (20 candidates); the costs between are interpolated."""
 
 
 def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
               repeats: int = 5) -> dict:
     """The loaded draft and target timed at a decoding run's shapes (prefill of ``prompt_tokens``, one-token
-    steps and 3- and ``verify``-token forwards halfway through ``new_tokens``), in this module's JSON layout."""
+    steps and 3- and ``verify``-token forwards halfway through ``new_tokens``; the target's verifications of each of
+    ``PAIR_VERIFY_LENGTHS`` tokens too), in this module's JSON layout."""
     result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,
               "models": []}
     for name, model in (("draft", draft), ("target", target)):
         result["models"].append({"name": name, "precision": str(getattr(model, "dtype", "")),
                                  **bench_model(model, device, prompt_tokens, [prompt_tokens + new_tokens // 2],
-                                               verify, repeats)})
+                                               verify, repeats, verify_lengths=PAIR_VERIFY_LENGTHS
+                                               if name == "target" else ())})
     return result
 
 
@@ -175,6 +188,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify-short", type=int, default=3,
                    help="tokens of a shorter verification forward (separates a verification's fixed and per-token "
                         "costs; 0 = skip)")
+    p.add_argument("--verify-lengths", type=int, nargs="*", default=[],
+                   help="also time a verification of each of these lengths (a cost table the latency model "
+                        f"interpolates; the evaluation times the target at {' '.join(map(str, PAIR_VERIFY_LENGTHS))})")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--precision", nargs="+", default=None, choices=["auto", *DTYPES, *QUANTIZATIONS],
@@ -242,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
         for precision in precisions:
             model = build(config, device, precision)
             entry = {"name": label, "precision": precision, "shape": shape, "params": params,
-                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short)}
+                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short,
+                                  tuple(a.verify_lengths))}
             result["models"].append(entry)
             print(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr, flush=True)
             del model

@@ -10,6 +10,13 @@ leaves the one-token step's fast path (the 1.5B float32 target: 0.46 s for one t
 on a GPU v1 is near 0. Each candidate is verified once, so Σ m = N_draft + N_target and the model stays linear:
 t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the one-token step per call of a run
 that does not (target-only), and each model's prefill (beyond one step) once per run.
+
+A line through two lengths does not describe every device: on 2 CPU cores the 1.5B target takes 0.50 s for one
+token, 1.07 s for two, 1.34 s for three and 1.84 s for ten, so v0 + v1·m through 3 and 9 tokens charges a two-token
+verification half a second too much, and a rule whose rounds often stop after one candidate looks slower than it
+is. When the timing holds a verification of several lengths (``verify_by_tokens``), the fit keeps that table, and a
+prediction that knows how many verifications had each length (the trace simulator's) charges each its own cost,
+interpolated between the lengths timed: Σ_m calls(m)·T(m) + draft step·N_draft.
 """
 
 from __future__ import annotations
@@ -44,14 +51,34 @@ class LatencyFit:
     ``intercept`` absorbs it."""
     t_target_step: float | None = None
     """Seconds per target forward in a run that drafts nothing (a one-token step); None: ``t_target``."""
+    verify_s: dict[int, float] | None = None
+    """Seconds of a target forward of m tokens (a verification of m − 1 candidates), timed at a few m; None: only
+    the line ``t_target`` + ``t_draft`` (module docstring)."""
+    draft_step: float | None = None
+    """Seconds of one draft forward alone (``t_draft`` also carries the verification's per-token slope); with
+    ``verify_s``."""
 
-    def predict(self, n_draft, n_target, runs: int | np.ndarray = 1):
-        """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted)."""
+    def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None):
+        """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted). ``calls[m]``: the
+        target calls of a run that drafted, by the tokens each verified (they sum to ``n_target``); with
+        ``verify_s`` each call is charged the forward of its own length."""
+        if calls is not None and self.verify_s is not None and np.asarray(n_draft) > 0:
+            verify = sum(float(n) * self.verify_time(m) for m, n in enumerate(calls) if n)
+            return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept) * runs
         n_draft, runs = np.asarray(n_draft), np.asarray(runs)
         drafted = n_draft > 0
         t_target = np.where(drafted, self.t_target, self.t_target if self.t_target_step is None else self.t_target_step)
         return self.t_draft * n_draft + t_target * np.asarray(n_target) + self.intercept * runs \
             + self.draft_intercept * runs * drafted
+
+    def verify_time(self, tokens: int) -> float:
+        """``verify_s`` at ``tokens``: interpolated between the lengths timed, on the line through the last two
+        beyond them, the one-token step at one."""
+        step = self.t_target if self.t_target_step is None else self.t_target_step
+        m, s = zip(*sorted({1: step, **self.verify_s}.items()))
+        if tokens <= m[-1]:
+            return float(np.interp(tokens, m, s))
+        return s[-1] + (s[-1] - s[-2]) / (m[-1] - m[-2]) * (tokens - m[-1])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,9 +135,12 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
     d, t = find_entry(timing, draft), find_entry(timing, target)
     d_step, t_step = step_s(d), step_s(t)
     v0, v1 = verify_costs(t)
+    table = t.get("verify_by_tokens")
     return LatencyFit(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
                       intercept=max(0.0, t["prefill"]["median_s"] - t_step),
-                      draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0)
+                      draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0,
+                      verify_s={int(m): float(v["median_s"]) for m, v in table.items()} if table else None,
+                      draft_step=d_step if table else None)
 
 
 def verify_costs(entry: dict) -> tuple[float, float]:

@@ -85,8 +85,19 @@ class Counts:
     draft: float = 0.0
     target: float = 0.0
     discarded: float = 0.0
+    calls: np.ndarray | None = None
+    """Expected target calls by the tokens each verifies (index m: m − 1 candidates and the target's token); None
+    where the policy's calls have no round length (the oracle, SPRINTER)."""
 
     def __iadd__(self, other: "Counts") -> "Counts":
+        if self.n == 0:  # nothing added yet: the calls are the other's
+            self.calls = other.calls
+        elif self.calls is not None and other.calls is not None:
+            size = max(len(self.calls), len(other.calls))
+            self.calls = np.pad(self.calls, (0, size - len(self.calls))) \
+                + np.pad(other.calls, (0, size - len(other.calls)))
+        else:
+            self.calls = None
         self.n += other.n
         self.draft += other.draft
         self.target += other.target
@@ -100,29 +111,37 @@ class Counts:
 
     def predicted_speedup(self, fit: LatencyFit, tokens: int) -> float:
         """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
-        ``fit``'s per-forward and per-run costs (``evaluation.latency``)."""
+        ``fit``'s per-forward and per-run costs (``evaluation.latency``; each verification at its own length's
+        cost where the fit has a table of them)."""
         scale = tokens / self.n
-        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale))
+        calls = None if self.calls is None else self.calls * scale
+        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls))
 
 
 def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
-    """Exact expected counts of speculative sampling over one trace with round lengths n(s)."""
+    """Exact expected counts of speculative sampling over one trace with round lengths n(s): the probability that
+    a round starts at each position, carried forward (the round at s keeps candidate j with probability
+    a_{s+j} = min(1, p/q) until the first rejection, and the next round starts after the target's token), and each
+    round's counts weighted by it."""
     length = len(acceptance)
-    draft, target, discarded = (np.zeros(length + 2) for _ in range(3))  # index ≥ length: nothing left
-    for s in range(length - 1, -1, -1):
+    start = np.zeros(length + 1)  # start[length]: the response is complete
+    start[0] = 1.0
+    calls = np.zeros(int(lengths.max(initial=0)) + 2)
+    draft = discarded = 0.0
+    for s in range(length):
+        if start[s] == 0.0:
+            continue
         n = int(lengths[s])
-        reach = 1.0  # probability that candidates s..s+j-1 were all accepted
-        d = t = x = 0.0
+        draft += start[s] * n
+        calls[n + 1] += start[s]
+        reach = start[s]  # probability that the round starts here and candidates s..s+j-1 were all accepted
         for j in range(n):
             p_reject = reach * (1.0 - acceptance[s + j])
-            nxt = min(s + j + 1, length)
-            d, t, x = d + p_reject * draft[nxt], t + p_reject * target[nxt], x + p_reject * (discarded[nxt] + n - j)
+            start[min(s + j + 1, length)] += p_reject
+            discarded += p_reject * (n - j)
             reach *= acceptance[s + j]
-        nxt = min(s + n + 1, length)
-        draft[s] = n + d + reach * draft[nxt]
-        target[s] = 1 + t + reach * target[nxt]
-        discarded[s] = x + reach * discarded[nxt]
-    return Counts(n=length, draft=draft[0], target=target[0], discarded=discarded[0])
+        start[min(s + n + 1, length)] += reach
+    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
 
 
 def oracle_counts(acceptance: np.ndarray) -> Counts:

@@ -92,6 +92,25 @@ def test_two_verify_lengths_separate_a_verifications_fixed_and_per_token_costs()
     assert fit.predict(0, 10) == pytest.approx(10 * 0.5 + 3.0)
 
 
+def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
+    """On 2 CPU cores a forward's cost jumps after one token and grows slowly after a few (0.5 s, 1.07 s, 1.34 s,
+    1.84 s for 1, 2, 3, 10 tokens): the line through 3 and 9 tokens would charge a two-token verification 1.5 s. With
+    the table, a run with calls of known lengths pays each one's interpolated cost; one without keeps the line."""
+    timing = timing_file(t_verify=1.8, t_verify_short=1.34)
+    timing["models"][1]["verify_by_tokens"] = {"2": {"median_s": 1.07}, "3": {"median_s": 1.34},
+                                               "11": {"median_s": 1.82}}
+    fit = timing_fit(timing)
+    assert fit.draft_step == pytest.approx(0.05) and fit.verify_s == {2: 1.07, 3: 1.34, 11: 1.82}
+    assert [fit.verify_time(m) for m in (1, 2, 7, 11, 13)] == pytest.approx([0.5, 1.07, 1.58, 1.82, 1.94])
+    calls = np.zeros(12)
+    calls[2], calls[11] = 4, 2  # four one-candidate rounds and two of ten: 24 draft forwards
+    assert fit.predict(24, 6, calls=calls) == pytest.approx(24 * 0.05 + 4 * 1.07 + 2 * 1.82 + 3.0 + 0.45)
+    line = fit.predict(24, 6)
+    assert line == pytest.approx(24 * fit.t_draft + 6 * fit.t_target + 3.0 + 0.45) and line > fit.predict(24, 6, calls=calls)
+    assert fit.predict(0, 10, calls=calls) == pytest.approx(10 * 0.5 + 3.0)  # target-only: one-token steps
+    assert timing_fit(timing_file()).verify_s is None
+
+
 def test_the_fit_gives_target_only_steps_their_own_cost():
     """Runs that draft verify several tokens per target call; target-only steps one: each gets its coefficient."""
     rng = np.random.default_rng(2)

@@ -13,8 +13,10 @@ import torch
 from evaluation import simulate as sim
 
 
-def monte_carlo(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: int = 0) -> np.ndarray:
-    """(reps, 3) draft forwards, target calls, discarded of speculative sampling, replayed round by round."""
+def monte_carlo(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: int = 0,
+                calls: np.ndarray | None = None) -> np.ndarray:
+    """(reps, 3) draft forwards, target calls, discarded of speculative sampling, replayed round by round;
+    ``calls[r, m]`` counts replay r's target calls of m tokens."""
     rng = np.random.default_rng(seed)
     out = np.zeros((reps, 3))
     for r in range(reps):
@@ -25,6 +27,8 @@ def monte_carlo(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: in
             while kept < n and rng.random() < acceptance[s + kept]:
                 kept += 1
             out[r] += (n, 1, n - kept)
+            if calls is not None:
+                calls[r, n + 1] += 1
             s += kept + 1
     return out
 
@@ -65,6 +69,26 @@ def test_expectations_match_a_monte_carlo_replay_and_a_broken_recursion_does_not
     draws = monte_carlo(a, lengths, reps=4000)
     assert agrees(sim.expected_counts(a, lengths), draws)
     assert not agrees(broken_expected_counts(a, lengths), draws)
+
+
+def test_calls_by_verification_length_match_a_monte_carlo_replay(trace_acceptance):
+    """What a cost table per verification length needs: the expected target calls of each length m (m − 1
+    candidates), which sum to N_target and weight m − 1 to N_draft."""
+    a = trace_acceptance
+    lengths = sim.round_lengths(np.random.default_rng(3).random(len(a)) < 0.3, False, 6)
+    seen = np.zeros((4000, 8))
+    monte_carlo(a, lengths, reps=4000, calls=seen)
+    c = sim.expected_counts(a, lengths)
+    mean, se = seen.mean(0), seen.std(0) / np.sqrt(len(seen)) + 1e-9
+    assert np.all(np.abs(np.pad(c.calls, (0, 8 - len(c.calls))) - mean) < 4 * se)
+    assert c.calls.sum() == pytest.approx(c.target)
+    assert (c.calls * np.maximum(np.arange(len(c.calls)) - 1, 0)).sum() == pytest.approx(c.draft)
+    shifted = np.roll(c.calls, 1)  # each call charged one token too many: the replay tells it apart
+    assert not np.all(np.abs(np.pad(shifted, (0, 8 - len(shifted))) - mean) < 4 * se)
+    both = sim.Counts()
+    both += c
+    both += sim.expected_counts(a[:10], sim.sd_round_lengths(10, 7))
+    assert both.calls.sum() == pytest.approx(both.target)
 
 
 def test_every_position_is_produced_once(trace_acceptance):
