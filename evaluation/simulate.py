@@ -390,6 +390,9 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
                          f"with this config to the end: it records them after the runs)")
     costs = [f"{name}: t_draft {f.t_draft * 1e3:.1f} ms, t_target {f.t_target * 1e3:.1f} ms per call"
              + (f" ({f.t_target_step * 1e3:.1f} ms per target-only step)" if f.t_target_step is not None else "")
+             + (f", by length: a draft step {f.draft_step * 1e3:.1f} ms, a verification of m tokens "
+                + ", ".join(f"{m}: {v * 1e3:.0f}" for m, v in sorted(f.verify_s.items())) + " ms"
+                if f.verify_s else "")
              + f", intercepts {f.intercept:.2f} + {f.draft_intercept:.2f} s/run"
              + (f", R² {f.r2:.2f} over {f.n_runs} runs" if name == "fit" else "") for name, f in fits.items()]
     title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "

@@ -109,6 +109,8 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     assert line == pytest.approx(24 * fit.t_draft + 6 * fit.t_target + 3.0 + 0.45) and line > fit.predict(24, 6, calls=calls)
     assert fit.predict(0, 10, calls=calls) == pytest.approx(10 * 0.5 + 3.0)  # target-only: one-token steps
     assert timing_fit(timing_file()).verify_s is None
+    timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a noisy timing below its neighbour
+    assert timing_fit(timing).verify_s == pytest.approx({2: 1.07, 3: 1.29, 4: 1.29, 11: 1.82})
 
 
 def test_the_fit_gives_target_only_steps_their_own_cost():
