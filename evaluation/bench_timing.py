@@ -17,6 +17,9 @@ Weights are random (timing does not depend on their values), so only a shape is 
   lengths does not describe the cost (a 1.5B target on 2 CPU cores: 0.50 s for one token, 1.07 s for two, 1.34 s
   for three, 1.84 s for ten).
 
+The verification lengths are timed in turns, one forward of each per round, so the machine's drift during the timing
+does not bend the table.
+
 Each model is timed at every ``--precision``: a dtype, or an int8 quantization of ``core.quantization`` (CPU
 only, on float32 weights). The table ends with the cost ratio c = t_draft / t_target of the decode step for each
 draft and target precision. CUDA timers are synchronized. The JSON keeps every figure, so ``evaluation`` can
@@ -33,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -107,15 +111,25 @@ def _sync(device: torch.device) -> None:
 
 
 def _time(fn, device: torch.device, repeats: int) -> dict:
-    fn()  # warm-up (allocator, kernels)
-    times = []
+    return _time_in_turns({"": fn}, device, repeats)[""]
+
+
+def _time_in_turns(fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> dict[str, dict]:
+    """Each of ``fns`` timed ``repeats`` times in turns, one of each per round: a shared CPU's speed drifts (by a
+    quarter within an hour here), and timed in turns every figure sees the same drift, where timed one after the
+    other a figure timed in a slow minute would stand out of line with its neighbours."""
+    for fn in fns.values():
+        fn()  # warm-up (allocator, kernels)
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
+        for name, fn in fns.items():
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t)
+    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "repeats": repeats}
+            for name, ts in times.items()}
 
 
 @torch.no_grad()
@@ -147,13 +161,13 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
         cache = cached(length)
         out["decode"][str(length)] = _time(step(cache, length, 1), device, repeats)
     cache = cached(caches[0])
-    out["verify"] = {"tokens": verify, "cache": caches[0], **_time(step(cache, caches[0], verify), device, repeats)}
+    lengths = sorted({verify, *([verify_short] if 1 < verify_short < verify else []), *verify_lengths})
+    timed = _time_in_turns({m: step(cache, caches[0], m) for m in lengths}, device, repeats)
+    out["verify"] = {"tokens": verify, "cache": caches[0], **timed[verify]}
     if 1 < verify_short < verify:
-        out["verify_short"] = {"tokens": verify_short, "cache": caches[0],
-                               **_time(step(cache, caches[0], verify_short), device, repeats)}
+        out["verify_short"] = {"tokens": verify_short, "cache": caches[0], **timed[verify_short]}
     if verify_lengths:
-        out["verify_by_tokens"] = {str(m): {"cache": caches[0], **_time(step(cache, caches[0], m), device, repeats)}
-                                   for m in sorted(set(verify_lengths))}
+        out["verify_by_tokens"] = {str(m): {"cache": caches[0], **timed[m]} for m in sorted(set(verify_lengths))}
     return out
 
 

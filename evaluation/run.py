@@ -10,8 +10,10 @@ Per mode (a sampling setting):
    threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it, at
    the threshold our decoder's chosen run of that head took.
 
-Each (mode, run, prompt) is one line in ``results.jsonl`` written as soon as it finishes, so an interrupted
-evaluation resumes where it stopped. Every policy decodes a prompt with the same seed (common random numbers).
+Each step goes prompt by prompt, every run of the step on a prompt before the next prompt (``Runner.run``), so the
+runs a ratio pairs are made minutes apart, not an hour. Each (mode, run, prompt) is one line in ``results.jsonl``
+written as soon as it finishes, so an interrupted evaluation resumes where it stopped. Every policy decodes a
+prompt with the same seed (common random numbers).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import platform
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,13 +181,6 @@ class Runner:
                 "prompt": prompt["prompt"], "task_id": prompt["task_id"], "tokens": tokens, "text": text,
                 "completion": completion, "passed": passed, "stats": stats}
 
-    def _todo(self, mode: Mode, label: str, ids: list[int]) -> list[dict]:
-        return [p for p in self.prompts if p["prompt"] in ids and (mode.name, label, p["prompt"]) not in self.store]
-
-    def _log(self, mode: Mode, label: str, n: int, t0: float) -> None:
-        if not self.quiet and n:
-            print(f"eval [{mode.name}] {label:<28} {n} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
-
     def warmup(self, mode: Mode, pair) -> None:
         """One short untimed target-only generation, so the first timed run does not pay for allocation."""
         if not self.cfg.warmup or mode.name in self._warm:
@@ -200,29 +196,58 @@ class Runner:
         device = getattr(pair, "device", torch.device("cpu"))
         return prompt_generator(self.cfg.seed, prompt, device)
 
-    def policy(self, mode: Mode, pair, family: str, fixed: dict, params: dict, ids: list[int]) -> None:
-        label = run_label(family, params)
-        todo = self._todo(mode, label, ids)
-        if not todo:
-            return
-        self.warmup(mode, pair)
-        policy = self.engine.build_policy(family, **fixed, **params)
-        t0 = time.perf_counter()
-        for p in todo:
-            res = policy.generate(pair, self._ids[p["prompt"]], self._generator(pair, p["prompt"]))
-            self.store.add(self._record(mode, family, params, p, list(map(int, res.tokens)), _stats_dict(res.stats)))
-        self._log(mode, label, len(todo), t0)
+    def policy(self, mode: Mode, pair, family: str, fixed: dict, params: dict) -> "Job":
+        """Our decoder with one policy setting, as a ``Job`` (the policy is built, and the mode warmed up, when
+        its first prompt runs)."""
+        built = []
 
-    def peer(self, mode: Mode, sampling: Sampling, run) -> None:
-        """One ``evaluation.hf_peer.PeerRun`` on every prompt."""
-        label = run_label(run.family, run.params)
-        todo = self._todo(mode, label, [p["prompt"] for p in self.prompts])
-        t0 = time.perf_counter()
-        for p in todo:
-            tokens, stats = self.engine.hf_generate(self._ids[p["prompt"]], sampling,
-                                                    prompt_seed(self.cfg.seed, p["prompt"]), run)
-            self.store.add(self._record(mode, run.family, run.params, p, list(map(int, tokens)), stats))
-        self._log(mode, label, len(todo), t0)
+        def generate(prompt: int):
+            if not built:
+                self.warmup(mode, pair)
+                built.append(self.engine.build_policy(family, **fixed, **params))
+            res = built[0].generate(pair, self._ids[prompt], self._generator(pair, prompt))
+            return list(map(int, res.tokens)), _stats_dict(res.stats)
+        return Job(family, params, generate)
+
+    def peer(self, sampling: Sampling, run) -> "Job":
+        """One ``evaluation.hf_peer.PeerRun``, as a ``Job``."""
+        def generate(prompt: int):
+            tokens, stats = self.engine.hf_generate(self._ids[prompt], sampling,
+                                                    prompt_seed(self.cfg.seed, prompt), run)
+            return list(map(int, tokens)), stats
+        return Job(run.family, run.params, generate)
+
+    def run(self, mode: Mode, jobs: list["Job"], ids: list[int]) -> None:
+        """Every job on every prompt of ``ids`` that ``results.jsonl`` does not hold yet, prompt by prompt: a
+        prompt's runs follow each other within minutes, so a ratio paired by prompt compares runs made at the same
+        machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %)."""
+        from tqdm.auto import tqdm
+
+        todo = [(p, job) for p in self.prompts if p["prompt"] in ids for job in jobs
+                if (mode.name, job.label, p["prompt"]) not in self.store]
+        spent: dict[str, list[float]] = {}
+        for p, job in tqdm(todo, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2, file=sys.stderr):
+            t0 = time.perf_counter()
+            tokens, stats = job.generate(p["prompt"])
+            self.store.add(self._record(mode, job.family, job.params, p, tokens, stats))
+            spent.setdefault(job.label, []).append(time.perf_counter() - t0)
+        if not self.quiet:
+            for label, times in spent.items():
+                print(f"eval [{mode.name}] {label:<28} {len(times)} prompts in {sum(times):.1f} s", flush=True)
+
+
+@dataclass
+class Job:
+    """One run (a family at one setting, ours or a peer's) that decodes a prompt by its index."""
+
+    family: str
+    params: dict
+    generate: Callable[[int], tuple[list[int], dict]]
+    """prompt → (generated token ids, ``STAT_FIELDS`` stats)."""
+
+    @property
+    def label(self) -> str:
+        return run_label(self.family, self.params)
 
 
 def head_files(cfg: EvalConfig) -> list[str]:
@@ -324,21 +349,23 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         pair = engine.make_pair(sampling)
         sweeps = [s for s in cfg.policies if mode.runs(s.family)]
         simulated = _simulated_settings(cfg, mode, sweeps, out, quiet)
-        for s in sweeps:
-            settings = [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
-            for params in settings:
-                runner.policy(mode, pair, s.family, s.fixed, params, sweep_ids if len(settings) > 1 else all_ids)
+        settings = {s.family: [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
+                    for s in sweeps}
+        for swept in (True, False):  # the sweeps on their prompts, then each family's one setting on every prompt
+            runner.run(mode, [runner.policy(mode, pair, s.family, s.fixed, params) for s in sweeps
+                              if (len(settings[s.family]) > 1) == swept for params in settings[s.family]],
+                       sweep_ids if swept else all_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
                         selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
                         preset={f: run_label(f, params) for f, params in simulated.items()})
-        for s in sweeps:
-            if s.family in chosen:
-                params = chosen_params(chosen, store.records(), mode.name, s.family)
-                runner.policy(mode, pair, s.family, s.fixed, params, all_ids)
+        finish = [runner.policy(mode, pair, s.family, s.fixed, chosen_params(chosen, store.records(), mode.name,
+                                                                             s.family))
+                  for s in sweeps if s.family in chosen]
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
             ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
-            for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours):
-                runner.peer(mode, sampling, run)
+            finish += [runner.peer(sampling, run)
+                       for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours)]
+        runner.run(mode, finish, all_ids)
     if cfg.loglik and engine.loglik is not None:
         score_records(out, store.records(), runner._ids, engine.loglik, quiet)
     if engine.record_trace is not None:
