@@ -135,7 +135,7 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
     d, t = find_entry(timing, draft), find_entry(timing, target)
     d_step, t_step = step_s(d), step_s(t)
     v0, v1 = verify_costs(t)
-    table = monotone_verify_costs(t.get("verify_by_tokens"))
+    table = verify_table(t)
     return LatencyFit(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
                       intercept=max(0.0, t["prefill"]["median_s"] - t_step),
                       draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0,
@@ -143,18 +143,19 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
                       draft_step=d_step if table else None)
 
 
-def monotone_verify_costs(table: dict | None) -> dict[int, float] | None:
-    """A timed table of verification lengths (``bench_timing``'s ``verify_by_tokens``) as m → seconds, made
-    non-decreasing in m (sklearn's isotonic regression): a forward of more tokens does not cost less, and a few
-    repeats on a shared CPU put single lengths 20 % off their neighbours (one timing: 1.38 s for 3 tokens,
-    1.27 s for 4)."""
+def verify_table(entry: dict) -> dict[int, float] | None:
+    """m → seconds of a target forward of m tokens, from a timing entry's ``verify_by_tokens`` and its two verify
+    lengths (timed in the same turns); None without a table. Kept as timed, not smoothed: on 2 CPU cores a
+    forward of 4, 8 or 16 tokens is cheaper than one of 3, 6 or 11 (the matrix kernels' blocking), in every timing
+    so far, in turns or not."""
+    table = entry.get("verify_by_tokens")
     if not table:
         return None
-    from sklearn.isotonic import IsotonicRegression
-
-    m = sorted(int(k) for k in table)
-    fitted = IsotonicRegression().fit_transform(m, [table[str(k)]["median_s"] for k in m])
-    return {k: float(v) for k, v in zip(m, fitted)}
+    out = {int(m): float(v["median_s"]) for m, v in table.items()}
+    for key in ("verify", "verify_short"):
+        if key in entry:
+            out.setdefault(int(entry[key]["tokens"]), float(entry[key]["median_s"]))
+    return dict(sorted(out.items()))
 
 
 def verify_costs(entry: dict) -> tuple[float, float]:

@@ -100,8 +100,8 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     timing["models"][1]["verify_by_tokens"] = {"2": {"median_s": 1.07}, "3": {"median_s": 1.34},
                                                "11": {"median_s": 1.82}}
     fit = timing_fit(timing)
-    assert fit.draft_step == pytest.approx(0.05) and fit.verify_s == {2: 1.07, 3: 1.34, 11: 1.82}
-    assert [fit.verify_time(m) for m in (1, 2, 7, 11, 13)] == pytest.approx([0.5, 1.07, 1.58, 1.82, 1.94])
+    assert fit.draft_step == pytest.approx(0.05) and fit.verify_s == {2: 1.07, 3: 1.34, 9: 1.8, 11: 1.82}
+    assert [fit.verify_time(m) for m in (1, 2, 6, 10, 11, 13)] == pytest.approx([0.5, 1.07, 1.57, 1.81, 1.82, 1.84])
     calls = np.zeros(12)
     calls[2], calls[11] = 4, 2  # four one-candidate rounds and two of ten: 24 draft forwards
     assert fit.predict(24, 6, calls=calls) == pytest.approx(24 * 0.05 + 4 * 1.07 + 2 * 1.82 + 3.0 + 0.45)
@@ -109,8 +109,8 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     assert line == pytest.approx(24 * fit.t_draft + 6 * fit.t_target + 3.0 + 0.45) and line > fit.predict(24, 6, calls=calls)
     assert fit.predict(0, 10, calls=calls) == pytest.approx(10 * 0.5 + 3.0)  # target-only: one-token steps
     assert timing_fit(timing_file()).verify_s is None
-    timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a noisy timing below its neighbour
-    assert timing_fit(timing).verify_s == pytest.approx({2: 1.07, 3: 1.29, 4: 1.29, 11: 1.82})
+    timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a CPU's 4-token forward can beat 3 tokens
+    assert timing_fit(timing).verify_time(4) == pytest.approx(1.24)
 
 
 def test_the_fit_gives_target_only_steps_their_own_cost():

@@ -59,6 +59,12 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
         counts[(r["mode"], r["run"])] = counts.get((r["mode"], r["run"]), 0) + 1
     assert counts[("sample", "sd[k=3]")] == 4 and counts[("sample", "sd[k=6]")] == 2
     assert counts[("sample", "target_only")] == 4 and ("greedy", "draft_only") not in counts
+    # prompt by prompt: each step's runs on one prompt before the next, so a paired ratio's two runs are close in
+    # time (the single-setting runs on every prompt: target_only, draft_only, the first two of them)
+    single = [(r["run"], r["prompt"]) for r in store.records()
+              if r["mode"] == "sample" and r["run"] in ("target_only", "draft_only")]
+    assert single == [("target_only", 0), ("draft_only", 0), ("target_only", 1), ("draft_only", 1),
+                      ("target_only", 2), ("draft_only", 2), ("target_only", 3), ("draft_only", 3)]
     # every ratio goal and table row carries its paired bootstrap interval, and the goal says whether it clears
     sd_row = next(r for r in rep["modes"]["sample"]["table"] if r["family"] == "sd")
     low, high = sd_row["speedup_vs_target_ci"]
