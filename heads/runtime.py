@@ -38,6 +38,10 @@ from transformers.generation import (
 from core.label_math import acceptance_probability, residual_distribution
 from heads.exported import ExportedHead, log_accept, verifier_accepts
 
+# transformers 5.24 renamed the cache argument of models, generation kwargs and outputs from `past_key_values` to
+# `cache`; an exported folder runs under whichever version the user has, so the name is read from the installed one.
+CACHE_KEY = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
 MAX_K = 20
 """SpecDec++'s cap on the candidates of one round (the paper's and ``evaluation``'s default)."""
 
@@ -220,7 +224,7 @@ class HeadDecoding:
                         streamer=streamer, assistant_model=self.draft, **model_kwargs)
             generator = candidates(generation_config, input_ids, logits_processor, model_kwargs)
             return sprinter(model, generator, input_ids, logits_processor, stopping_criteria, generation_config,
-                            streamer, model_kwargs["past_key_values"])
+                            streamer, model_kwargs[CACHE_KEY])
         finally:
             tap.remove()
             self.draft.generation_config.num_assistant_tokens = saved_k
@@ -240,7 +244,7 @@ def sprinter(model, candidates: HeadCandidateGenerator, input_ids: torch.LongTen
             past = cache.get_seq_length()
             extra = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
             positions = torch.arange(past, prefix.shape[1], device=prefix.device).unsqueeze(0)
-            out = model(input_ids=prefix[:, past:], position_ids=positions, past_key_values=cache, use_cache=True,
+            out = model(input_ids=prefix[:, past:], position_ids=positions, use_cache=True, **{CACHE_KEY: cache},
                         **extra)
             p_scores = logits_processor(prefix, out.logits[:, -1].float())[0]
             token = _check_last(int(new[0, -1]), p_scores, draft_scores[0, -1].to(p_scores.device),
@@ -254,7 +258,7 @@ def sprinter(model, candidates: HeadCandidateGenerator, input_ids: torch.LongTen
     if streamer is not None:
         streamer.end()
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache)
+        return GenerateDecoderOnlyOutput(sequences=input_ids, **{CACHE_KEY: cache})
     return input_ids
 
 
