@@ -12,8 +12,8 @@ t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the
 that does not (target-only), and each model's prefill (beyond one step) once per run.
 
 A line through two lengths does not describe every device: on 2 CPU cores the 1.5B target takes 0.50 s for one
-token, 1.07 s for two, 1.34 s for three and 1.84 s for ten, so v0 + v1·m through 3 and 9 tokens charges a two-token
-verification half a second too much, and a rule whose rounds often stop after one candidate looks slower than it
+token, 1.07 s for two, 1.34 s for three and 1.84 s for ten, so v0 + v1·m through 3 and 10 tokens charges a two-token
+verification 1.27 s, a fifth too much, and a rule whose rounds often stop after one candidate looks slower than it
 is. When the timing holds a verification of several lengths (``verify_by_tokens``), the fit keeps that table, and a
 prediction that knows how many verifications had each length (the trace simulator's) charges each its own cost,
 interpolated between the lengths timed: Σ_m calls(m)·T(m) + draft step·N_draft.

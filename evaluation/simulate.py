@@ -6,10 +6,11 @@ c = t_draft / t_target is 1 / (N_target/N + c·N_draft/N).
 
 Traces (``evaluation.traces``: the label shards' ``target`` rows, or the decoder's replay of an evaluation's
 target-only responses) follow a target-sampled response: at every position i, a candidate Y_i drawn from q at the
-clean prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it and both hidden states. Every stop rule here decides from the candidate's features alone, so the round that starts at position s has a
-fixed length n(s), and the expected counts follow exactly from a backward recursion over s: the round keeps
-candidate j with probability a_{s+j} = min(1, p/q) until the first rejection. What this leaves out, and why it is
-used anyway, is in ``evaluation/DESIGN.md`` ("The trace simulator").
+clean prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it and both hidden states. Every stop rule here
+decides from the candidate's features alone, so the round that starts at position s has a fixed length n(s), and
+the expected counts follow exactly from a forward pass over the probability that a round starts at s: the round
+keeps candidate j with probability a_{s+j} = min(1, p/q) until the first rejection. What this leaves out, and why
+it is used anyway, is in ``evaluation/DESIGN.md`` ("The trace simulator").
 
 The oracle (SpecDec++ Theorem 4.1) knows the acceptance draws: it drafts exactly the candidates that will be
 accepted and stops before the first rejection, so it discards nothing: the ceiling for every stop rule.
