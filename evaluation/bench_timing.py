@@ -212,7 +212,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="dtypes and int8 quantizations to time (default: on the CPU float32, bfloat16 and every "
                         "quantization; on CUDA the auto dtype, bfloat16)")
     p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if any(m < 2 for m in a.verify_lengths):
+        p.error(f"--verify-lengths are tokens per verification forward (candidates + 1), each >= 2; "
+                f"got {a.verify_lengths}")
+    return a
 
 
 def table(result: dict) -> str:

@@ -72,13 +72,14 @@ class LatencyFit:
             + self.draft_intercept * runs * drafted
 
     def verify_time(self, tokens: int) -> float:
-        """``verify_s`` at ``tokens``: interpolated between the lengths timed, on the line through the last two
-        beyond them, the one-token step at one."""
+        """``verify_s`` at ``tokens``: interpolated between the lengths timed, the one-token step at one, and
+        beyond the longest on the line through the last two, never below the longest (a cheaper longest length is
+        the kernels' blocking, not a trend)."""
         step = self.t_target if self.t_target_step is None else self.t_target_step
         m, s = zip(*sorted({1: step, **self.verify_s}.items()))
         if tokens <= m[-1]:
             return float(np.interp(tokens, m, s))
-        return s[-1] + (s[-1] - s[-2]) / (m[-1] - m[-2]) * (tokens - m[-1])
+        return s[-1] + max(0.0, (s[-1] - s[-2]) / (m[-1] - m[-2])) * (tokens - m[-1])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,9 +146,8 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
 
 def verify_table(entry: dict) -> dict[int, float] | None:
     """m → seconds of a target forward of m tokens, from a timing entry's ``verify_by_tokens`` and its two verify
-    lengths (timed in the same turns); None without a table. Kept as timed, not smoothed: on 2 CPU cores a
-    forward of 4, 8 or 16 tokens is cheaper than one of 3, 6 or 11 (the matrix kernels' blocking), in every timing
-    so far, in turns or not."""
+    lengths (timed in the same turns); None without a table. Kept as timed, not smoothed (``evaluation/DESIGN.md``,
+    "Costs": the cost is not monotone in the length on a CPU)."""
     table = entry.get("verify_by_tokens")
     if not table:
         return None

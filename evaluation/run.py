@@ -2,11 +2,11 @@
 
 Per mode (a sampling setting):
 
-1. every family's settings run: a family with one setting on every prompt, a sweep (K, h, τ, …) on the first
-   ``sweep_prompts`` prompts;
+1. every family's settings run on the first ``sweep_prompts`` prompts (a sweep of K, h, τ, …; a family with one
+   setting, or one the trace simulator chose, runs just that);
 2. each family's setting is chosen (``evaluation.summary.choose``: lowest latency per token, measured or by
-   Eq. 5.1) and, when the sweep used fewer prompts, finished on every prompt;
-3. the peers run (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
+   Eq. 5.1); the one-setting families and the chosen settings then run on every prompt, together with
+3. the peers (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
    threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it, at
    the threshold our decoder's chosen run of that head took.
 
@@ -223,6 +223,7 @@ class Runner:
         machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %)."""
         from tqdm.auto import tqdm
 
+        jobs = list({job.label: job for job in jobs}.values())  # a run listed twice (chosen and single) runs once
         todo = [(p, job) for p in self.prompts if p["prompt"] in ids for job in jobs
                 if (mode.name, job.label, p["prompt"]) not in self.store]
         spent: dict[str, list[float]] = {}
@@ -269,7 +270,7 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
     if engine.time_forwards is None:
         return
     prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
-    timed_at = {"layout": 2, "machine": f"{platform.node()} {platform.processor()} {torch.get_num_threads()} threads",
+    timed_at = {"layout": 3, "machine": f"{platform.node()} {platform.processor()} {torch.get_num_threads()} threads",
                 "prompt_tokens": prompt_tokens, "new_tokens": cfg.max_new_tokens}
     if path.exists() and json.loads(path.read_text()).get("timed_at") == timed_at:
         return
@@ -304,7 +305,8 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     inputs = json.loads(json.dumps({
         "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"),
         "heads_sha256": {h: file_sha256(Path(h)) for h in heads},
-        "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept],
+        "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept, fit.draft_step,
+                  fit.verify_s],
         "tokens": cfg.max_new_tokens,
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
     if selection["inputs"].get(mode.name) != inputs:
@@ -351,16 +353,18 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         simulated = _simulated_settings(cfg, mode, sweeps, out, quiet)
         settings = {s.family: [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
                     for s in sweeps}
-        for swept in (True, False):  # the sweeps on their prompts, then each family's one setting on every prompt
-            runner.run(mode, [runner.policy(mode, pair, s.family, s.fixed, params) for s in sweeps
-                              if (len(settings[s.family]) > 1) == swept for params in settings[s.family]],
-                       sweep_ids if swept else all_ids)
+        jobs = {s.family: [runner.policy(mode, pair, s.family, s.fixed, params) for params in settings[s.family]]
+                for s in sweeps}
+        # Every setting on the sweep prompts; then every run on every prompt in one pass (one-setting families,
+        # the chosen settings, the peers), so target-only and a chosen run are made minutes apart on each prompt.
+        runner.run(mode, [job for family_jobs in jobs.values() for job in family_jobs], sweep_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
                         selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
                         preset={f: run_label(f, params) for f, params in simulated.items()})
-        finish = [runner.policy(mode, pair, s.family, s.fixed, chosen_params(chosen, store.records(), mode.name,
-                                                                             s.family))
-                  for s in sweeps if s.family in chosen]
+        finish = [family_jobs[0] for family_jobs in jobs.values() if len(family_jobs) == 1]
+        finish += [runner.policy(mode, pair, s.family, s.fixed, chosen_params(chosen, store.records(), mode.name,
+                                                                              s.family))
+                   for s in sweeps if s.family in chosen]
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
             ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
             finish += [runner.peer(sampling, run)

@@ -111,6 +111,8 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     assert timing_fit(timing_file()).verify_s is None
     timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a CPU's 4-token forward can beat 3 tokens
     assert timing_fit(timing).verify_time(4) == pytest.approx(1.24)
+    timing["models"][1]["verify_by_tokens"]["12"] = {"median_s": 1.70}  # a cheaper longest length is no trend
+    assert timing_fit(timing).verify_time(15) == pytest.approx(1.70)
 
 
 def test_the_fit_gives_target_only_steps_their_own_cost():

@@ -65,6 +65,10 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
               if r["mode"] == "sample" and r["run"] in ("target_only", "draft_only")]
     assert single == [("target_only", 0), ("draft_only", 0), ("target_only", 1), ("draft_only", 1),
                       ("target_only", 2), ("draft_only", 2), ("target_only", 3), ("draft_only", 3)]
+    # past the sweep prompts, the one-setting runs and the chosen ones go in one pass: each prompt's runs together
+    late = [(r["prompt"], r["run"]) for r in store.records() if r["mode"] == "sample" and r["prompt"] >= 2]
+    assert [p for p, _ in late] == sorted(p for p, _ in late)
+    assert {"target_only", "sd[k=3]"} <= {run for p, run in late if p == 3}
     # every ratio goal and table row carries its paired bootstrap interval, and the goal says whether it clears
     sd_row = next(r for r in rep["modes"]["sample"]["table"] if r["family"] == "sd")
     low, high = sd_row["speedup_vs_target_ci"]
