@@ -223,7 +223,10 @@ class Runner:
         machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %)."""
         from tqdm.auto import tqdm
 
-        jobs = list({job.label: job for job in jobs}.values())  # a run listed twice (chosen and single) runs once
+        unique: dict[str, Job] = {}
+        for job in jobs:  # a run listed twice (a one-setting family's, and chosen) runs once
+            unique.setdefault(job.label, job)
+        jobs = list(unique.values())
         todo = [(p, job) for p in self.prompts if p["prompt"] in ids for job in jobs
                 if (mode.name, job.label, p["prompt"]) not in self.store]
         spent: dict[str, list[float]] = {}
@@ -265,7 +268,8 @@ def head_files(cfg: EvalConfig) -> list[str]:
 
 def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, quiet: bool) -> None:
     """Time the pair's forwards at this run's shapes (``evaluation.latency.FORWARD_TIMING``), again when a resumed
-    run has other shapes or another machine than the file was timed on."""
+    run has other shapes or another machine than the file was timed on, or the file has no table of the target's
+    verification lengths (then the simulator may choose other settings, which run on every prompt)."""
     path = out / FORWARD_TIMING
     if engine.time_forwards is None:
         return

@@ -94,7 +94,7 @@ def test_two_verify_lengths_separate_a_verifications_fixed_and_per_token_costs()
 
 def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     """On 2 CPU cores a forward's cost jumps after one token and grows slowly after a few (0.5 s, 1.07 s, 1.34 s,
-    1.84 s for 1, 2, 3, 10 tokens): the line through 3 and 11 tokens would charge a two-token verification 1.28 s. With
+    1.84 s for 1, 2, 3, 10 tokens): the line through 3 and 9 tokens would charge a two-token verification 1.26 s. With
     the table, a run with calls of known lengths pays each one's interpolated cost; one without keeps the line."""
     timing = timing_file(t_verify=1.8, t_verify_short=1.34)
     timing["models"][1]["verify_by_tokens"] = {"2": {"median_s": 1.07}, "3": {"median_s": 1.34},
