@@ -180,8 +180,9 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
                   "Each family at its chosen setting on every prompt, then the HF peer (its discard count is "
                   "unknown). Speedups are ratios of tokens/s.", ""]
         lines += _table_md(m["table"], fit_names)
-        lines += ["", "### Sweeps (sweep prompts only)", ""]
-        lines += _table_md(m["sweep"], fit_names, sweep=True)
+        if not all(r.get("chosen") for r in m["sweep"]):  # else every run was its family's one setting
+            lines += ["", "### Sweeps (sweep prompts only)", ""]
+            lines += _table_md(m["sweep"], fit_names, sweep=True)
         lines += ["", "### ROUGE (F-measure) of the chosen settings", ""]
         lines += _rouge_md(m["table"])
     lines += ["", "## Figures", "", "![Pareto: verification vs discard rate](pareto.png)", "",

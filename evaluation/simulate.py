@@ -88,7 +88,7 @@ class Counts:
     discarded: float = 0.0
     calls: np.ndarray | None = None
     """Expected target calls by the tokens each verifies (index m: m − 1 candidates and the target's token); None
-    where the policy's calls have no round length (the oracle, SPRINTER)."""
+    where the policy's calls have no round length (SPRINTER)."""
 
     def __iadd__(self, other: "Counts") -> "Counts":
         if self.n == 0:  # nothing added yet: the calls are the other's
@@ -148,9 +148,22 @@ def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
 def oracle_counts(acceptance: np.ndarray) -> Counts:
     """SpecDec++ Theorem 4.1's oracle: drafts while the candidate will be accepted, stops before a rejection. Each
     position then costs a draft forward if accepted and a target call if rejected (plus the call that verifies
-    the accepted run at the end of the trace, which the bonus token pays for)."""
-    a = acceptance
-    return Counts(n=len(a), draft=float(a.sum()), target=float((1 - a).sum()), discarded=0.0)
+    the accepted run at the end of the trace, which the bonus token pays for). A call after j accepted candidates
+    verifies j + 1 tokens; its expected number per length comes from the same forward pass over round starts as
+    ``expected_counts``, with the round running until its first rejection."""
+    a = np.asarray(acceptance, float)
+    length = len(a)
+    start = np.zeros(length + 1)
+    start[0] = 1.0
+    calls = np.zeros(length + 2)
+    for s in range(length):
+        if start[s] == 0.0:
+            continue
+        reach = start[s] * np.concatenate(([1.0], np.cumprod(a[s:-1])))  # candidates s..s+j-1 all accepted
+        rejected = reach * (1.0 - a[s:])  # the first rejection at s + j: a call of j + 1 tokens
+        calls[1:length - s + 1] += rejected
+        start[s + 1:] += rejected
+    return Counts(n=length, draft=float(a.sum()), target=float((1 - a).sum()), discarded=0.0, calls=calls)
 
 
 def sprinter_counts(accepts: np.ndarray) -> Counts:
@@ -389,6 +402,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     if not rows:
         raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
                          f"with this config to the end: it records them after the runs)")
+    lines += _oracle_lines(rows, by_run, recorded_by_mode, every, fits, models)
     costs = [f"{name}: t_draft {f.t_draft * 1e3:.1f} ms, t_target {f.t_target * 1e3:.1f} ms per call"
              + (f" ({f.t_target_step * 1e3:.1f} ms per target-only step)" if f.t_target_step is not None else "")
              + (f", by length: a draft step {f.draft_step * 1e3:.1f} ms, a verification of m tokens "
@@ -402,6 +416,35 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
              + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else ""))
     costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
+
+
+def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every: list[Trace], fits: dict,
+                  models: list[str]) -> list[str]:
+    """``validate``'s oracle row per mode (Theorem 4.1 over the same traces and cost models, the ceiling of every
+    stop rule there) and each run's share of its gain: (measured − 1) / (oracle − 1), set on ``rows``."""
+    lines = []
+    for mode, recorded in recorded_by_mode.items():
+        base = [r for r in by_run.get((mode, "target_only"), []) if r["prompt"] in recorded]
+        if not base:
+            continue
+        tokens = round(sum(r["stats"]["new_tokens"] for r in base) / len(base))
+        oracle = {"label": simulate(every, "oracle"), "decod": simulate([recorded[r["prompt"]] for r in base], "oracle")}
+        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in fits.items()
+                    for src, c in oracle.items()}
+        rate = {src: (c.target / c.n, c.draft / c.n) for src, c in oracle.items()}
+        line = (f"{(mode + ' oracle (Thm 4.1)')[:43]:<44}{'':>11}{rate['label'][0]:>7.3f}{rate['decod'][0]:>7.3f}"
+                f"{'':>11}{rate['label'][1]:>7.3f}{rate['decod'][1]:>7.3f}{'':>22}")
+        lines.append(line + "".join(f"{speedups[f'{src}·{name}']:>17.3f}{'':>8}" if f"{src}·{name}" in speedups
+                                    else f"{'':>25}" for name in models for src in ("label", "decod")))
+        shares = []
+        for row in (r for r in rows if r["mode"] == mode):
+            row["oracle_share"] = {k: (row["measured"]["speedup"] - 1) / (v - 1) for k, v in speedups.items() if v > 1}
+            shares.append(f"{row['run']} " + " / ".join(f"{row['oracle_share'].get(f'{src}·{name}', float('nan')):.2f}"
+                                                        for name in fits for src in ("label", "decod")))
+        lines.append(f"{mode}: share of the oracle's gain, (measured − 1) / (oracle predicted − 1), oracle at "
+                     + " / ".join(f"{src}·{name}" for name in fits for src in ("label", "decod")) + ": "
+                     + "; ".join(shares))
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -122,6 +122,33 @@ def test_the_oracle_is_the_ceiling(trace_acceptance):
             assert counts.speedup(c) <= oracle.speedup(c) + 1e-9
 
 
+def test_the_oracles_calls_by_length_match_a_replay(trace_acceptance):
+    """The oracle's expected calls per verification length against a replay of its rounds (draft while accepted,
+    call the target at the first rejection); the same pass with a call after j accepted candidates charged j
+    tokens instead of j + 1 fails the check."""
+    rng = np.random.default_rng(0)
+    reps = 4000
+    calls = np.zeros((reps, len(trace_acceptance) + 2))
+    for r in range(reps):
+        accepted = 0
+        for a in trace_acceptance:
+            if rng.random() < a:
+                accepted += 1
+            else:
+                calls[r, accepted + 1] += 1
+                accepted = 0
+
+    def binned(c):  # lengths 1..6 and the tail, where every bin holds enough calls for the check
+        c = np.atleast_2d(c)
+        return np.column_stack([c[:, 1:7], c[:, 7:].sum(1)])
+
+    mean, se = binned(calls).mean(0), binned(calls).std(0) / np.sqrt(reps)
+    oracle = sim.oracle_counts(trace_acceptance)
+    assert oracle.calls.sum() == pytest.approx(oracle.target)
+    assert np.all(np.abs(binned(oracle.calls)[0] - mean) < 4 * se)
+    assert not np.all(np.abs(binned(np.roll(oracle.calls, -1))[0] - mean) < 4 * se)
+
+
 def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     from data_gen.run import run_labels
     from heads.export import export_head
