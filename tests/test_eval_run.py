@@ -433,3 +433,32 @@ def test_simulated_selection_without_labels_is_one_line_before_any_model_loads(t
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no-labels" in errors[0] and "Traceback" not in err
+
+
+def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
+    """A resumed eval keeps its timing file on the same machine and shapes, and times again when the file has no
+    table of the target's verification lengths (written before the simulator charged each length its own cost)."""
+    from types import SimpleNamespace
+
+    from evaluation.latency import FORWARD_TIMING
+    from evaluation.run import _time_forwards
+
+    timed = []
+
+    def time_forwards(prompt_tokens, new_tokens):
+        timed.append((prompt_tokens, new_tokens))
+        return {"models": [{"name": "draft"}, {"name": "target", "verify_by_tokens": {"2": {"median_s": 1.0}}}]}
+
+    engine, runner = SimpleNamespace(time_forwards=time_forwards), SimpleNamespace(_ids={0: [1, 2, 3], 1: [4]})
+    cfg = SimpleNamespace(max_new_tokens=8)
+    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
+    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
+    assert timed == [(2, 8)]
+    path = tmp_path / FORWARD_TIMING
+    old = json.loads(path.read_text())
+    del old["models"][1]["verify_by_tokens"]
+    path.write_text(json.dumps(old))
+    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
+    assert timed == [(2, 8), (2, 8)] and "verify_by_tokens" in json.loads(path.read_text())["models"][1]
+    _time_forwards(SimpleNamespace(max_new_tokens=16), engine, runner, tmp_path, quiet=True)  # other shapes
+    assert len(timed) == 3
