@@ -223,10 +223,6 @@ class Runner:
         machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %)."""
         from tqdm.auto import tqdm
 
-        unique: dict[str, Job] = {}
-        for job in jobs:  # a run listed twice (a one-setting family's, and chosen) runs once
-            unique.setdefault(job.label, job)
-        jobs = list(unique.values())
         todo = [(p, job) for p in self.prompts if p["prompt"] in ids for job in jobs
                 if (mode.name, job.label, p["prompt"]) not in self.store]
         spent: dict[str, list[float]] = {}
@@ -360,18 +356,18 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         simulated = _simulated_settings(cfg, mode, sweeps, out, quiet)
         settings = {s.family: [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
                     for s in sweeps}
-        jobs = {s.family: [runner.policy(mode, pair, s.family, s.fixed, params) for params in settings[s.family]]
-                for s in sweeps}
         # Every setting on the sweep prompts; then every run on every prompt in one pass (one-setting families,
         # the chosen settings, the peers), so target-only and a chosen run are made minutes apart on each prompt.
-        runner.run(mode, [job for family_jobs in jobs.values() for job in family_jobs], sweep_ids)
+        runner.run(mode, [runner.policy(mode, pair, s.family, s.fixed, params) for s in sweeps
+                          for params in settings[s.family]], sweep_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
                         selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
                         preset={f: run_label(f, params) for f, params in simulated.items()})
-        finish = [family_jobs[0] for family_jobs in jobs.values() if len(family_jobs) == 1]
-        finish += [runner.policy(mode, pair, s.family, s.fixed, chosen_params(chosen, store.records(), mode.name,
+        # every family that ran on the sweep prompts has a choice, the one-setting families included; a choice can
+        # be a run of the store outside this grid (an earlier config's), so it is built from its recorded params
+        finish = [runner.policy(mode, pair, s.family, s.fixed, chosen_params(chosen, store.records(), mode.name,
                                                                               s.family))
-                   for s in sweeps if s.family in chosen]
+                  for s in sweeps if s.family in chosen]
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
             ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
             finish += [runner.peer(sampling, run)

@@ -423,12 +423,13 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
     """``validate``'s oracle row per mode (Theorem 4.1 over the same traces and cost models, the ceiling of every
     stop rule there) and each run's share of its gain: (measured − 1) / (oracle − 1), set on ``rows``."""
     lines = []
+    label_oracle = simulate(every, "oracle")
     for mode, recorded in recorded_by_mode.items():
         base = [r for r in by_run.get((mode, "target_only"), []) if r["prompt"] in recorded]
         if not base:
             continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in base) / len(base))
-        oracle = {"label": simulate(every, "oracle"), "decod": simulate([recorded[r["prompt"]] for r in base], "oracle")}
+        oracle = {"label": label_oracle, "decod": simulate([recorded[r["prompt"]] for r in base], "oracle")}
         speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in fits.items()
                     for src, c in oracle.items()}
         rate = {src: (c.target / c.n, c.draft / c.n) for src, c in oracle.items()}
