@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from decoding.replay import RoundCosts
+
 FORWARD_TIMING = "forward_timing.json"
 """The evaluation's timed forwards of its own draft and target on its device (``bench_timing`` JSON layout), in
 its output folder."""
@@ -80,6 +82,14 @@ class LatencyFit:
         if tokens <= m[-1]:
             return float(np.interp(tokens, m, s))
         return s[-1] + max(0.0, (s[-1] - s[-2]) / (m[-1] - m[-2])) * (tokens - m[-1])
+
+    def round_costs(self) -> RoundCosts:
+        """The costs ``predict`` charges a run that drafts, per draft forward and per verification of m tokens
+        (what the oracle is computed for): with ``verify_s``, the draft step and each length's own forward; else
+        ``t_draft`` and ``t_target`` whatever the length."""
+        if self.verify_s is not None:
+            return RoundCosts(draft=self.draft_step, verify=self.verify_time, name="by length")
+        return RoundCosts(draft=self.t_draft, verify=lambda m: self.t_target, name="per call")
 
     def to_dict(self) -> dict:
         return asdict(self)

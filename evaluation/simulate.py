@@ -5,170 +5,39 @@ the latency follows from them and the per-forward times (Eq. 5.1), so the speedu
 c = t_draft / t_target is 1 / (N_target/N + c·N_draft/N).
 
 Traces (``evaluation.traces``: the label shards' ``target`` rows, or the decoder's replay of an evaluation's
-target-only responses) follow a target-sampled response: at every position i, a candidate Y_i drawn from q at the
-clean prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it and both hidden states. Every stop rule here
-decides from the candidate's features alone, so the round that starts at position s has a fixed length n(s), and
-the expected counts follow exactly from a forward pass over the probability that a round starts at s: the round
-keeps candidate j with probability a_{s+j} = min(1, p/q) until the first rejection. What this leaves out, and why
-it is used anyway, is in ``evaluation/DESIGN.md`` ("The trace simulator").
+target-only responses) follow a target-sampled response. The replay math (round lengths of each stop rule, exact
+expected counts, the oracle) is ``decoding.replay``; this module runs it over every policy and setting, sets it
+against finished evaluations, and prints the table. What it leaves out, and why it is used anyway, is in
+``evaluation/DESIGN.md`` ("The trace simulator").
 
-The oracle (SpecDec++ Theorem 4.1) knows the acceptance draws: it drafts exactly the candidates that will be
-accepted and stops before the first rejection, so it discards nothing: the ceiling for every stop rule.
+The oracle knows the acceptance draws and the cost model (``decoding.replay.oracle_counts``): it is computed for
+each cost model a speedup is given at, and is the ceiling of every stop rule under that model.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import sys
 import functools
-from dataclasses import dataclass
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from core.shards import SPLITS
+from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
+                             log_accept, oracle_counts, round_lengths, sd_round_lengths, sprinter_counts,
+                             trace_head_logits)
+from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
-from evaluation.traces import Trace, load_label_traces, read_recorded
+from evaluation.traces import read_recorded
 from heads.export import read_metadata
 from heads.exported import ExportedHead, features_beyond
-from heads.features import draft_scores
 
-MAX_K = 20
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# stop rules as round lengths
-
-
-def round_lengths(stops: np.ndarray, reads_candidate: bool, max_k: int) -> np.ndarray:
-    """n(s) for every start s of one trace from per-position stop signals of a stateless rule: the round drafts
-    candidates s, s+1, … and stops after the first one whose signal fires (one more when the rule read the
-    candidate's own forward, as Algorithm 1 submits it), at most ``max_k``, and leaves room for the target token."""
-    length = len(stops)
-    out = np.zeros(length, dtype=np.int64)
-    for s in range(length):
-        cap = min(max_k, length - s - 1)
-        n = 0
-        while n < cap:
-            n += 1
-            if stops[s + n - 1]:
-                n = min(n + 1, cap) if reads_candidate else n
-                break
-        out[s] = n
-    return out
-
-
-def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, max_k: int) -> np.ndarray:
-    """n(s) for SpecDec++'s rule: stop once 1 − ∏ sigmoid(f) over the round's candidates exceeds h."""
-    length = len(log_accept)
-    out = np.zeros(length, dtype=np.int64)
-    for s in range(length):
-        cap = min(max_k, length - s - 1)
-        n, total = 0, 0.0
-        while n < cap:
-            n += 1
-            total += log_accept[s + n - 1]
-            if 1.0 - math.exp(total) > h:
-                n = min(n + 1, cap) if reads_candidate else n
-                break
-        out[s] = n
-    return out
-
-
-@dataclass
-class Counts:
-    """Expected counts over traces (N: tokens produced)."""
-
-    n: float = 0.0
-    draft: float = 0.0
-    target: float = 0.0
-    discarded: float = 0.0
-    calls: np.ndarray | None = None
-    """Expected target calls by the tokens each verifies (index m: m − 1 candidates and the target's token); None
-    where the policy's calls have no round length (SPRINTER)."""
-
-    def __iadd__(self, other: "Counts") -> "Counts":
-        if self.n == 0:  # nothing added yet: the calls are the other's
-            self.calls = other.calls
-        elif self.calls is not None and other.calls is not None:
-            size = max(len(self.calls), len(other.calls))
-            self.calls = np.pad(self.calls, (0, size - len(self.calls))) \
-                + np.pad(other.calls, (0, size - len(other.calls)))
-        else:
-            self.calls = None
-        self.n += other.n
-        self.draft += other.draft
-        self.target += other.target
-        self.discarded += other.discarded
-        return self
-
-    def speedup(self, c: float, intercept: float = 0.0) -> float:
-        """Target-only latency over this policy's, in target forwards: Eq. 5.1 at c = t_draft / t_target,
-        plus a per-token overhead ``intercept`` (in target forwards) on both sides."""
-        return (self.n * (1 + intercept)) / (self.target + c * self.draft + self.n * intercept)
-
-    def predicted_speedup(self, fit: LatencyFit, tokens: int) -> float:
-        """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
-        ``fit``'s per-forward and per-run costs (``evaluation.latency``; each verification at its own length's
-        cost where the fit has a table of them)."""
-        scale = tokens / self.n
-        calls = None if self.calls is None else self.calls * scale
-        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls))
-
-
-def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
-    """Exact expected counts of speculative sampling over one trace with round lengths n(s): the probability that
-    a round starts at each position, carried forward (the round at s keeps candidate j with probability
-    a_{s+j} = min(1, p/q) until the first rejection, and the next round starts after the target's token), and each
-    round's counts weighted by it."""
-    length = len(acceptance)
-    start = np.zeros(length + 1)  # start[length]: the response is complete
-    start[0] = 1.0
-    calls = np.zeros(int(lengths.max(initial=0)) + 2)
-    draft = discarded = 0.0
-    for s in range(length):
-        if start[s] == 0.0:
-            continue
-        n = int(lengths[s])
-        draft += start[s] * n
-        calls[n + 1] += start[s]
-        reach = start[s]  # probability that the round starts here and candidates s..s+j-1 were all accepted
-        for j in range(n):
-            p_reject = reach * (1.0 - acceptance[s + j])
-            start[min(s + j + 1, length)] += p_reject
-            discarded += p_reject * (n - j)
-            reach *= acceptance[s + j]
-        start[min(s + n + 1, length)] += reach
-    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
-
-
-def oracle_counts(acceptance: np.ndarray) -> Counts:
-    """SpecDec++ Theorem 4.1's oracle: drafts while the candidate will be accepted, stops before a rejection. Each
-    position then costs a draft forward if accepted and a target call if rejected (plus the call that verifies
-    the accepted run at the end of the trace, which the bonus token pays for). A call after j accepted candidates
-    verifies j + 1 tokens; its expected number per length comes from the same forward pass over round starts as
-    ``expected_counts``, with the round running until its first rejection."""
-    a = np.asarray(acceptance, float)
-    length = len(a)
-    start = np.zeros(length + 1)
-    start[0] = 1.0
-    calls = np.zeros(length + 2)
-    for s in range(length):
-        if start[s] == 0.0:
-            continue
-        reach = start[s] * np.concatenate(([1.0], np.cumprod(a[s:-1])))  # candidates s..s+j-1 all accepted
-        rejected = reach * (1.0 - a[s:])  # the first rejection at s + j: a call of j + 1 tokens
-        calls[1:length - s + 1] += rejected
-        start[s + 1:] += rejected
-    return Counts(n=length, draft=float(a.sum()), target=float((1 - a).sum()), discarded=0.0, calls=calls)
-
-
-def sprinter_counts(accepts: np.ndarray) -> Counts:
-    """SPRINTER (Algorithm 2): one draft forward per token; the target runs at each token the verifier rejects."""
-    return Counts(n=len(accepts), draft=float(len(accepts)), target=float((~accepts).sum()), discarded=0.0)
+class SimulationError(UserError):
+    """Input the simulator cannot replay: a cost ratio out of range, an unreadable timing file, an eval folder
+    without what it needs."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,30 +55,22 @@ def replayable(path: str) -> bool:
     return not features_beyond(read_metadata(path), TRACE_SCORES)
 
 
-def sd_round_lengths(length: int, k: int) -> np.ndarray:
-    """n(s) of fixed-K SD: K candidates, fewer where the round's target token would not fit."""
-    return np.minimum(k, np.maximum(length - np.arange(length) - 1, 0))
-
-
 def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
     """The head's logit at every position of the trace (one batched forward, remembered on the trace)."""
     key = str(head.path)
     if key not in trace.logits:
-        hidden = trace.hidden if head.position == "own" else trace.hidden_prev
-        scores = draft_scores(head.scores, torch.from_numpy(trace.logp_draft), torch.from_numpy(trace.entropy_draft))
-        with torch.no_grad():
-            out = head.module(hidden.float(), scores) if head.scores else head.module(hidden.float())
-        trace.logits[key] = out.double().numpy()
+        trace.logits[key] = trace_head_logits(head.module, head.position, trace)
     return trace.logits[key]
 
 
 def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
     """Expected counts of one policy (``sd`` k, ``confidence`` threshold, ``svip`` h, ``specdecpp`` head + h,
-    ``sprinter`` head + tau, ``oracle``) summed over the traces."""
+    ``sprinter`` head + tau, ``oracle`` costs: a ``RoundCosts``, with no limit on its rounds) summed over the
+    traces."""
     total = Counts()
     for tr in traces:
         if family == "oracle":
-            total += oracle_counts(tr.acceptance)
+            total += oracle_counts(tr.acceptance, params["costs"])
             continue
         if family == "sd":
             lengths = sd_round_lengths(len(tr), params["k"])
@@ -225,8 +86,7 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
             if family == "sprinter":
                 total += sprinter_counts(1 / (1 + np.exp(-logits)) >= threshold)
                 continue
-            log_accept = -np.logaddexp(0.0, -logits)
-            lengths = head_round_lengths(log_accept, threshold, head.position == "own", max_k)
+            lengths = head_round_lengths(log_accept(logits), threshold, head.position == "own", max_k)
         else:
             raise ValueError(f"the simulator has no policy {family!r}")
         total += expected_counts(tr.acceptance, lengths)
@@ -252,20 +112,25 @@ def describe(family: str, params: dict) -> str:
 
 
 def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float]) -> tuple[str, list[dict]]:
-    oracle = simulate(traces, "oracle")
-    rows = [{"policy": "oracle (Thm 4.1)", "family": "oracle", "params": {}, "counts": oracle}]
+    """Every policy of ``grid`` at every cost ratio of ``costs``, beside the oracle for that ratio. Rows: each
+    policy's counts; the oracle's row holds its counts at each c (``oracles``, by c) and, under ``counts``, at the
+    first c."""
+    oracles = {c: simulate(traces, "oracle", costs=RoundCosts.eq51(c)) for c in costs}
+    oracle = oracles[costs[0]]
+    rows = [{"policy": "oracle (Thm 4.1)", "family": "oracle", "params": {}, "counts": oracle, "oracles": oracles}]
     for family, params in grid:
         rows.append({"policy": describe(family, params), "family": family, "params": params,
                      "counts": simulate(traces, family, **params)})
     head = f"{'policy':<52}{'N_t/N':>7}{'N_d/N':>7}{'N_x/N':>7}" + "".join(
         f"{f'c={c:.3g}':>9}{'share':>7}" for c in costs)
     lines = [f"{len(traces)} traces, {int(oracle.n)} positions; speedup over target-only at each c, and its share "
-             f"of the oracle's gain (speedup − 1)/(oracle − 1); SPRINTER is approximate", head, "-" * len(head)]
+             f"of the oracle's gain (speedup − 1)/(oracle − 1), the oracle at that c (its rates: at the first c); "
+             f"SPRINTER is approximate", head, "-" * len(head)]
     for r in rows:
         k = r["counts"]
         line = f"{r['policy'][:51]:<52}{k.target / k.n:>7.3f}{k.draft / k.n:>7.3f}{k.discarded / k.n:>7.3f}"
         for c in costs:
-            s, best = k.speedup(c), oracle.speedup(c)
+            s, best = (oracles[c] if r["family"] == "oracle" else k).speedup(c), oracles[c].speedup(c)
             line += f"{s:>9.3f}{(s - 1) / (best - 1) if best > 1 else float('nan'):>7.2f}"
         lines.append(line)
     return "\n".join(lines), rows
@@ -347,7 +212,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}
     fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
     if not fits:
-        raise SystemExit(f"error: {cfg.output_dir} holds too few finished runs to fit the latency model")
+        raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
     every, held_out = selection_traces(labels)
     fixed = {p.family: p.fixed for p in cfg.policies}
@@ -400,8 +265,8 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
                 f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
         lines.append(line + "".join(f"{v:>17.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
     if not rows:
-        raise SystemExit(f"error: {cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
-                         f"with this config to the end: it records them after the runs)")
+        raise SimulationError(f"{cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
+                              f"with this config to the end: it records them after the runs)")
     lines += _oracle_lines(rows, by_run, recorded_by_mode, every, fits, models)
     costs = [f"{name}: t_draft {f.t_draft * 1e3:.1f} ms, t_target {f.t_target * 1e3:.1f} ms per call"
              + (f" ({f.t_target_step * 1e3:.1f} ms per target-only step)" if f.t_target_step is not None else "")
@@ -420,19 +285,22 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
 
 def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every: list[Trace], fits: dict,
                   models: list[str]) -> list[str]:
-    """``validate``'s oracle row per mode (Theorem 4.1 over the same traces and cost models, the ceiling of every
-    stop rule there) and each run's share of its gain: (measured − 1) / (oracle − 1), set on ``rows``."""
+    """``validate``'s oracle row per mode (over the same traces, computed for each cost model: the ceiling of every
+    stop rule under it) and each run's share of its gain: (measured − 1) / (oracle − 1), set on ``rows``. The rates
+    shown are the oracle's under the first cost model."""
     lines = []
-    label_oracle = simulate(every, "oracle")
+    label_oracle = {name: simulate(every, "oracle", costs=fit.round_costs()) for name, fit in fits.items()}
     for mode, recorded in recorded_by_mode.items():
         base = [r for r in by_run.get((mode, "target_only"), []) if r["prompt"] in recorded]
         if not base:
             continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in base) / len(base))
-        oracle = {"label": label_oracle, "decod": simulate([recorded[r["prompt"]] for r in base], "oracle")}
-        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in fits.items()
-                    for src, c in oracle.items()}
-        rate = {src: (c.target / c.n, c.draft / c.n) for src, c in oracle.items()}
+        decoded = [recorded[r["prompt"]] for r in base]
+        oracle = {name: {"label": label_oracle[name], "decod": simulate(decoded, "oracle", costs=fit.round_costs())}
+                  for name, fit in fits.items()}
+        speedups = {f"{src}·{name}": c.predicted_speedup(fits[name], tokens) for name, by_src in oracle.items()
+                    for src, c in by_src.items()}
+        rate = {src: (c.target / c.n, c.draft / c.n) for src, c in next(iter(oracle.values())).items()}
         line = (f"{(mode + ' oracle (Thm 4.1)')[:43]:<44}{'':>11}{rate['label'][0]:>7.3f}{rate['decod'][0]:>7.3f}"
                 f"{'':>11}{rate['label'][1]:>7.3f}{rate['decod'][1]:>7.3f}{'':>22}")
         lines.append(line + "".join(f"{speedups[f'{src}·{name}']:>17.3f}{'':>8}" if f"{src}·{name}" in speedups
@@ -465,15 +333,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    import json
-
+def read_timing(path: str, draft: str, target: str) -> LatencyFit:
+    """The costs of a ``bench_timing`` JSON file, or one clear error."""
     from evaluation.latency import timing_fit
 
+    try:
+        timing = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SimulationError(f"--timing {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e})") from None
+    try:
+        return timing_fit(timing, draft, target)
+    except KeyError as e:  # find_entry names what the file has
+        raise SimulationError(f"--timing {path}: {e.args[0] if e.args else e}") from None
+    except (TypeError, AttributeError, ValueError) as e:
+        raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e!r})") from None
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     a = parse_args(argv)
+    bad = [c for c in a.c if not 0 < c < float("inf")]
+    if bad:
+        raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
     costs = list(a.c)
     if a.timing:
-        fit = timing_fit(json.loads(Path(a.timing).read_text()), a.timing_draft, a.timing_target)
+        fit = read_timing(a.timing, a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
     if a.heads is None:  # every exported head the traces can replay
         found = sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))

@@ -1,23 +1,20 @@
 """Acceptance traces for the trace simulator (``evaluation.simulate``): what they hold, where they come from.
 
-A trace follows one target-sampled response: at every position i, a candidate Y_i drawn from q at the clean
-prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it (log q(Y_i), H(q)) and both draft hidden states a
-head may read (the state that produced q, and the state after reading Y_i). Two sources:
+What a trace holds is ``decoding.traces.Trace``. Two sources:
 
-- **label traces**: the label shards' ``target`` rows (a quarter of the labeled prompts, every split). They cover
-  the whole labeled set, so ``make eval`` chooses thresholds on them; their draft side was computed in batched,
-  left-padded forwards with the decoder's int8 numerics (``core.quantization.decode_numerics``), equal to its
-  one-token steps up to rounding (``core/DESIGN.md``).
+- **label traces** (``decoding.traces.load_label_traces``): the label shards' ``target`` rows (a quarter of the
+  labeled prompts, every split). They cover the whole labeled set, so ``make eval`` chooses thresholds on them;
+  their draft side was computed in batched, left-padded forwards with the decoder's int8 numerics
+  (``core.quantization.decode_numerics``), equal to its one-token steps up to rounding (``core/DESIGN.md``).
 - **decoder traces** (``record_trace``): the evaluation's own target-only responses replayed through the decoder's
   cached forwards, one token per draft forward as the decoder reads them, on the prompts the policies decoded.
-  They check the simulator against the measured runs on the very forwards the decoder ran. ``make eval`` records them after
-  its runs (untimed) under ``traces/<mode>/`` in its output folder, one safetensors file per prompt.
+  They check the simulator against the measured runs on the very forwards the decoder ran. ``make eval`` records
+  them after its runs (untimed) under ``traces/<mode>/`` in its output folder, one safetensors file per prompt.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,65 +22,11 @@ import torch
 
 from core.label_math import acceptance_probability, entropy, sample_from_logprobs
 from core.sampling import Sampling
-from core.shards import load_split, read_manifest
+from decoding.traces import Trace
 
-TRACE_CATEGORY = "target"
 TRACES_DIR = "traces"
 UNWARPED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 """The sampling a decoder trace is recorded at: p and q as the models give them."""
-
-
-@dataclass
-class Trace:
-    """One target-sampled response: per position, the candidate's acceptance probability and draft-side features."""
-
-    prompt_id: int
-    acceptance: np.ndarray
-    """min(1, p/q) of the candidate at each position."""
-    logp_draft: np.ndarray
-    """log q of the candidate at its prefix."""
-    entropy_draft: np.ndarray
-    """H(q) at that prefix, nats."""
-    hidden: torch.Tensor
-    """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
-    hidden_prev: torch.Tensor
-    """(L, d) the state that produced q for it (``prev``)."""
-    candidate: np.ndarray | None = None
-    """The candidate's token id at each position (decoder traces only)."""
-    logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
-
-    def __len__(self) -> int:
-        return len(self.acceptance)
-
-
-def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "test"),
-                      prompts: set[int] | None = None) -> list[Trace]:
-    """The ``target`` traces of ``splits`` (default the prompts no head trained on), one per prompt; only the
-    prompts ``prompts`` when given."""
-    columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
-               "hidden", "hidden_prev"]
-    read_manifest(folder)  # the shards are the ones the manifest lists, intact
-    traces = []
-    for split in splits:
-        ds = load_split(folder, split)
-        meta = ds.select_columns(["category", "loss_mask", "prompt_id"]).with_format("numpy")[:]
-        keep = (meta["category"] == TRACE_CATEGORY) & meta["loss_mask"]
-        if prompts is not None:
-            keep &= np.isin(meta["prompt_id"], list(prompts))
-        rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
-        for pid in np.unique(rows["prompt_id"]):
-            idx = np.flatnonzero(rows["prompt_id"] == pid)
-            idx = idx[np.argsort(rows["position"][idx])]
-            traces.append(Trace(
-                prompt_id=int(pid), acceptance=rows["acceptance"][idx].astype(np.float64),
-                logp_draft=rows["logp_draft"][idx].astype(np.float64),
-                entropy_draft=rows["entropy_draft"][idx].astype(np.float64),
-                hidden=torch.from_numpy(np.stack(rows["hidden"][idx])),
-                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx]))))
-    if not traces and prompts is None:
-        raise SystemExit(f"error: {folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
-    return traces
 
 
 @torch.no_grad()

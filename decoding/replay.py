@@ -1,0 +1,281 @@
+"""Speculative sampling replayed over acceptance traces (``decoding.traces``): exact expected counts, the oracle,
+and the stop threshold a trace replay picks.
+
+SpecDec++ §5: the verification rate N_target/N and the discard rate N_discarded/N do not depend on the hardware;
+the latency follows from them and the per-forward times (Eq. 5.1). Every stop rule here decides from the
+candidate's features alone, so the round that starts at position s has a fixed length n(s), and the expected
+counts follow exactly from a forward pass over the probability that a round starts at s: the round keeps
+candidate j with probability a_{s+j} = min(1, p/q) until the first rejection. A round of n candidates is one
+target call of n + 1 tokens; the last position of a trace is always the target's token (the round's bonus or its
+resample), so a round at s drafts at most L − s − 1 candidates.
+
+The oracle (SpecDec++ Theorem 4.1) knows the acceptance draws; here it also knows the cost model, so it is the
+ceiling for that model (``oracle_counts``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from decoding.traces import Trace
+from heads.features import draft_scores
+
+MAX_K = 20
+TRACE_SCORES = ("p_draft", "logp_draft", "entropy_draft")
+"""The draft scores a trace holds (``Trace``): a head reading any other feature cannot be replayed."""
+STOP_H_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
+"""The thresholds h a stop head's exported default is chosen from (``choose_stop_threshold``)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stop rules as round lengths
+
+
+def round_lengths(stops: np.ndarray, reads_candidate: bool, max_k: int) -> np.ndarray:
+    """n(s) for every start s of one trace from per-position stop signals of a stateless rule: the round drafts
+    candidates s, s+1, … and stops after the first one whose signal fires (one more when the rule read the
+    candidate's own forward, as Algorithm 1 submits it), at most ``max_k``, and leaves room for the target token."""
+    length = len(stops)
+    out = np.zeros(length, dtype=np.int64)
+    for s in range(length):
+        cap = min(max_k, length - s - 1)
+        n = 0
+        while n < cap:
+            n += 1
+            if stops[s + n - 1]:
+                n = min(n + 1, cap) if reads_candidate else n
+                break
+        out[s] = n
+    return out
+
+
+def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, max_k: int) -> np.ndarray:
+    """n(s) for SpecDec++'s rule: stop once 1 − ∏ sigmoid(f) over the round's candidates exceeds h."""
+    length = len(log_accept)
+    out = np.zeros(length, dtype=np.int64)
+    for s in range(length):
+        cap = min(max_k, length - s - 1)
+        n, total = 0, 0.0
+        while n < cap:
+            n += 1
+            total += log_accept[s + n - 1]
+            if 1.0 - math.exp(total) > h:
+                n = min(n + 1, cap) if reads_candidate else n
+                break
+        out[s] = n
+    return out
+
+
+def sd_round_lengths(length: int, k: int) -> np.ndarray:
+    """n(s) of fixed-K SD: K candidates, fewer where the round's target token would not fit."""
+    return np.minimum(k, np.maximum(length - np.arange(length) - 1, 0))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# counts and costs
+
+
+@dataclass
+class Counts:
+    """Expected counts over traces (N: tokens produced)."""
+
+    n: float = 0.0
+    draft: float = 0.0
+    target: float = 0.0
+    discarded: float = 0.0
+    calls: np.ndarray | None = None
+    """Expected target calls by the tokens each verifies (index m: m − 1 candidates and the target's token); None
+    where the policy's calls have no round length (SPRINTER)."""
+
+    def __iadd__(self, other: "Counts") -> "Counts":
+        if self.n == 0:  # nothing added yet: the calls are the other's
+            self.calls = other.calls
+        elif self.calls is not None and other.calls is not None:
+            size = max(len(self.calls), len(other.calls))
+            self.calls = np.pad(self.calls, (0, size - len(self.calls))) \
+                + np.pad(other.calls, (0, size - len(other.calls)))
+        else:
+            self.calls = None
+        self.n += other.n
+        self.draft += other.draft
+        self.target += other.target
+        self.discarded += other.discarded
+        return self
+
+    def speedup(self, c: float, intercept: float = 0.0) -> float:
+        """Target-only latency over this policy's, in target forwards: Eq. 5.1 at c = t_draft / t_target,
+        plus a per-token overhead ``intercept`` (in target forwards) on both sides."""
+        return (self.n * (1 + intercept)) / (self.target + c * self.draft + self.n * intercept)
+
+    def predicted_speedup(self, fit, tokens: int) -> float:
+        """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
+        ``fit``'s per-forward and per-run costs (``evaluation.latency.LatencyFit``; each verification at its own
+        length's cost where the fit has a table of them)."""
+        scale = tokens / self.n
+        calls = None if self.calls is None else self.calls * scale
+        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls))
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """The cost model the oracle is the ceiling for: a draft forward costs ``draft``, a target call that verifies
+    m tokens (m − 1 candidates) costs ``verify(m)``, in any one unit; target-only decoding makes one call of one
+    token per token. Eq. 5.1 at c is ``eq51(c)``; a cost table per length need not be monotone (on a CPU a
+    forward of 4 tokens can be cheaper than one of 3)."""
+
+    draft: float
+    verify: Callable[[int], float]
+    name: str = ""
+
+    @classmethod
+    def eq51(cls, c: float) -> "RoundCosts":
+        """SpecDec++ Eq. 5.1 in target forwards: every call costs 1, a draft forward c."""
+        return cls(draft=float(c), verify=lambda m: 1.0, name=f"c={c:g}")
+
+    def verify_table(self, max_tokens: int) -> np.ndarray:
+        """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
+        return np.array([0.0] + [float(self.verify(m)) for m in range(1, max_tokens + 1)])
+
+    def cost(self, counts: Counts) -> float:
+        """The expected cost of ``counts`` (which must know its calls by length)."""
+        table = self.verify_table(max(len(counts.calls) - 1, 1))
+        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)])
+
+    def speedup(self, counts: Counts) -> float:
+        """Target-only's cost over ``counts``'s."""
+        return counts.n * float(self.verify(1)) / self.cost(counts)
+
+
+def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
+    """Exact expected counts of speculative sampling over one trace with round lengths n(s): the probability that
+    a round starts at each position, carried forward (the round at s keeps candidate j with probability
+    a_{s+j} = min(1, p/q) until the first rejection, and the next round starts after the target's token), and each
+    round's counts weighted by it."""
+    length = len(acceptance)
+    start = np.zeros(length + 1)  # start[length]: the response is complete
+    start[0] = 1.0
+    calls = np.zeros(int(lengths.max(initial=0)) + 2)
+    draft = discarded = 0.0
+    for s in range(length):
+        if start[s] == 0.0:
+            continue
+        n = int(lengths[s])
+        draft += start[s] * n
+        calls[n + 1] += start[s]
+        reach = start[s]  # probability that the round starts here and candidates s..s+j-1 were all accepted
+        for j in range(n):
+            p_reject = reach * (1.0 - acceptance[s + j])
+            start[min(s + j + 1, length)] += p_reject
+            discarded += p_reject * (n - j)
+            reach *= acceptance[s + j]
+        start[min(s + n + 1, length)] += reach
+    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
+
+
+def first_rejection(acceptance: np.ndarray, s: int) -> np.ndarray:
+    """P(the first rejected candidate from s is at s + j) for j = 0 … L − s − 1, the last entry standing for "none
+    before the last position" (which is always the target's token)."""
+    a = acceptance[s:]
+    reach = np.concatenate(([1.0], np.cumprod(a[:-1])))
+    return np.concatenate((reach[:-1] * (1.0 - a[:-1]), reach[-1:]))
+
+
+def oracle_counts(acceptance: np.ndarray, costs: RoundCosts, max_k: int | None = None) -> Counts:
+    """The oracle under ``costs``: at the start of each round it knows where the round's first rejection j falls
+    (SpecDec++ Theorem 4.1: whether each candidate will be accepted) and drafts the n candidates (at most
+    ``max_k``, None: no limit) that minimise the expected cost to the end of the trace.
+
+    A dynamic program over (start s, first rejection j): a round of n costs draft·n + verify(n + 1); when j ≤ n it
+    ends at s + j + 1 with nothing known beyond, when j > n it ends at s + n + 1 with the first rejection known to
+    be j − n − 1 further on. Every stop rule chooses n(s) without knowing j, so its cost is one of the choices the
+    program compares and the oracle's is never higher. Under Eq. 5.1 with c < 1 it drafts exactly the candidates
+    that will be accepted (Theorem 4.1, with the final verification counted: |S| + 1 calls); under a non-monotone
+    cost table it may pad a round with candidates it knows will be discarded. Expected counts (by call length)
+    follow from a forward pass over the same states."""
+    a = np.asarray(acceptance, float)
+    length = len(a)
+    if length == 0:
+        return Counts(calls=np.zeros(2))
+    k = length - 1 if max_k is None else min(max_k, length - 1)
+    round_cost = costs.draft * np.arange(k + 1) + costs.verify_table(k + 1)[1:]  # by candidates n
+    value = np.zeros((length + 1, length + 1))  # value[s, j]: cost to the end from a round at s, first rejection j
+    fresh_value = np.zeros(length + 1)  # its expectation over j
+    choice = np.zeros((length, length), dtype=np.int64)
+    for s in range(length - 1, -1, -1):
+        rest = length - s
+        n = np.arange(min(k, rest - 1) + 1)[:, None]
+        j = np.arange(rest)[None, :]
+        then = np.where(j <= n, fresh_value[s + j + 1],
+                        value[np.minimum(s + n + 1, length), np.maximum(j - n - 1, 0)])
+        total = round_cost[n] + then
+        best = total.argmin(0)  # the fewest candidates among equal costs
+        choice[s, :rest] = best
+        value[s, :rest] = total[best, np.arange(rest)]
+        fresh_value[s] = first_rejection(a, s) @ value[s, :rest]
+    fresh = np.zeros(length + 1)
+    fresh[0] = 1.0
+    known = np.zeros((length + 1, length + 1))  # probability of a round at s with its first rejection known
+    calls = np.zeros(k + 2)
+    draft = discarded = 0.0
+    for s in range(length):
+        rest = length - s
+        mass = fresh[s] * first_rejection(a, s) + known[s, :rest]
+        n, j = choice[s, :rest], np.arange(rest)
+        draft += float(mass @ n)
+        discarded += float(mass @ np.maximum(n - j, 0))
+        np.add.at(calls, n + 1, mass)
+        ends = j <= n
+        np.add.at(fresh, s + j[ends] + 1, mass[ends])
+        np.add.at(known, (s + n[~ends] + 1, j[~ends] - n[~ends] - 1), mass[~ends])
+    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
+
+
+def sprinter_counts(accepts: np.ndarray) -> Counts:
+    """SPRINTER (Algorithm 2): one draft forward per token; the target runs at each token the verifier rejects."""
+    return Counts(n=len(accepts), draft=float(len(accepts)), target=float((~accepts).sum()), discarded=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# heads over traces
+
+
+def trace_head_logits(module: torch.nn.Module, position: str, trace: Trace) -> np.ndarray:
+    """A head module's logit at every position of the trace (one batched forward): it reads the hidden state at
+    ``position`` (``own`` or ``prev``) and the draft scores it names (``TRACE_SCORES``)."""
+    hidden = trace.hidden if position == "own" else trace.hidden_prev
+    names = list(getattr(module, "scores", []))
+    with torch.no_grad():
+        if names:
+            scores = draft_scores(names, torch.from_numpy(trace.logp_draft), torch.from_numpy(trace.entropy_draft))
+            out = module(hidden.float(), scores)
+        else:
+            out = module(hidden.float())
+    return out.double().cpu().numpy()
+
+
+def log_accept(logits: np.ndarray) -> np.ndarray:
+    """log sigmoid of a stop head's logits: the log-probabilities SpecDec++ Eq. 4.1 multiplies over a round."""
+    return -np.logaddexp(0.0, -np.asarray(logits, float))
+
+
+def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], h: float,
+                     reads_candidate: bool, max_k: int = MAX_K) -> Counts:
+    """Expected counts of SpecDec++ at threshold h over traces (their acceptance and the head's logits)."""
+    total = Counts()
+    for a, f in zip(acceptance, logits):
+        total += expected_counts(a, head_round_lengths(log_accept(f), h, reads_candidate, max_k))
+    return total
+
+
+def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,
+                          costs: RoundCosts, grid: Sequence[float] = STOP_H_GRID, max_k: int = MAX_K) -> dict:
+    """The h of ``grid`` whose replay over the traces is fastest under ``costs`` (the smallest among equals), with
+    its speedup and every setting's."""
+    scored = [(costs.speedup(stop_head_counts(acceptance, logits, h, reads_candidate, max_k)), h) for h in grid]
+    best, h = max(scored, key=lambda x: (x[0], -x[1]))
+    return {"h": h, "speedup": best, "grid": {f"{g:g}": s for s, g in scored}}

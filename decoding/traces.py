@@ -1,0 +1,77 @@
+"""Acceptance traces: what they hold, and the ones a label folder holds (its ``target`` rows).
+
+A trace follows one target-sampled response: at every position i, a candidate Y_i drawn from q at the clean
+prefix X<i, with min(1, p/q)(Y_i), the draft's scores of it (log q(Y_i), H(q)) and both draft hidden states a
+head may read (the state that produced q, and the state after reading Y_i). The decoder's own traces
+(``evaluation.traces``) have the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.errors import UserError
+from core.shards import load_split, read_manifest
+
+TRACE_CATEGORY = "target"
+
+
+class TraceError(UserError):
+    """A label folder that holds no traces where they were asked for."""
+
+
+@dataclass
+class Trace:
+    """One target-sampled response: per position, the candidate's acceptance probability and draft-side features."""
+
+    prompt_id: int
+    acceptance: np.ndarray
+    """min(1, p/q) of the candidate at each position."""
+    logp_draft: np.ndarray
+    """log q of the candidate at its prefix."""
+    entropy_draft: np.ndarray
+    """H(q) at that prefix, nats."""
+    hidden: torch.Tensor
+    """(L, d) the draft's state after reading the candidate (feature position ``own``)."""
+    hidden_prev: torch.Tensor
+    """(L, d) the state that produced q for it (``prev``)."""
+    candidate: np.ndarray | None = None
+    """The candidate's token id at each position (decoder traces only)."""
+    logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
+
+    def __len__(self) -> int:
+        return len(self.acceptance)
+
+
+def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "test"),
+                      prompts: set[int] | None = None) -> list[Trace]:
+    """The ``target`` traces of ``splits`` (default the prompts no head trained on), one per prompt; only the
+    prompts ``prompts`` when given."""
+    columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
+               "hidden", "hidden_prev"]
+    read_manifest(folder)  # the shards are the ones the manifest lists, intact
+    traces = []
+    for split in splits:
+        ds = load_split(folder, split)
+        meta = ds.select_columns(["category", "loss_mask", "prompt_id"]).with_format("numpy")[:]
+        keep = (meta["category"] == TRACE_CATEGORY) & meta["loss_mask"]
+        if prompts is not None:
+            keep &= np.isin(meta["prompt_id"], list(prompts))
+        rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
+        for pid in np.unique(rows["prompt_id"]):
+            idx = np.flatnonzero(rows["prompt_id"] == pid)
+            idx = idx[np.argsort(rows["position"][idx])]
+            traces.append(Trace(
+                prompt_id=int(pid), acceptance=rows["acceptance"][idx].astype(np.float64),
+                logp_draft=rows["logp_draft"][idx].astype(np.float64),
+                entropy_draft=rows["entropy_draft"][idx].astype(np.float64),
+                hidden=torch.from_numpy(np.stack(rows["hidden"][idx])),
+                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx]))))
+    if not traces and prompts is None:
+        raise TraceError(f"{folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
+    return traces
