@@ -247,12 +247,13 @@ def sprinter_counts(accepts: np.ndarray) -> Counts:
 def trace_head_logits(module: torch.nn.Module, position: str, trace: Trace) -> np.ndarray:
     """A head module's logit at every position of the trace (one batched forward): it reads the hidden state at
     ``position`` (``own`` or ``prev``) and the draft scores it names (``TRACE_SCORES``)."""
-    hidden = trace.hidden if position == "own" else trace.hidden_prev
+    device = next(module.parameters()).device
+    hidden = (trace.hidden if position == "own" else trace.hidden_prev).to(device)
     names = list(getattr(module, "scores", []))
     with torch.no_grad():
         if names:
             scores = draft_scores(names, torch.from_numpy(trace.logp_draft), torch.from_numpy(trace.entropy_draft))
-            out = module(hidden.float(), scores)
+            out = module(hidden.float(), scores.to(device))
         else:
             out = module(hidden.float())
     return out.double().cpu().numpy()

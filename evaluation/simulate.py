@@ -345,8 +345,11 @@ def read_timing(path: str, draft: str, target: str) -> LatencyFit:
         raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e})") from None
     try:
         return timing_fit(timing, draft, target)
-    except KeyError as e:  # find_entry names what the file has
-        raise SimulationError(f"--timing {path}: {e.args[0] if e.args else e}") from None
+    except KeyError as e:
+        missing = str(e.args[0]) if e.args else ""
+        if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
+            raise SimulationError(f"--timing {path}: {missing}") from None
+        raise SimulationError(f"--timing {path}: not a bench_timing JSON file (no {missing!r})") from None
     except (TypeError, AttributeError, ValueError) as e:
         raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e!r})") from None
 

@@ -3,8 +3,9 @@
     python -m pipeline.train_all --labels runs/labels/humaneval
     python -m pipeline.train_all --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
 
-For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (Youden's J) →
-validate and test with that threshold → export to ``<heads_dir>/<config>.safetensors`` → ROC curves (PNG) of the
+For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (a verifier's τ:
+Youden's J on the per-token label; a stop head's h: the one the trace simulator finds fastest on the validation
+traces, ``stop_threshold``) → validate and test with that threshold → export to ``<heads_dir>/<config>.safetensors`` → ROC curves (PNG) of the
 head and the training-free scores on the held-out test rows. One table compares them all.
 """
 
@@ -25,8 +26,10 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
+from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, RoundCosts, choose_stop_threshold, trace_head_logits
+from decoding.traces import TraceError, load_label_traces
 from heads.export import export_head
 from pipeline.cli import HeadCLI
 from pipeline.metrics import BASELINES
@@ -34,6 +37,12 @@ from pipeline.metrics import BASELINES
 DEFAULT_CONFIGS = ("configs/train/sprinter_lam1.yaml", "configs/train/specdecpp_d3_w6.yaml")
 SWEEP_DEPTHS = (0, 1, 2, 3, 4)
 SWEEP_W_REJ = (1.0, 3.0, 6.0, 12.0)
+STOP_C = 0.1
+"""The cost ratio c = t_draft / t_target a stop head's exported h is chosen at unless told another
+(``--stop-c``): about a 0.5B draft beside a 1.5B target on a GPU."""
+STOP_H_FALLBACK = 0.5
+"""A stop head's exported h where the validation traces cannot replay it (said so in its metadata)."""
+STOP_RULE = "stop drafting when 1 - prod P_hat over the round's drafted tokens > h (SpecDec++ Eq. 4.1)"
 
 
 @dataclass
@@ -59,6 +68,31 @@ def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
     return float(np.clip(thr[best], 0.0, 1.0))
 
 
+def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: list[str], c: float) -> dict:
+    """The exported threshold of a stop head: the h of ``STOP_H_GRID`` under which SpecDec++'s rule, replayed over
+    the validation split's traces (``decoding.replay``, what ``evaluation.simulate`` replays), is fastest at Eq. 5.1
+    with cost ratio ``c``; the metadata says how it was chosen. A head that reads features the traces do not hold,
+    or labels without validation traces, get ``STOP_H_FALLBACK``, with the reason."""
+    chosen = {"method": "trace simulator", "splits": ["val"], "cost": {"model": "Eq. 5.1", "c": c},
+              "grid": list(STOP_H_GRID), "max_k": MAX_K}
+    beyond = [n for n in getattr(head, "scores", []) if n not in TRACE_SCORES] + list(vectors)
+    traces = []
+    if not beyond:
+        try:
+            traces = load_label_traces(labels, ("val",))
+        except TraceError:
+            pass
+    if not traces:
+        why = f"the head reads {beyond}, which the traces do not hold" if beyond else "no validation traces"
+        return {"name": "h", "value": STOP_H_FALLBACK, "rule": STOP_RULE,
+                "chosen_by": {"method": f"fallback ({why})"}}
+    logits = [trace_head_logits(head, position, t) for t in traces]
+    pick = choose_stop_threshold([t.acceptance for t in traces], logits, position == "own", RoundCosts.eq51(c),
+                                 STOP_H_GRID, MAX_K)
+    return {"name": "h", "value": pick["h"], "rule": STOP_RULE,
+            "chosen_by": {**chosen, "traces": len(traces), "speedup": pick["speedup"]}}
+
+
 def _predict(trainer, model, loader) -> dict[str, np.ndarray]:
     outs = trainer.predict(model, dataloaders=loader)
     return {k: torch.cat([o[k] for o in outs]).float().numpy() for k in outs[0]}
@@ -69,8 +103,10 @@ def _scalars(metrics: dict, split: str) -> dict:
 
 
 def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir: Path | None,
-              extra: list[str] = (), quiet: bool = False, name: str | None = None) -> RunResult | None:
-    """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None).
+              extra: list[str] = (), quiet: bool = False, name: str | None = None,
+              stop_c: float = STOP_C) -> RunResult | None:
+    """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None);
+    a stop head's h is chosen at cost ratio ``stop_c`` (``stop_threshold``).
 
     Fitting runs on the devices the flags in ``extra`` ask for (DDP across several); choosing the threshold,
     testing and exporting run on one device of rank 0, on every held-out row. Other ranks return None."""
@@ -107,9 +143,8 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     else:
         label = {"kind": "sprinter", "lam": dm.lam}
     threshold = (
-        {"name": "h", "value": 1.0 - tau, "rule": "stop drafting when P(reject) = 1 - P_hat > h (per token; "
-         "SpecDec++ applies it to 1 - prod P_hat over the drafted tokens)"}
-        if soft else {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
+        stop_threshold(model.head, labels, dm.feature_position, dm.vectors, stop_c) if soft
+        else {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
     )
     val = _scalars(trainer.validate(model, datamodule=dm, verbose=False)[0], "val")
     test = _scalars(trainer.test(model, datamodule=dm, verbose=False)[0], "test")
@@ -225,12 +260,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-nodes", type=int, default=None, help="override trainer.num_nodes")
     p.add_argument("--strategy", default=None, help="override trainer.strategy (ddp, …)")
     p.add_argument("--sweep", action="store_true", help="SpecDec++ head over D × w_rej instead of --configs")
+    p.add_argument("--stop-c", type=float, default=STOP_C,
+                   help="cost ratio t_draft / t_target a stop head's exported h is chosen at (trace simulator)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[RunResult]:
     a = parse_args(argv)
+    if not 0 < a.stop_c < float("inf"):
+        raise SettingError(f"--stop-c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
     out, ckpt = Path(a.out), Path(a.checkpoints)
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}
@@ -246,7 +285,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n) for c, n, x in runs]
+    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n, stop_c=a.stop_c)
+               for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
         return []
     report = table(results)

@@ -10,10 +10,11 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
     "core": {"core"},
     "heads": {"core", "heads"},
+    "decoding": {"core", "heads", "decoding"},
     "data_gen": {"core", "data_gen"},
-    "pipeline": {"core", "heads", "pipeline"},
-    "evaluation": {"core", "heads", "pipeline", "evaluation"},
-    "scripts": {"core", "heads", "data_gen", "pipeline", "evaluation", "scripts"},
+    "pipeline": {"core", "heads", "decoding", "pipeline"},
+    "evaluation": {"core", "heads", "decoding", "pipeline", "evaluation"},
+    "scripts": {"core", "heads", "decoding", "data_gen", "pipeline", "evaluation", "scripts"},
 }
 """Per stage (top-level package), the packages its modules may import: the layers below it and itself."""
 

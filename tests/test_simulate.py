@@ -452,3 +452,83 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
     text, rows, _ = sim.validate(labels.output_dir, str(config))
     assert {r["family"] for r in rows} == {"sd", "confidence"}
     assert "not replayed: its head file changed since the run" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--c", "0"], "--c must be a positive cost ratio t_draft / t_target, got 0"),
+    (["--c", "0.1", "-0.5"], "--c must be a positive cost ratio t_draft / t_target, got -0.5"),
+    (["--timing", "{missing}"], "no such file"),
+    (["--timing", "{garbage}"], "not a bench_timing JSON file"),
+    (["--timing", "{other}"], "timing file has no model 'draft'"),
+    (["--timing", "{partial}"], "not a bench_timing JSON file (no 'decode')"),
+])
+def test_bad_costs_are_one_line_errors(tmp_path, args, message):
+    """Checked before anything is read: the library raises the simulator's user error, and the command (run for
+    the first case) prints it as one ``error:`` line and exits 2."""
+    import subprocess
+    import sys
+
+    (tmp_path / "garbage").write_text("not json {")
+    (tmp_path / "other").write_text('{"models": [{"name": "other"}]}')
+    (tmp_path / "partial").write_text('{"models": [{"name": "draft"}, {"name": "target"}]}')
+    args = [a.format(missing=tmp_path / "none.json", garbage=tmp_path / "garbage", other=tmp_path / "other",
+                     partial=tmp_path / "partial") for a in args]
+    with pytest.raises(sim.UserError) as raised:
+        sim.main(["--labels", str(tmp_path / "no-labels"), *args])
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    if args == ["--c", "0"]:
+        done = subprocess.run([sys.executable, "-m", "evaluation.simulate", "--labels", str(tmp_path), *args],
+                              capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr == f"error: {message}\n"
+
+
+def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path):
+    """``make train`` exports the cumulative h the trace simulator finds fastest on the validation traces at the
+    stated c (Eq. 5.1, 0.1 by default) and says so in the metadata: replaying the exported file over the same
+    traces at every h of the grid picks the same h, and the file's default replays at that speedup. At other costs
+    (a head whose logit follows the draft's confidence, so the choice moves with c) the same holds; a head the
+    traces cannot replay gets the stated fallback; a bad ``--stop-c`` is one line."""
+    from data_gen.run import run_labels
+    from decoding.replay import STOP_H_GRID
+    from decoding.traces import load_label_traces
+    from heads.export import export_head, read_metadata
+    from heads.resnet import ResNetHead
+    from pipeline import train_all
+
+    labels = label_config(split_fractions=(0.5, 0.25, 0.25), max_new_tokens=16)
+    run_labels(labels, quiet=True)
+    val = load_label_traces(labels.output_dir, ("val",))
+    assert val and sum(map(len, val)) >= 16
+
+    def check(path: str, c: float) -> float:
+        meta = read_metadata(path)["threshold"]
+        assert meta["name"] == "h" and meta["chosen_by"]["cost"] == {"model": "Eq. 5.1", "c": c}
+        assert meta["chosen_by"]["traces"] == len(val) and meta["chosen_by"]["splits"] == ["val"]
+        speedups = [sim.simulate(val, "specdecpp", head=path, h=h).speedup(c) for h in STOP_H_GRID]
+        assert meta["value"] == STOP_H_GRID[int(np.argmax(speedups))]
+        assert sim.simulate(val, "specdecpp", head=path).speedup(c) == pytest.approx(max(speedups))  # the default
+        return meta["value"]
+
+    config = str(Path(__file__).parents[1] / "configs" / "train" / "specdecpp_d3_w6.yaml")
+    train_all.main(["--labels", str(labels.output_dir), "--configs", config, "--out", str(tmp_path / "train"),
+                    "--checkpoints", str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"),
+                    "--max-epochs", "1", "--quiet"])
+    check(str(tmp_path / "heads" / "specdecpp_d3_w6.safetensors"), train_all.STOP_C)
+
+    head = ResNetHead(hidden_size=32, depth=0, scores=["logp_draft"])
+    with torch.no_grad():  # logit = 2 log q(Y) + 2: confident candidates look accepted
+        head.out.weight.zero_()
+        head.out.bias.fill_(2.0)
+        head.score_term.linear.weight.fill_(2.0)
+    picked = set()
+    for c in (0.02, 0.3, 0.9):
+        threshold = train_all.stop_threshold(head, str(labels.output_dir), "own", [], c)
+        path = export_head(head, tmp_path / f"conf{c}.safetensors", draft={"name": "tiny", "source": "test"},
+                           vocab_size=57, label={"kind": "soft"}, role="stop", threshold=threshold, metrics={})
+        picked.add(check(str(path), c))
+    assert len(picked) > 1, picked
+    fallback = train_all.stop_threshold(head, str(labels.output_dir), "own", ["layers"], 0.1)
+    assert fallback["value"] == train_all.STOP_H_FALLBACK and "traces do not hold" in fallback["chosen_by"]["method"]
+    with pytest.raises(train_all.UserError, match="--stop-c must be a positive"):
+        train_all.main(["--labels", str(labels.output_dir), "--stop-c", "0"])
