@@ -8,8 +8,9 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;
                 ``prev``: the state that produced q for it), and the draft scores named in init_args
     label:      {"kind": "sprinter", "lam": 1.0} or {"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}
-    role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when P(reject) > h)
-    threshold:  {"name": "tau" | "h", "value": …, "rule": …}
+    role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when 1 − ∏ P̂ over the round > h)
+    threshold:  {"name": "tau" | "h", "value": …, "rule": …}; a stop head's also has ``chosen_by`` (the trace
+                simulator's method, split, cost and grid: ``pipeline.train_all.stop_threshold``)
     metrics:    validation (and test) metrics of the exported weights
     weights_sha256: digest of the tensors (``weights_digest``); a file without it, or whose weights no longer match
                 it, is refused, and so are non-finite weights
