@@ -274,9 +274,10 @@ def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarr
 
 
 def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,
-                          costs: RoundCosts, grid: Sequence[float] = STOP_H_GRID, max_k: int = MAX_K) -> dict:
-    """The h of ``grid`` whose replay over the traces is fastest under ``costs`` (the smallest among equals), with
-    its speedup and every setting's."""
-    scored = [(costs.speedup(stop_head_counts(acceptance, logits, h, reads_candidate, max_k)), h) for h in grid]
+                          speedup: Callable[[Counts], float], grid: Sequence[float] = STOP_H_GRID,
+                          max_k: int = MAX_K) -> dict:
+    """The h of ``grid`` whose replay over the traces has the highest ``speedup`` (e.g. ``Counts.speedup`` at a c,
+    or ``Counts.predicted_speedup`` with a device's costs; the smallest h among equals), with every setting's."""
+    scored = [(speedup(stop_head_counts(acceptance, logits, h, reads_candidate, max_k)), h) for h in grid]
     best, h = max(scored, key=lambda x: (x[0], -x[1]))
     return {"h": h, "speedup": best, "grid": {f"{g:g}": s for s, g in scored}}

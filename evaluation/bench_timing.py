@@ -42,6 +42,7 @@ import torch
 
 from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize
+from decoding.costs import step_s
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
@@ -240,22 +241,6 @@ def table(result: dict) -> str:
         for d in drafts:
             lines.append(f"{d['precision']:<36.36}" + "".join(f"{step_s(d) / step_s(t):>38.3f}" for t in targets))
     return "\n".join(lines)
-
-
-def step_s(entry: dict) -> float:
-    """An entry's decode step in seconds, at the shortest cache length measured."""
-    decode = entry["decode"]
-    return float(decode[min(decode, key=int)]["median_s"])
-
-
-def find_entry(timing: dict, name: str) -> dict:
-    """The entry ``name`` (``draft``: its first precision) or ``name@precision`` of a timing JSON."""
-    label, _, precision = name.partition("@")
-    for m in timing["models"]:
-        if m["name"] == label and precision in ("", m.get("precision", "")):
-            return m
-    raise KeyError(f"timing file has no model {name!r}; it has "
-                   f"{sorted(m['name'] + '@' + m.get('precision', '?') for m in timing['models'])}")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -29,6 +29,7 @@ from core.shards import SPLITS
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
                              log_accept, oracle_counts, round_lengths, sd_round_lengths, sprinter_counts,
                              trace_head_logits)
+from decoding.costs import read_timing
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
@@ -36,8 +37,7 @@ from heads.export import read_metadata
 from heads.exported import ExportedHead, features_beyond
 
 class SimulationError(UserError):
-    """Input the simulator cannot replay: a cost ratio out of range, an unreadable timing file, an eval folder
-    without what it needs."""
+    """An eval folder without what the simulator needs to check it."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,27 +331,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval", default=None, metavar="CONFIG",
                    help="an eval config whose finished runs to check the predictions against (adds its fitted c)")
     return p.parse_args(argv)
-
-
-def read_timing(path: str, draft: str, target: str) -> LatencyFit:
-    """The costs of a ``bench_timing`` JSON file, or one clear error."""
-    from evaluation.latency import timing_fit
-
-    try:
-        timing = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SimulationError(f"--timing {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e})") from None
-    try:
-        return timing_fit(timing, draft, target)
-    except KeyError as e:
-        missing = str(e.args[0]) if e.args else ""
-        if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
-            raise SimulationError(f"--timing {path}: {missing}") from None
-        raise SimulationError(f"--timing {path}: not a bench_timing JSON file (no {missing!r})") from None
-    except (TypeError, AttributeError, ValueError) as e:
-        raise SimulationError(f"--timing {path}: not a bench_timing JSON file ({e!r})") from None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -5,14 +5,16 @@
 
 For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (a verifier's τ:
 Youden's J on the per-token label; a stop head's h: the one the trace simulator finds fastest on the validation
-traces, ``stop_threshold``) → validate and test with that threshold → export to ``<heads_dir>/<config>.safetensors`` → ROC curves (PNG) of the
-head and the training-free scores on the held-out test rows. One table compares them all.
+traces, ``stop_threshold``) → validate and test with that threshold → export to
+``<heads_dir>/<config>.safetensors`` → ROC curves (PNG) of the head and the training-free scores on the held-out
+test rows. One table compares them all.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -28,7 +30,8 @@ from torchmetrics import Metric
 
 from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
-from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, RoundCosts, choose_stop_threshold, trace_head_logits
+from decoding.costs import LatencyFit, read_timing
+from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
 from decoding.traces import TraceError, load_label_traces
 from heads.export import export_head
 from pipeline.cli import HeadCLI
@@ -68,13 +71,14 @@ def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
     return float(np.clip(thr[best], 0.0, 1.0))
 
 
-def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: list[str], c: float) -> dict:
+def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: list[str], c: float = STOP_C,
+                   timing: LatencyFit | None = None, timing_source: str | None = None) -> dict:
     """The exported threshold of a stop head: the h of ``STOP_H_GRID`` under which SpecDec++'s rule, replayed over
-    the validation split's traces (``decoding.replay``, what ``evaluation.simulate`` replays), is fastest at Eq. 5.1
-    with cost ratio ``c``; the metadata says how it was chosen. A head that reads features the traces do not hold,
-    or labels without validation traces, get ``STOP_H_FALLBACK``, with the reason."""
-    chosen = {"method": "trace simulator", "splits": ["val"], "cost": {"model": "Eq. 5.1", "c": c},
-              "grid": list(STOP_H_GRID), "max_k": MAX_K}
+    the validation split's traces (``decoding.replay``, what ``evaluation.simulate`` replays), is fastest: at the
+    device costs of ``timing`` (a ``bench_timing`` file's, ``timing_source``) for responses of the traces' mean
+    length when given, else at Eq. 5.1 with cost ratio ``c``. The metadata says how it was chosen. A head that
+    reads features the traces do not hold, or labels without validation traces, get ``STOP_H_FALLBACK``, with the
+    reason."""
     beyond = [n for n in getattr(head, "scores", []) if n not in TRACE_SCORES] + list(vectors)
     traces = []
     if not beyond:
@@ -86,11 +90,20 @@ def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: l
         why = f"the head reads {beyond}, which the traces do not hold" if beyond else "no validation traces"
         return {"name": "h", "value": STOP_H_FALLBACK, "rule": STOP_RULE,
                 "chosen_by": {"method": f"fallback ({why})"}}
+    if timing is not None:
+        tokens = round(sum(map(len, traces)) / len(traces))
+        cost = {"model": "timing file", "file": timing_source, "c": timing.t_draft / timing.t_target,
+                "by_length": timing.verify_s is not None, "tokens": tokens}
+        speedup = functools.partial(Counts.predicted_speedup, fit=timing, tokens=tokens)
+    else:
+        cost = {"model": "Eq. 5.1", "c": c}
+        speedup = functools.partial(Counts.speedup, c=c)
     logits = [trace_head_logits(head, position, t) for t in traces]
-    pick = choose_stop_threshold([t.acceptance for t in traces], logits, position == "own", RoundCosts.eq51(c),
-                                 STOP_H_GRID, MAX_K)
+    pick = choose_stop_threshold([t.acceptance for t in traces], logits, position == "own", speedup, STOP_H_GRID,
+                                 MAX_K)
     return {"name": "h", "value": pick["h"], "rule": STOP_RULE,
-            "chosen_by": {**chosen, "traces": len(traces), "speedup": pick["speedup"]}}
+            "chosen_by": {"method": "trace simulator", "splits": ["val"], "traces": len(traces), "cost": cost,
+                          "grid": list(STOP_H_GRID), "max_k": MAX_K, "speedup": pick["speedup"]}}
 
 
 def _predict(trainer, model, loader) -> dict[str, np.ndarray]:
@@ -104,9 +117,10 @@ def _scalars(metrics: dict, split: str) -> dict:
 
 def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir: Path | None,
               extra: list[str] = (), quiet: bool = False, name: str | None = None,
-              stop_c: float = STOP_C) -> RunResult | None:
+              stop_c: float = STOP_C, timing: str | None = None) -> RunResult | None:
     """Fit one config on ``labels``, choose its threshold on val, test it, export it (unless heads_dir is None);
-    a stop head's h is chosen at cost ratio ``stop_c`` (``stop_threshold``).
+    a stop head's h is chosen at the costs of the timing file ``timing``, else at cost ratio ``stop_c``
+    (``stop_threshold``).
 
     Fitting runs on the devices the flags in ``extra`` ask for (DDP across several); choosing the threshold,
     testing and exporting run on one device of rank 0, on every held-out row. Other ranks return None."""
@@ -143,7 +157,8 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     else:
         label = {"kind": "sprinter", "lam": dm.lam}
     threshold = (
-        stop_threshold(model.head, labels, dm.feature_position, dm.vectors, stop_c) if soft
+        stop_threshold(model.head, labels, dm.feature_position, dm.vectors, stop_c,
+                       read_timing(timing) if timing else None, Path(timing).name if timing else None) if soft
         else {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
     )
     val = _scalars(trainer.validate(model, datamodule=dm, verbose=False)[0], "val")
@@ -262,6 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep", action="store_true", help="SpecDec++ head over D × w_rej instead of --configs")
     p.add_argument("--stop-c", type=float, default=STOP_C,
                    help="cost ratio t_draft / t_target a stop head's exported h is chosen at (trace simulator)")
+    p.add_argument("--timing", default=None,
+                   help="a bench_timing JSON of this device (models `draft`, `target`): choose a stop head's h at "
+                        "its costs instead of --stop-c")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
@@ -270,6 +288,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     a = parse_args(argv)
     if not 0 < a.stop_c < float("inf"):
         raise SettingError(f"--stop-c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
+    if a.timing:
+        read_timing(a.timing)  # a bad file is one line now, not after the first fit
     out, ckpt = Path(a.out), Path(a.checkpoints)
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}
@@ -285,8 +305,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n, stop_c=a.stop_c)
-               for c, n, x in runs]
+    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
+                         stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
         return []
     report = table(results)

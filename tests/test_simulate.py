@@ -4,6 +4,8 @@ and the command on tiny labels."""
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -457,7 +459,7 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
 @pytest.mark.parametrize("args, message", [
     (["--c", "0"], "--c must be a positive cost ratio t_draft / t_target, got 0"),
     (["--c", "0.1", "-0.5"], "--c must be a positive cost ratio t_draft / t_target, got -0.5"),
-    (["--timing", "{missing}"], "no such file"),
+    (["--timing", "{missing}"], "none.json: no such file"),
     (["--timing", "{garbage}"], "not a bench_timing JSON file"),
     (["--timing", "{other}"], "timing file has no model 'draft'"),
     (["--timing", "{partial}"], "not a bench_timing JSON file (no 'decode')"),
@@ -489,7 +491,10 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
     traces at every h of the grid picks the same h, and the file's default replays at that speedup. At other costs
     (a head whose logit follows the draft's confidence, so the choice moves with c) the same holds; a head the
     traces cannot replay gets the stated fallback; a bad ``--stop-c`` is one line."""
+    from test_eval_latency import timing_file
+
     from data_gen.run import run_labels
+    from decoding.costs import read_timing
     from decoding.replay import STOP_H_GRID
     from decoding.traces import load_label_traces
     from heads.export import export_head, read_metadata
@@ -501,13 +506,20 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
     val = load_label_traces(labels.output_dir, ("val",))
     assert val and sum(map(len, val)) >= 16
 
-    def check(path: str, c: float) -> float:
+    def check(path: str, c: float, fit=None) -> float:
         meta = read_metadata(path)["threshold"]
-        assert meta["name"] == "h" and meta["chosen_by"]["cost"] == {"model": "Eq. 5.1", "c": c}
-        assert meta["chosen_by"]["traces"] == len(val) and meta["chosen_by"]["splits"] == ["val"]
-        speedups = [sim.simulate(val, "specdecpp", head=path, h=h).speedup(c) for h in STOP_H_GRID]
+        assert meta["name"] == "h" and meta["chosen_by"]["splits"] == ["val"]
+        assert meta["chosen_by"]["traces"] == len(val)
+        if fit is None:
+            assert meta["chosen_by"]["cost"] == {"model": "Eq. 5.1", "c": c}
+            speedup = functools.partial(sim.Counts.speedup, c=c)
+        else:
+            tokens = meta["chosen_by"]["cost"]["tokens"]
+            assert meta["chosen_by"]["cost"]["model"] == "timing file" and tokens == round(np.mean(list(map(len, val))))
+            speedup = functools.partial(sim.Counts.predicted_speedup, fit=fit, tokens=tokens)
+        speedups = [speedup(sim.simulate(val, "specdecpp", head=path, h=h)) for h in STOP_H_GRID]
         assert meta["value"] == STOP_H_GRID[int(np.argmax(speedups))]
-        assert sim.simulate(val, "specdecpp", head=path).speedup(c) == pytest.approx(max(speedups))  # the default
+        assert speedup(sim.simulate(val, "specdecpp", head=path)) == pytest.approx(max(speedups))  # the default
         return meta["value"]
 
     config = str(Path(__file__).parents[1] / "configs" / "train" / "specdecpp_d3_w6.yaml")
@@ -528,7 +540,17 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
                            vocab_size=57, label={"kind": "soft"}, role="stop", threshold=threshold, metrics={})
         picked.add(check(str(path), c))
     assert len(picked) > 1, picked
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps(timing_file()))
+    fit = read_timing(timing)
+    threshold = train_all.stop_threshold(head, str(labels.output_dir), "own", [], 0.1, fit, timing.name)
+    assert threshold["chosen_by"]["cost"]["file"] == "timing.json"
+    path = export_head(head, tmp_path / "timed.safetensors", draft={"name": "tiny", "source": "test"},
+                       vocab_size=57, label={"kind": "soft"}, role="stop", threshold=threshold, metrics={})
+    check(str(path), 0.1, fit)
     fallback = train_all.stop_threshold(head, str(labels.output_dir), "own", ["layers"], 0.1)
     assert fallback["value"] == train_all.STOP_H_FALLBACK and "traces do not hold" in fallback["chosen_by"]["method"]
     with pytest.raises(train_all.UserError, match="--stop-c must be a positive"):
         train_all.main(["--labels", str(labels.output_dir), "--stop-c", "0"])
+    with pytest.raises(train_all.UserError, match="not a bench_timing JSON file"):
+        train_all.main(["--labels", str(labels.output_dir), "--timing", str(Path(__file__))])
