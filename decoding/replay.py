@@ -114,7 +114,7 @@ class Counts:
 
     def predicted_speedup(self, fit, tokens: int) -> float:
         """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
-        ``fit``'s per-forward and per-run costs (``evaluation.latency.LatencyFit``; each verification at its own
+        ``fit``'s per-forward and per-run costs (``decoding.costs.LatencyFit``; each verification at its own
         length's cost where the fit has a table of them)."""
         scale = tokens / self.n
         calls = None if self.calls is None else self.calls * scale

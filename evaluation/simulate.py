@@ -26,10 +26,10 @@ import numpy as np
 
 from core.errors import SettingError, UserError
 from core.shards import SPLITS
+from decoding.costs import read_timing
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
                              log_accept, oracle_counts, round_lengths, sd_round_lengths, sprinter_counts,
                              trace_head_logits)
-from decoding.costs import read_timing
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
