@@ -346,10 +346,11 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
         return None
     try:
         manifest = shards.read_manifest(out, verify=False)
-    except UserError as e:  # not JSON, or of another schema: written again from the shards
+    except UserError as e:  # not JSON: written again from the shards
         problems = [str(e)]
     else:
-        _refuse_unlisted(out, manifest.get("shards") or {}, manifest=True)
+        if "shards" in manifest:  # (a manifest from before shards were listed is written again)
+            _refuse_unlisted(out, manifest["shards"], manifest=True)
         problems = shards.verify_shards(out, manifest)
         if not problems:
             return manifest
