@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from core.errors import UserError
+from core.models import resolve
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".gz": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -29,6 +32,10 @@ class PromptConfig:
     """Use only the first ``limit`` prompts."""
     chat_template: bool = False
     """Wrap each prompt as a user turn with the tokenizer's chat template."""
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 1):
+            raise UserError(f"prompts.limit must be a positive number of prompts or null (all), got {self.limit}")
 
 
 def humaneval_path() -> Path:
@@ -77,6 +84,17 @@ def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
             raise UserError(f"prompt {i} in {cfg.source} is empty or not text")
         rows.append({"text": t, "response": r})
     return rows
+
+
+def input_digests(table: list[dict], with_responses: bool, models: dict) -> dict:
+    """What a run reads, by content, for a resume to compare: the prompt rows (after ``limit``; with their
+    ``response`` when the run reads it) and each model of ``models`` (role → ``core.models.ModelSpec``: the GGUF's
+    sha256, a local checkpoint's fingerprint of its files, or a hub revision)."""
+    prompts = json.dumps([[r["text"], r.get("response") if with_responses else None] for r in table])
+    out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest()}
+    for role, spec in models.items():
+        out[role] = {k: v for k, v in resolve(spec)[1].items() if k != "source"}
+    return out
 
 
 def tokenize_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:

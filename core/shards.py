@@ -85,6 +85,14 @@ def write_json(path: Path, obj) -> None:
     _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_json(path: Path, fix: str):
+    """A JSON file a run wrote; ``UserError`` naming it, and ``fix``, when it is not JSON (damaged or edited)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
+
+
 def write_shard(path: Path, cols: dict, sizes: dict[str, int]) -> int:
     """Write one shard atomically (temporary name, then rename); return its row count."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,9 +168,28 @@ def shard_problem(shard: Path) -> str | None:
     return None
 
 
+def _layout_dirs(out_dir: Path) -> list[Path]:
+    """The folders a dataset keeps its shards in (each split's, and its sequences'): only these are read, and a
+    labeling run deletes or cleans nothing outside them."""
+    return [Path(out_dir) / split / sub for split in SPLITS for sub in ("", "sequences")]
+
+
 def _all_shards(out_dir: Path) -> list[Path]:
-    """Every Arrow file of a dataset: the rows' shards and the sequences'."""
-    return sorted(p for split in SPLITS for p in (Path(out_dir) / split).rglob("*.arrow"))
+    """Every Arrow file of a dataset, as its readers see it: the rows' shards and the sequences'."""
+    return sorted(p for d in _layout_dirs(out_dir) for p in d.glob("*.arrow"))
+
+
+def dataset_files(out_dir: Path) -> list[Path]:
+    """Every shard of a dataset's layout and the record written with it (not ``manifest.json``): what starting the
+    dataset over deletes, and nothing in other folders."""
+    return sorted({*_all_shards(out_dir), *(p for d in _layout_dirs(out_dir) for p in d.glob("*.arrow.json"))})
+
+
+def unlisted_shards(out_dir: Path, names) -> list[Path]:
+    """The dataset's shards on disk that are not among ``names`` (``train/<key>.arrow``, as the manifest lists
+    them): files no labeling run of this dataset wrote, which a reader would take for rows."""
+    names = set(names)
+    return [p for p in _all_shards(out_dir) if p.relative_to(out_dir).as_posix() not in names]
 
 
 def shard_records(out_dir: Path, keys: list[str] | None = None) -> dict[str, dict]:
@@ -191,8 +218,7 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
             problems.append(f"{path}: missing")
         elif file_sha256(path) != record["sha256"]:
             problems.append(f"{path}: its bytes differ from the sha256 in the manifest (damaged or edited)")
-    on_disk = {p.relative_to(out_dir).as_posix() for p in _all_shards(out_dir)}
-    problems += [f"{out_dir / name}: not listed in the manifest" for name in sorted(on_disk - set(listed))]
+    problems += [f"{path}: not listed in the manifest" for path in unlisted_shards(out_dir, listed)]
     for split, summary in manifest.get("splits", {}).items():
         rows = sum(r["rows"] for name, r in listed.items() if Path(name).parent == Path(split))
         if summary["rows"] != rows:
@@ -202,9 +228,11 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
 
 
 def clean_temporaries(out_dir: Path) -> None:
-    """Remove what an interrupted run left half-written (never complete-looking files)."""
-    for tmp in Path(out_dir).rglob(".*.tmp*"):
-        tmp.unlink(missing_ok=True)
+    """Remove what an interrupted run left half-written in the dataset's folders (never complete-looking files,
+    nothing in other folders)."""
+    for folder in [Path(out_dir), *_layout_dirs(out_dir)]:
+        for tmp in folder.glob(".*.tmp*"):
+            tmp.unlink(missing_ok=True)
 
 
 def shard_paths(out_dir: Path, split: str) -> list[Path]:
@@ -226,12 +254,17 @@ def read_manifest(out_dir: str | Path, verify: bool = True) -> dict:
     path = Path(out_dir) / "manifest.json"
     if not path.exists():
         raise ShardError(f"{path} not found: run `make labels` (or the labeling run did not finish)")
-    manifest = json.loads(path.read_text())
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    manifest = read_json(path, "run the labeling command again: it rewrites it")
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if version != SCHEMA_VERSION:
         raise ShardError(
-            f"{path}: labels of schema version {manifest.get('schema_version')}, this code reads version "
+            f"{path}: labels of schema version {version}, this code reads version "
             f"{SCHEMA_VERSION} (see data_gen/SCHEMA.md); label again with `make labels ARGS=\"--overwrite true\"`"
         )
+    if verify and (stray := unlisted_shards(Path(out_dir), manifest.get("shards") or {})):
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        raise ShardError(f"{stray[0]}{more}: not listed in the manifest, so no labeling run of this dataset wrote it; "
+                         "move it out of the dataset's folders")
     problems = verify_shards(Path(out_dir), manifest) if verify else []
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from jsonargparse import ActionConfigFile, ArgumentParser
-
 from core.errors import UserError
-from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
 
-def parser() -> ArgumentParser:
+def parser():
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from data_gen.run import LabelConfig
+
     p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair.")
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(LabelConfig, None, as_group=False)
@@ -18,15 +19,21 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    try:
+    try:  # the imports too: Ctrl-C while torch and Lightning load is one line as well
+        from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
+
+        p = parser()
         ns = p.instantiate(p.parse_args(argv))
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
         run_labels(cfg)
-    except LabelingInterrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted: stopped by Ctrl-C; every finished batch is kept: run the same command again to resume",
+              file=sys.stderr)
         return 130
     except UserError as e:
+        if isinstance(e, LabelingInterrupted):  # bound: a UserError comes only once the imports are done
+            print(f"interrupted: {e}", file=sys.stderr)
+            return 130
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -26,9 +26,10 @@ from core import label_math as lm
 from core import shards
 from core.adapter import HFCausalLM, tap_layers
 from core.errors import UserError
-from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model, resolve,
+from core.lock import LOCK_FILE, folder_lock, launching_process
+from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model,
                          resolve_dtype)
-from core.prompts import PromptConfig, load_prompt_table, split_by_prompt, tokenize_prompt
+from core.prompts import PromptConfig, input_digests, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.quantization import decode_numerics
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt
@@ -193,33 +194,8 @@ class LabelProgress(TQDMProgressBar):
 
 
 # ---------------------------------------------------------------------- run
-def _prepare_output(cfg: LabelConfig) -> Path:
-    out = Path(cfg.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe{id(cfg)}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise LabelingError(f"output folder {cfg.output_dir} is not writable: {e.strerror}") from None
-    return out
-
-
-def input_digests(cfg: LabelConfig, table: list[dict]) -> dict:
-    """What the rows are read from, by content: the prompts (after ``limit``; with the answers a ``dataset`` run
-    teacher-forces) and each model
-    (the GGUF's sha256, a local checkpoint's fingerprint of its weights, or a hub revision)."""
-    answers = cfg.response_source == "dataset"  # the reference answers are read only then
-    prompts = json.dumps([[r["text"], r.get("response") if answers else None] for r in table])
-    out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest()}
-    for role, spec in (("draft", cfg.draft), ("target", cfg.target)):
-        out[role] = {k: v for k, v in resolve(spec)[1].items() if k != "source"}
-    return out
-
-
-def _run_record(cfg: LabelConfig, inputs: dict) -> dict:
-    """``run.json``: the settings, and the digests of the inputs, that a resume must match."""
-    return json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))  # tuples -> lists, as stored
+RUN_FILE = "run.json"
+"""The run's settings and input digests, written before its first shard: a folder holding it is a labeling run's."""
 
 
 def _differences(previous: dict, record: dict) -> list[str]:
@@ -232,29 +208,66 @@ def _differences(previous: dict, record: dict) -> list[str]:
     return changed
 
 
+def _run_record(cfg: LabelConfig, inputs: dict) -> dict:
+    """``run.json``: the settings, and the digests of the inputs, that a resume must match."""
+    return json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))  # tuples -> lists, as stored
+
+
+def _previous_run(out: Path) -> dict | None:
+    """The ``run.json`` of the run in ``out``, None when there is none."""
+    path = out / RUN_FILE
+    if not path.exists():
+        return None
+    previous = shards.read_json(path, "pass --overwrite true to start over or choose another output_dir")
+    if not isinstance(previous, dict):
+        raise LabelingError(f"{path} is not a labeling run's record; pass --overwrite true to start over or choose "
+                            "another output_dir")
+    return previous
+
+
 def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
-    """Refuse to resume a folder labeled with other settings or from other inputs (unless asked to start over)."""
-    run_file = out / "run.json"
-    if cfg.overwrite:
+    """Refuse a folder labeled with other settings or from other inputs (unless asked to start over), and a
+    non-empty folder that holds no labeling run (unless told to label beside what it holds; never when it holds
+    shards that no run of this folder wrote)."""
+    if cfg.overwrite and (out / RUN_FILE).exists():  # this folder's run, started over whatever its record says
         return
-    if run_file.exists():
-        changed = _differences(json.loads(run_file.read_text()), _run_record(cfg, inputs))
+    previous = _previous_run(out)
+    if previous is not None:
+        changed = _differences(previous, _run_record(cfg, inputs))
         if changed:
             raise LabelingError(
                 f"{out} holds a labeling run with other settings or inputs ({', '.join(changed)}); "
                 "pass --overwrite true or choose another output_dir"
             )
-    elif any(out.rglob("*.arrow")):
-        raise LabelingError(f"{out} holds shards but no run.json; pass --overwrite true or choose another output_dir")
+        return
+    if shards.dataset_files(out) or (out / "manifest.json").exists():
+        raise LabelingError(f"{out} holds shards that no labeling run recorded in {RUN_FILE} wrote; choose another "
+                            "output_dir (they are not deleted, not even with --overwrite true)")
+    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    if others and not cfg.overwrite:
+        raise LabelingError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
+                            "holds no labeling run; choose another output_dir, or pass --overwrite true to label "
+                            "beside what it holds")
 
 
 def _start_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
-    """Record the run in ``run.json``, after deleting an earlier run's files when asked to start over."""
-    run_file = out / "run.json"
+    """Record the run in ``run.json``, after deleting this folder's earlier run (its shards, their records, its
+    manifest; nothing else) when asked to start over."""
     if cfg.overwrite:
-        for p in [*out.rglob("*.arrow"), *out.rglob("*.arrow.json"), out / "manifest.json", run_file]:
+        for p in [*shards.dataset_files(out), out / "manifest.json"]:
             p.unlink(missing_ok=True)
-    shards.write_json(run_file, _run_record(cfg, inputs))
+    shards.write_json(out / RUN_FILE, _run_record(cfg, inputs))
+
+
+def _refuse_unlisted(out: Path, names, manifest: bool) -> None:
+    """Refuse shards in the dataset's folders that this run does not write (``names``: the manifest's, or this
+    run's batches'): a reader would take their rows for the dataset's, and they are not this run's to delete."""
+    stray = shards.unlisted_shards(out, names)
+    if stray:
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        whose = "listed in the manifest" if manifest else "a batch of this run"
+        raise LabelingError(f"{stray[0]}{more} is not {whose}: no labeling run of {out} wrote it; move it out of the "
+                            "dataset's folders and run again")
 
 
 def build_records(cfg: LabelConfig, tokenizer, context: int, table: list[dict] | None = None) -> list[dict]:
@@ -284,32 +297,39 @@ def build_records(cfg: LabelConfig, tokenizer, context: int, table: list[dict] |
 
 
 def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool = False) -> dict:
-    """Label (or resume labeling) and write the manifest; return it."""
+    """Label (or resume labeling) and write the manifest; return it. Every input is read and checked (prompts,
+    models' paths and digests) before the output folder is touched, and the folder is held (``core.lock``) while
+    the run reads and writes it."""
     t_start = time.perf_counter()
-    out = _prepare_output(cfg)
-    shards.clean_temporaries(out)
-    # cheap checks before loading models: prompts exist, are non-empty, have the field
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
-    inputs = input_digests(cfg, table)
-    manifest = _finished_run(out, cfg, inputs, quiet)
-    if manifest is None:
-        _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
-        draft, target, tok, models = load_pair(cfg)
-        records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
-        _start_run(out, cfg, inputs)
-        batches = make_batches(records, cfg.batch_size)
-        if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
-            return {}  # another rank: rank 0 writes the manifest
-        _check_complete(out, batches)
-        manifest = shards.write_manifest(
-            out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
-            response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
-            keys=[b["key"] for b in batches],
-            mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
-            settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
-            seconds=round(time.perf_counter() - t_start, 1),
-            tapped_layers=tap_layers(draft.config.num_hidden_layers),
-        )
+    inputs = input_digests(table, cfg.response_source == "dataset", {"draft": cfg.draft, "target": cfg.target})
+    out = Path(cfg.output_dir)
+    with folder_lock(out, "a labeling run"):
+        if launching_process():  # a rank it started would remove the files other ranks are writing
+            shards.clean_temporaries(out)
+        manifest = _finished_run(out, cfg, inputs, quiet)
+        if manifest is None:
+            _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
+            draft, target, tok, models = load_pair(cfg)
+            records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
+            batches = make_batches(records, cfg.batch_size)
+            if launching_process():  # the ranks it starts write into the folder it prepared
+                _start_run(out, cfg, inputs)
+                _refuse_unlisted(out, [f"{b['key']}.arrow" for b in batches]
+                                 + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches],
+                                 manifest=False)
+            if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
+                return {}  # another rank: rank 0 writes the manifest
+            _check_complete(out, batches)
+            manifest = shards.write_manifest(
+                out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
+                response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
+                keys=[b["key"] for b in batches],
+                mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
+                settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
+                seconds=round(time.perf_counter() - t_start, 1),
+                tapped_layers=tap_layers(draft.config.num_hidden_layers),
+            )
     if not quiet:
         print_summary(manifest, out)
     return manifest
@@ -317,17 +337,26 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
 
 def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dict | None:
     """The manifest of a finished run with these settings and inputs in ``out`` (nothing to do), else None. A
-    finished run whose shards fail verification is reopened: its manifest goes, and its damaged shards are
-    redone."""
-    if (out / "manifest.json").exists() and not cfg.overwrite and (out / "run.json").exists():
-        if not _differences(json.loads((out / "run.json").read_text()), _run_record(cfg, inputs)):
-            manifest = shards.read_manifest(out, verify=False)
-            problems = shards.verify_shards(out, manifest)
-            if not problems:
-                return manifest
-            if not quiet:
-                print(f"{out}: {len(problems)} problem(s) with the shards, first: {problems[0]}; redoing them")
-            (out / "manifest.json").unlink(missing_ok=True)
+    finished run whose shards fail verification, or whose manifest is unreadable, is reopened: its manifest goes,
+    and its damaged shards are redone; shards its manifest does not list are refused."""
+    if cfg.overwrite or not (out / "manifest.json").exists():
+        return None
+    previous = _previous_run(out)
+    if previous is None or _differences(previous, _run_record(cfg, inputs)):
+        return None
+    try:
+        manifest = shards.read_manifest(out, verify=False)
+    except UserError as e:  # not JSON: written again from the shards
+        problems = [str(e)]
+    else:
+        if "shards" in manifest:  # (a manifest from before shards were listed is written again)
+            _refuse_unlisted(out, manifest["shards"], manifest=True)
+        problems = shards.verify_shards(out, manifest)
+        if not problems:
+            return manifest
+    if not quiet:
+        print(f"{out}: {len(problems)} problem(s) with the shards, first: {problems[0]}; redoing them")
+    (out / "manifest.json").unlink(missing_ok=True)
     return None
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
-from evaluation.config import parse
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evaluation.results import ResultStore
-    from evaluation.run import load_prompts, run_eval
+    try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
+        from evaluation.config import parse
+        from evaluation.results import ResultStore
+        from evaluation.run import RESULTS, load_prompts, run_eval
 
-    try:
         cfg, report_only = parse(argv)
         if report_only:
             from pathlib import Path
@@ -20,9 +20,13 @@ def main(argv: list[str] | None = None) -> int:
             from evaluation.report import write_report
 
             out = Path(cfg.output_dir)
-            write_report(out, cfg, ResultStore(out / "results.jsonl").records(), load_prompts(cfg.prompts))
+            write_report(out, cfg, ResultStore(out / RESULTS).records(), load_prompts(cfg.prompts))
         else:
             out = run_eval(cfg)
+    except KeyboardInterrupt:
+        print("interrupted: stopped by Ctrl-C; every finished run is kept in results.jsonl: run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,7 +72,8 @@ class Sweep:
     family: str
     """A registered policy (``evaluation.policies.POLICIES``); the report lists families in this order."""
     fixed: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``."""
+    """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``; the
+    family's own setting (``k`` of ``sd``) given here runs as a one-point grid (``sd[k=4]``)."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Keyword arguments swept, e.g. ``{k: [2, 4, 6]}``; ``null`` means the policy's default (a head file's own
     threshold). With more than one setting the lowest-latency one represents the family in the table."""
@@ -83,6 +84,14 @@ class Sweep:
         empty = [k for k, v in self.grid.items() if not isinstance(v, list) or not v]
         if empty:
             raise EvalError(f"{self.family}: grid entries {empty} must be non-empty lists")
+        setting = POLICIES.get_class(self.family).setting
+        if setting in self.fixed:
+            # a run's name holds its family's setting (``sd[k=4]``), where the choice of K, h, τ and the report
+            # read it: a fixed setting is a one-point grid
+            if setting in self.grid:
+                raise EvalError(f"{self.family}: {setting} is both fixed and swept; give it in one of them")
+            self.grid = {setting: [self.fixed[setting]], **self.grid}
+            self.fixed = {k: v for k, v in self.fixed.items() if k != setting}
 
     def settings(self) -> list[dict[str, Any]]:
         """Every swept combination, as keyword arguments (without ``fixed``)."""

@@ -18,10 +18,10 @@ prompt with the same seed (common random numbers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import platform
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -30,10 +30,11 @@ from typing import Any, Callable
 
 import torch
 
+from core.lock import LOCK_FILE, folder_lock
 from core.models import resolve_device, resolve_dtype
-from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from core.prompts import PromptConfig, input_digests, load_prompt_table, tokenize_prompt
 from core.sampling import Sampling, prompt_generator, prompt_seed
-from core.shards import write_json
+from core.shards import read_json, write_json
 from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
@@ -67,6 +68,9 @@ class Engine:
     time_forwards: Callable[[int, int], dict] | None = None
     """``(prompt_tokens, new_tokens) →`` the pair's forwards timed on this device (``bench_timing.time_pair``);
     None = not timed."""
+    models: dict | None = None
+    """The pair by content, as ``core.prompts.input_digests`` records it (role → digests), for an engine whose
+    models the config does not name; None = the config's ``draft`` and ``target`` are read."""
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
@@ -134,25 +138,68 @@ def load_prompts(cfg: PromptConfig) -> list[dict]:
     return out
 
 
-def _prepare_output(cfg: EvalConfig) -> Path:
-    out = Path(cfg.output_dir)
+SETTINGS, RESULTS = "settings.json", "results.jsonl"
+REPORT_FILES = ("report.md", "report.json", "pareto.png", "speedup.png", "quality.png")
+"""What ``evaluation.report.write_report`` writes."""
+
+
+def run_files(out: Path) -> list[Path]:
+    """Every file an evaluation writes into its folder, and nothing else: what ``overwrite`` deletes."""
+    from evaluation.likelihood import LOGLIK_FILE
+    from evaluation.traces import TRACES_DIR
+
+    names = [SETTINGS, RESULTS, LOGLIK_FILE, FORWARD_TIMING, SELECTION, *REPORT_FILES]
+    return [*(p for p in (out / n for n in names) if p.is_file()),
+            *sorted((out / TRACES_DIR).glob("*/*.safetensors"))]
+
+
+def _prepare_output(cfg: EvalConfig, out: Path, inputs: dict) -> None:
+    """Start over (deleting only ``run_files``), or check that the results already in ``out`` were made with these
+    settings, inputs and heads; then record them in ``settings.json``. A folder that is not empty and holds no
+    evaluation is refused unless ``overwrite`` says to write beside what it holds. Called with the folder held."""
+    from evaluation.traces import TRACES_DIR
+
+    path = out / SETTINGS
+    settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
     if cfg.overwrite:
-        shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "settings.json"
-    settings = json.loads(json.dumps(cfg.settings()))
-    if path.exists() and len(ResultStore(out / "results.jsonl")):  # settings without results bind nothing
-        old = json.loads(path.read_text())
+        for p in run_files(out):
+            p.unlink()
+        for d in [*sorted((out / TRACES_DIR).glob("*/")), out / TRACES_DIR]:
+            with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
+                d.rmdir()
+    elif not path.exists() and not (out / RESULTS).exists():
+        others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
+        if others:
+            raise EvalError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
+                            "holds no evaluation; choose another output_dir, or pass --overwrite true to write beside "
+                            "what it holds (only an evaluation's own files are ever deleted)")
+    elif path.exists() and len(ResultStore(out / RESULTS)):  # settings without results bind nothing
+        old = read_json(path, "use another output_dir or overwrite: true")
+        if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
+            raise EvalError(f"{path} is not an evaluation's settings; use another output_dir or overwrite: true")
         shared_modes = set(old["modes"]) & set(settings["modes"])
         old.setdefault("heads", settings["heads"])  # a folder written before head digests were recorded
-        diff = [k for k in settings if k != "modes" and old.get(k) != settings[k]]
+        old.setdefault("inputs", settings["inputs"])  # … and before prompt and model digests were
+        diff = [k for k in settings if k not in ("modes", "inputs") and old.get(k) != settings[k]]
         diff += [f"modes.{m}" for m in sorted(shared_modes) if old["modes"][m] != settings["modes"][m]]
+        diff += [f"inputs.{k} (content changed)" for k in sorted(set(old["inputs"]) | set(settings["inputs"]))
+                 if old["inputs"].get(k) != settings["inputs"].get(k)]
         if diff:
             raise EvalError(f"{out} holds results of other settings ({', '.join(diff)}); "
                             f"use another output_dir or overwrite: true")
         settings["modes"] = {**old["modes"], **settings["modes"]}
-    path.write_text(json.dumps(settings, indent=2) + "\n")
-    return out
+    write_json(path, settings)
+
+
+def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
+    """Build every policy setting the config names, once, before any model loads: a setting a policy refuses
+    (``k: [-3]``) is one line now, not a traceback after the runs before it."""
+    for sweep in cfg.policies:
+        for params in sweep.settings() or [{}]:
+            try:
+                build(sweep.family, **sweep.fixed, **params)
+            except (TypeError, ValueError) as e:
+                raise EvalError(f"{run_label(sweep.family, params)}: {e}") from None
 
 
 def _stats_dict(stats) -> dict:
@@ -325,26 +372,43 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
 
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
-    """Run (or resume) the evaluation and write the report; return the output folder."""
-    from evaluation.hf_peer import head_runs, peer_runs
+    """Run (or resume) the evaluation and write the report; return the output folder. Every input (prompts, head
+    files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
+    the folder is held (``core.lock``) from then on."""
+    from evaluation.hf_peer import head_runs
+    from evaluation.policies import build_policy
+
+    prompts = load_prompts(cfg.prompts)
+    heads = head_files(cfg)
+    check_settings(cfg, engine.build_policy if engine is not None else build_policy)
+    if cfg.hf_peer.enabled:
+        head_runs(cfg.hf_peer)
+    if cfg.select_by == "simulated":  # the labels the choice replays
+        from core.shards import read_manifest
+
+        read_manifest(cfg.labels_dir)
+    rows = [{"text": p["text"], "response": p["reference"]} for p in prompts]
+    identified = engine.models if engine is not None else None
+    inputs = input_digests(rows, True, {"draft": cfg.draft, "target": cfg.target} if identified is None else {})
+    inputs.update(identified or {})
+    out = Path(cfg.output_dir)
+    with folder_lock(out, "an evaluation"):
+        _prepare_output(cfg, out, inputs)
+        _evaluate(cfg, engine or Engine.load(cfg), prompts, heads, out, quiet)
+    return out
+
+
+def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], heads: list[str], out: Path, quiet: bool) -> None:
+    """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report."""
+    from evaluation.hf_peer import peer_runs
     from evaluation.likelihood import score_records
     from evaluation.report import write_report
     from evaluation.traces import UNWARPED, record_traces
 
-    out = _prepare_output(cfg)
-    prompts = load_prompts(cfg.prompts)
-    store = ResultStore(out / "results.jsonl")
-    heads = head_files(cfg)
-    if cfg.select_by == "simulated":  # the labels the choice replays, checked before the models load
-        from core.shards import read_manifest
-
-        read_manifest(cfg.labels_dir)
-    engine = engine or Engine.load(cfg)
+    store = ResultStore(out / RESULTS)
     if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
         for path in heads:
             engine.check_head(path)
-    if cfg.hf_peer.enabled:
-        head_runs(cfg.hf_peer)
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]
@@ -382,4 +446,3 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
                 record_traces(out, mode.name, store.records(), runner._ids, engine.record_trace,
                               lambda prompt: prompt_generator(cfg.seed + 1, prompt, cpu), quiet)
     write_report(out, cfg, store.records(), prompts)
-    return out

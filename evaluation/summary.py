@@ -217,8 +217,8 @@ def chosen_params(chosen: dict[str, str], records: list[dict], mode: str, family
 
 def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None:
     """K of the chosen fixed-K SD run in ``mode``."""
-    params = chosen_params(chosen, records, mode, "sd")
-    return None if params is None else int(params["k"])
+    k = (chosen_params(chosen, records, mode, "sd") or {}).get("k")
+    return None if k is None else int(k)
 
 
 def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: str,

@@ -87,6 +87,7 @@ def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bo
                          "target_calls": n // 2, "draft_calls": n, "discarded": None, "accepted_lengths": None}
 
     return Engine(tokenizer=FakeTokenizer(), make_pair=lambda s: FakePair(s), build_policy=build,
+                  models={"draft": {"fingerprint": "fake-draft"}, "target": {"fingerprint": "fake-target"}},
                   hf_generate=hf_generate if hf else None, loglik=loglik)
 
 

@@ -12,7 +12,7 @@ from test_eval_fakes import fake_engine, write_prompt_file
 
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
-from evaluation.__main__ import parse
+from evaluation.config import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep
 from evaluation.markdown import theorem7_md
 from evaluation.report import write_report

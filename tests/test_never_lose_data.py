@@ -1,0 +1,418 @@
+"""Labeling and evaluation never delete what they did not write, never mix two runs in one folder, and answer bad
+input (and Ctrl-C) with one line: checks before the disk is touched, own files only, the folder lock, full input
+identity on an eval resume, unlisted shards, and the inputs that used to end in a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from test_eval_fakes import fake_engine, write_prompt_file
+from test_eval_run import make_cfg
+
+from core import shards
+from core.errors import UserError
+from core.lock import LOCK_FILE, FolderInUse, folder_lock
+from core.prompts import PromptConfig
+from data_gen.run import LabelingError, run_labels
+from evaluation.config import EvalError, HFPeer, Mode, Sweep
+from evaluation.policies import build_policy
+from evaluation.results import ResultStore
+from evaluation.run import run_eval, run_files
+
+QUICK = dict(policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2, 3]})], hf_peer=HFPeer(enabled=False),
+             modes=[Mode("sample", 1.0)])
+
+
+def _tree(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _foreign_folder(folder):
+    """A folder holding what no evaluation wrote: a label dataset's files, a note, and a nested results file."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text('{"schema_version": 4}\n')
+    (folder / "train").mkdir()
+    (folder / "train" / "draft-0000.arrow").write_bytes(b"rows")
+    (folder / "notes.txt").write_text("mine")
+    (folder / "other").mkdir()
+    (folder / "other" / "results.jsonl").write_text("{}\n")
+    return folder
+
+
+# ------------------------------------------------------------------ eval: check first, delete only its own
+@pytest.mark.parametrize("bad", ["prompts", "head", "setting"])
+def test_eval_overwrite_with_a_bad_input_touches_nothing(tmp_path, bad):
+    folder = _foreign_folder(tmp_path / "labels")
+    before = _tree(folder)
+    kw = {"prompts": PromptConfig(source=str(tmp_path / "nope.jsonl"))} if bad == "prompts" else {}
+    if bad == "head":
+        kw["policies"] = [Sweep("sprinter", fixed={"head": str(tmp_path / "nope.safetensors")})]
+    if bad == "setting":
+        kw["policies"] = [Sweep("sd", grid={"k": [2, -3]})]
+    engine = fake_engine()
+    engine.build_policy = build_policy  # the real policies, which refuse k = -3
+    with pytest.raises(UserError):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **kw), engine, quiet=True)
+    assert _tree(folder) == before
+
+
+def test_eval_into_the_current_directory_with_a_bad_input_touches_nothing(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "README.md").write_text("the project's own")
+    monkeypatch.chdir(work)
+    cfg = make_cfg(tmp_path, output_dir=".", overwrite=True, prompts=PromptConfig(source="nope.jsonl"))
+    with pytest.raises(UserError, match="prompt file not found"):
+        run_eval(cfg, fake_engine(), quiet=True)
+    assert _tree(work) == {"README.md": b"the project's own"}
+
+
+def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_files(tmp_path):
+    folder = _foreign_folder(tmp_path / "shared")
+    before = _tree(folder)
+    with pytest.raises(EvalError, match="holds no evaluation; choose another output_dir, or pass --overwrite"):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), **QUICK), fake_engine(), quiet=True)
+    assert _tree(folder) == before
+    run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    after = _tree(folder)
+    assert {k: after[k] for k in before} == before and "results.jsonl" in after
+    (folder / "traces" / "sample").mkdir(parents=True)
+    (folder / "traces" / "sample" / "00000.safetensors").write_bytes(b"a trace")
+    (folder / "traces" / "notes.txt").write_text("not a trace")
+    calls = []
+    run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, max_new_tokens=5, **QUICK),
+             fake_engine(calls), quiet=True)
+    again = _tree(folder)
+    assert {k: again[k] for k in before} == before and again["traces/notes.txt"] == b"not a trace"
+    assert "traces/sample/00000.safetensors" not in again
+    fresh = run_eval(make_cfg(tmp_path, output_dir=str(tmp_path / "fresh"), max_new_tokens=5, **QUICK),
+                     fake_engine(), quiet=True)
+    assert len(ResultStore(folder / "results.jsonl")) == len(ResultStore(fresh / "results.jsonl")) == len(calls)
+    # what overwrite deletes is every file an evaluation writes
+    assert {p.relative_to(fresh).as_posix() for p in run_files(fresh)} == set(_tree(fresh)) - {LOCK_FILE}
+    assert set(again) - set(before) - {"traces/notes.txt"} == set(_tree(fresh))
+
+
+# ------------------------------------------------------------------ labeling: its own shards only
+def test_labeling_overwrite_keeps_a_dataset_in_a_subfolder(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    shutil.copytree(out, tmp_path / "copy")
+    shutil.copytree(tmp_path / "copy", out / "other")
+    kept = _tree(out / "other")
+    run_labels(label_config(seed=5, overwrite=True), quiet=True)
+    assert _tree(out / "other") == kept
+    shards.read_manifest(out / "other")
+    shards.read_manifest(out)
+
+
+def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, monkeypatch):
+    import data_gen.run
+
+    out = tmp_path / "labels"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
+    with pytest.raises(LabelingError, match="holds no labeling run; choose another output_dir, or pass --overwrite"):
+        run_labels(label_config(), quiet=True)
+    (out / "train").mkdir()
+    (out / "train" / "draft-0000.arrow").write_bytes(b"someone's rows")
+    for overwrite in (False, True):  # shards no run.json claims are never deleted
+        with pytest.raises(LabelingError, match="no labeling run recorded in run.json wrote"):
+            run_labels(label_config(overwrite=overwrite), quiet=True)
+    assert _tree(out) == {"notes.txt": b"mine", "train/draft-0000.arrow": b"someone's rows"}
+    monkeypatch.undo()
+    (out / "train" / "draft-0000.arrow").unlink()
+    run_labels(label_config(overwrite=True), quiet=True)  # told: labeled beside the note
+    assert (out / "notes.txt").read_text() == "mine"
+    shards.read_manifest(out)
+
+
+# ------------------------------------------------------------------ the lock
+HOLD = """
+import sys, time
+from core.lock import folder_lock
+with folder_lock(sys.argv[1], "a test holder"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A folder another live process holds; yields (folder, that process)."""
+    folder = tmp_path / "held"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.getcwd())
+    assert proc.stdout.readline().strip() == "held"
+    yield folder, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_labeling_run_or_eval_on_a_held_folder_is_one_line(held, label_config, tmp_path, monkeypatch):
+    import data_gen.run
+
+    folder, proc = held
+    monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
+    with pytest.raises(FolderInUse, match=rf"in use by a test holder \(process {proc.pid} "):
+        run_labels(label_config(output_dir=str(folder)), quiet=True)
+    with pytest.raises(FolderInUse, match=rf"process {proc.pid} "):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]
+    proc.kill()
+    proc.wait()  # killed: its lock file stays, stale, and is taken over
+    assert (folder / LOCK_FILE).exists()
+    run_eval(make_cfg(tmp_path, output_dir=str(folder), **QUICK), fake_engine(), quiet=True)
+    assert not (folder / LOCK_FILE).exists()  # released when done
+
+
+def test_the_lock_is_exclusive_in_one_process_and_released_on_error(tmp_path):
+    with folder_lock(tmp_path, "the first"):
+        with pytest.raises(FolderInUse, match="in use by the first"):
+            with folder_lock(tmp_path, "the second"):
+                pass
+    with pytest.raises(RuntimeError):
+        with folder_lock(tmp_path, "a failing run"):
+            raise RuntimeError
+    with folder_lock(tmp_path, "the next"):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_two_labeling_commands_at_once_one_refused(label_config, tiny_pair, prompt_file, tmp_path):
+    """Started together on one folder: one labels, the other says the folder is in use, and the dataset is the
+    one process's own."""
+    args = [sys.executable, "-m", "data_gen", "--draft.path", str(tiny_pair[0]), "--target.path", str(tiny_pair[1]),
+            "--prompts.source", str(prompt_file), "--prompts.response_field", "answer", "--sampling.max_new_tokens",
+            "6", "--batch_size", "3", "--accelerator", "cpu", "--devices", "1", "--output_dir", str(tmp_path / "two")]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([*args, "--seed", str(seed)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              text=True, env=env) for seed in (0, 1)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], results
+    refused = next(err for rc, err in results if rc == 2)
+    assert [line for line in refused.splitlines() if line.startswith("error:")] == [refused.strip().splitlines()[-1]]
+    # in use while the other labels; a slow start finds it labeled with the other seed
+    assert "is in use by a labeling run" in refused or "other settings" in refused, refused
+    assert "Traceback" not in refused
+    seed = [0, 1][[rc for rc, _ in results].index(0)]
+    manifest = shards.read_manifest(tmp_path / "two")
+    assert manifest["seed"] == seed
+    alone = run_labels(label_config(seed=seed, output_dir=str(tmp_path / "alone")), quiet=True)
+    assert manifest["splits"] == alone["splits"]
+
+
+# ------------------------------------------------------------------ eval resume: the inputs' content
+def test_eval_resume_refuses_edited_prompts_or_another_draft(tmp_path):
+    prompts = write_prompt_file(tmp_path / "mine.jsonl", n=4)
+    cfg = make_cfg(tmp_path, prompts=PromptConfig(source=str(prompts), response_field="answer"), **QUICK)
+    run_eval(cfg, fake_engine(), quiet=True)
+    run_eval(cfg, fake_engine(), quiet=True)  # the same inputs resume
+    lines = prompts.read_text().splitlines()
+    prompts.write_text("\n".join([lines[0].replace("def", "class", 1), *lines[1:]]) + "\n")
+    with pytest.raises(EvalError, match=r"other settings \(inputs.prompts_sha256 \(content changed\)\)"):
+        run_eval(cfg, fake_engine(), quiet=True)
+    write_prompt_file(prompts, n=4)
+    engine = fake_engine()
+    engine.models = {**engine.models, "draft": {"fingerprint": "other weights"}}
+    with pytest.raises(EvalError, match=r"other settings \(inputs.draft \(content changed\)\)"):
+        run_eval(cfg, engine, quiet=True)
+    run_eval(cfg, fake_engine(), quiet=True)
+
+
+def _eval_config(tmp_path, draft, target, **kw) -> str:
+    """A YAML config of a tiny real evaluation (two prompts, two new tokens)."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "draft": {"path": str(draft)}, "target": {"path": str(target)},
+        "prompts": {"source": str(write_prompt_file(tmp_path / "prompts.jsonl", n=2)), "response_field": "answer"},
+        "policies": [{"family": "target_only"}, {"family": "sd", "grid": {"k": [2]}}], "hf_peer": {"enabled": False},
+        "max_new_tokens": 2, "train_dir": None, "labels_dir": None, "output_dir": str(tmp_path / "eval"),
+        "dtype": "float32", "device": "cpu", "warmup": False, "loglik": False, **kw}))
+    return str(config)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and lines and lines[-1].startswith(("error:", "interrupted:")), err
+    assert len([line for line in lines if line.startswith(("error:", "interrupted:"))]) == 1, err
+    return lines[-1]
+
+
+def test_eval_resume_refuses_a_draft_swapped_at_the_same_path(tiny_pair, tmp_path, capsys):
+    from evaluation.__main__ import main
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_pair[0], draft)
+    config = _eval_config(tmp_path, draft, tiny_pair[1])
+    assert main(["--config", config]) == 0
+    out = tmp_path / "eval"
+    written = set(_tree(out))
+    assert {"forward_timing.json", "report.md"} <= written and any(f.startswith("traces/") for f in written)
+    assert {p.relative_to(out).as_posix() for p in run_files(out)} == written  # overwrite deletes all of it
+    shutil.copy(tiny_pair[1] / "model.safetensors", draft / "model.safetensors")  # the target's weights
+    capsys.readouterr()
+    assert main(["--config", config]) == 2
+    assert "other settings (inputs.draft (content changed))" in _one_line(capsys)
+
+
+# ------------------------------------------------------------------ unlisted shards
+def test_an_unlisted_shard_is_refused_with_the_truth(label_config, tmp_path, monkeypatch):
+    import data_gen.run
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    first = sorted((out / "train").glob("*.arrow"))[0]
+    stray = out / "train" / "zz-0000.arrow"
+    shutil.copy(first, stray)
+    shutil.copy(first.with_name(first.name + ".json"), stray.with_name(stray.name + ".json"))
+    with pytest.raises(shards.ShardError, match="zz-0000.arrow: not listed in .*move it out of the dataset"):
+        shards.read_manifest(out)
+    monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
+    with pytest.raises(LabelingError, match="zz-0000.arrow is not listed in the manifest: no labeling run of"):
+        run_labels(label_config(), quiet=True)
+    assert stray.exists()  # not ours to delete
+    stray.unlink()
+    run_labels(label_config(), quiet=True)  # finished, nothing to do
+    shards.read_manifest(out)
+
+
+def test_an_unlisted_shard_in_an_unfinished_run_is_refused(label_config, tmp_path):
+    import pytorch_lightning as pl
+
+    from data_gen.run import LabelingInterrupted
+
+    class CtrlC(pl.Callback):
+        def on_predict_batch_end(self, trainer, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    with pytest.raises(LabelingInterrupted):
+        run_labels(label_config(), callbacks=[CtrlC()], quiet=True)
+    out = tmp_path / "labels"
+    done = sorted(out.glob("*/*.arrow"))[0]
+    stray = done.with_name("zz-0000.arrow")
+    shutil.copy(done, stray)
+    with pytest.raises(LabelingError, match="zz-0000.arrow is not a batch of this run"):
+        run_labels(label_config(), quiet=True)
+    stray.unlink()
+    run_labels(label_config(), quiet=True)
+    shards.read_manifest(out)
+
+
+# ------------------------------------------------------------------ bad input: one line
+def test_a_fixed_sd_k_runs_as_a_one_point_grid(tmp_path):
+    assert Sweep("sd", fixed={"k": 4}).grid == {"k": [4]}
+    with pytest.raises(EvalError, match="k is both fixed and swept"):
+        Sweep("sd", fixed={"k": 4}, grid={"k": [2]})
+    cfg = make_cfg(tmp_path, policies=[Sweep("target_only"), Sweep("sd", fixed={"k": 4})],
+                   hf_peer=HFPeer(confidence_thresholds=[]))
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    runs = {r["run"] for r in ResultStore(out / "results.jsonl").records()}
+    assert {"sd[k=4]", "hf_assisted[k=4]"} <= runs
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_prompt_limit_below_one_is_one_line_before_anything(tmp_path, capsys, limit, tiny_pair):
+    from data_gen.__main__ import main as label_main
+    from evaluation.__main__ import main as eval_main
+
+    with pytest.raises(UserError, match="prompts.limit must be a positive number"):
+        PromptConfig(limit=limit)
+    config = _eval_config(tmp_path, tmp_path / "no-draft", tmp_path / "no-target")
+    assert eval_main(["--config", config, "--prompts.limit", str(limit)]) == 2
+    assert "prompts.limit must be a positive number of prompts or null (all), got" in _one_line(capsys)
+    assert label_main(["--draft.path", str(tiny_pair[0]), "--target.path", str(tiny_pair[1]), "--prompts.source",
+                       str(tmp_path / "prompts.jsonl"), "--prompts.limit", str(limit), "--output_dir",
+                       str(tmp_path / "labels")]) == 2
+    assert "prompts.limit must be a positive number" in _one_line(capsys)
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "labels").exists()
+
+
+def test_a_setting_a_policy_refuses_is_one_line_before_the_models_load(tmp_path, capsys):
+    from evaluation.__main__ import main
+
+    config = _eval_config(tmp_path, tmp_path / "no-draft", tmp_path / "no-target",
+                          policies=[{"family": "sd", "grid": {"k": [2, -3]}}])
+    assert main(["--config", config]) == 2
+    assert _one_line(capsys) == "error: sd[k=-3]: k must be at least 1, got -3"
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_manifest_or_run_record_that_is_not_json(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    good = shards.read_manifest(out)
+    (out / "manifest.json").write_text('{"schema')
+    with pytest.raises(UserError, match=r"manifest.json is not valid JSON \(.*\); run the labeling command again"):
+        shards.read_manifest(out)
+    assert run_labels(label_config(), quiet=True)["shards"] == good["shards"]  # written again from the shards
+    (out / "run.json").write_text("nope")
+    with pytest.raises(UserError, match=r"run.json is not valid JSON \(.*\); pass --overwrite true"):
+        run_labels(label_config(), quiet=True)
+    (out / "run.json").write_text("[1]")
+    with pytest.raises(LabelingError, match="not a labeling run's record"):
+        run_labels(label_config(), quiet=True)
+    run_labels(label_config(overwrite=True), quiet=True)
+    shards.read_manifest(out)
+
+
+def test_an_eval_settings_file_that_is_not_json(tmp_path):
+    cfg = make_cfg(tmp_path, **QUICK)
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    for broken, message in (("nope", "is not valid JSON"), ("[1]", "is not an evaluation's settings")):
+        (out / "settings.json").write_text(broken)
+        with pytest.raises(UserError, match=f"settings.json {message}.*use another output_dir or overwrite: true"):
+            run_eval(cfg, fake_engine(), quiet=True)
+    cfg.overwrite = True
+    run_eval(cfg, fake_engine(), quiet=True)
+
+
+def test_ctrl_c_while_loading_or_scoring_is_one_line(label_config, tmp_path, capsys, monkeypatch):
+    import data_gen.run
+    import evaluation.run
+    from data_gen.__main__ import main as label_main
+    from evaluation.__main__ import main as eval_main
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_gen.run, "load_pair", interrupt)
+    cfg = label_config()
+    assert label_main(["--draft.path", cfg.draft.path, "--target.path", cfg.target.path, "--prompts.source",
+                       cfg.prompts.source, "--output_dir", str(tmp_path / "labels")]) == 130
+    assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C")
+    monkeypatch.setattr(evaluation.run.Engine, "load", classmethod(lambda cls, cfg: fake_engine(loglik=interrupt)))
+    config = _eval_config(tmp_path, tmp_path / "draft", tmp_path / "target", loglik=True)
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "target").mkdir()
+    for d in ("draft", "target"):
+        (tmp_path / d / "config.json").write_text("{}")
+    assert eval_main(["--config", config]) == 130
+    assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C; every finished run is kept")
+    assert not (tmp_path / "eval" / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("command", ["data_gen", "evaluation"])
+def test_ctrl_c_while_starting_up_is_one_line(command, tiny_pair, prompt_file, tmp_path):
+    if command == "data_gen":
+        args = ["--draft.path", str(tiny_pair[0]), "--target.path", str(tiny_pair[1]), "--prompts.source",
+                str(prompt_file), "--output_dir", str(tmp_path / "out"), "--accelerator", "cpu", "--devices", "1"]
+    else:
+        args = ["--config", _eval_config(tmp_path, *tiny_pair)]
+    proc = subprocess.Popen([sys.executable, "-m", command, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    time.sleep(1.5)  # importing torch, or reading the inputs
+    proc.send_signal(signal.SIGINT)
+    rc, err = proc.wait(timeout=120), proc.stderr.read()
+    assert rc == 130 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("interrupted:")], err
