@@ -70,7 +70,9 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
+        from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
+        from core.shards import read_manifest
         from evaluation.decoder import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
@@ -86,6 +88,9 @@ class Engine:
         draft, tok, d_id = load_model(cfg.draft, dtype)
         target, t_tok, t_id = load_model(cfg.target, dtype)
         check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
+        if cfg.select_by == "simulated":  # the label traces stand for this pair's decoding
+            pair = {"draft": d_id, "target": t_id}
+            check_labels_pair(read_manifest(cfg.labels_dir)["models"], pair, cfg.labels_dir)
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
@@ -337,8 +342,11 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     heads = head_files(cfg)
     if cfg.select_by == "simulated":  # the labels the choice replays, checked before the models load
         from core.shards import read_manifest
+        from heads.export import check_labels
 
         read_manifest(cfg.labels_dir)
+        for path in heads:
+            check_labels(path, cfg.labels_dir)
     engine = engine or Engine.load(cfg)
     if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
         for path in heads:

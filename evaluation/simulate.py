@@ -32,7 +32,7 @@ from core.errors import UserError
 from core.shards import SPLITS
 from evaluation.latency import LatencyFit
 from evaluation.traces import Trace, load_label_traces, read_recorded
-from heads.export import read_metadata
+from heads.export import check_labels, read_metadata
 from heads.exported import ExportedHead, features_beyond
 from heads.features import draft_scores
 
@@ -483,6 +483,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{', '.join(Path(h).stem for h in found if h not in heads)}")
     else:
         heads = a.heads
+    for head in heads:  # a head replayed over labels of another draft would predict nothing about either
+        check_labels(head, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:

@@ -170,6 +170,17 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
                         f"{draft.get('name')!r} ({key} {theirs})")
 
 
+def check_labels(head: str | Path, labels: str | Path) -> None:
+    """Refuse a head trained for another draft than the one the labels in ``labels`` were made with (before its
+    rows are replayed, or choose settings, with that head)."""
+    from core.shards import read_manifest
+
+    try:
+        check_draft(read_metadata(head), draft=read_manifest(labels)["models"]["draft"], path=head)
+    except HeadFileError as e:
+        raise HeadFileError(f"{e}, the draft of the labels in {labels}") from None
+
+
 def check_model(meta: dict, model, path="head file") -> None:
     """Refuse a head that does not fit a loaded draft model: hidden size, vocabulary, then the identity recorded at
     export against ``model_identity(model)`` (the digest of the weights it holds). A head exported before the
