@@ -36,12 +36,19 @@ class IdentityError(UserError, ValueError):
     """Two things that must come from one model come from different ones."""
 
 
+def _describes(f: Path) -> bool:
+    """Whether a checkpoint folder's file may hold part of the model, rather than notes beside it (a README, a
+    licence, hidden files such as ``.gitattributes``)."""
+    name = f.name.lower()
+    return not (name.startswith((".", "readme", "license", "licence")) or name.endswith(".md"))
+
+
 def checkpoint_fingerprint(path: str | Path) -> str:
     """The ``fingerprint`` of a local transformers checkpoint: the name and sha256 of every file in its folder
-    (weights, config, tokenizer, generation config; remembered by ``file_sha256``, so a large model is hashed
-    once)."""
+    that may hold part of the model (weights, config, tokenizer, generation config; not a README or licence),
+    remembered by ``file_sha256``, so a large model is hashed once."""
     digest = hashlib.sha256()
-    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
+    for f in sorted(p for p in Path(path).iterdir() if p.is_file() and _describes(p)):
         digest.update(f"{f.name}:{file_sha256(f)}".encode())
     return digest.hexdigest()
 

@@ -344,9 +344,9 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         from core.shards import read_manifest
         from heads.export import check_labels
 
-        read_manifest(cfg.labels_dir)
+        manifest = read_manifest(cfg.labels_dir)
         for path in heads:
-            check_labels(path, cfg.labels_dir)
+            check_labels(path, manifest, cfg.labels_dir)
     engine = engine or Engine.load(cfg)
     if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
         for path in heads:

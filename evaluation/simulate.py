@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from core.errors import UserError
-from core.shards import SPLITS
+from core.shards import SPLITS, read_manifest
 from evaluation.latency import LatencyFit
 from evaluation.traces import Trace, load_label_traces, read_recorded
 from heads.export import check_labels, read_metadata
@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         heads = a.heads
     for head in heads:  # a head replayed over labels of another draft would predict nothing about either
-        check_labels(head, a.labels)
+        check_labels(head, read_manifest(a.labels), a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:

@@ -170,13 +170,11 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
                         f"{draft.get('name')!r} ({key} {theirs})")
 
 
-def check_labels(head: str | Path, labels: str | Path) -> None:
-    """Refuse a head trained for another draft than the one the labels in ``labels`` were made with (before its
-    rows are replayed, or choose settings, with that head)."""
-    from core.shards import read_manifest
-
+def check_labels(head: str | Path, manifest: dict, labels: str | Path) -> None:
+    """Refuse a head trained for another draft than the one the labels in ``labels`` (their ``manifest``) were
+    made with, before its rows are replayed with that head."""
     try:
-        check_draft(read_metadata(head), draft=read_manifest(labels)["models"]["draft"], path=head)
+        check_draft(read_metadata(head), draft=manifest["models"]["draft"], path=head)
     except HeadFileError as e:
         raise HeadFileError(f"{e}, the draft of the labels in {labels}") from None
 
