@@ -67,7 +67,7 @@ def _hash_tensor(digest, t: torch.Tensor) -> None:
         t = t.to(CANONICAL_FLOAT)
     t = t.detach().contiguous().cpu()
     digest.update(f"{t.dtype}:{tuple(t.shape)}:".encode())
-    digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    digest.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy
 
 
 def _stamp(model: torch.nn.Module) -> tuple:

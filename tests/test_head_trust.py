@@ -173,6 +173,34 @@ def test_the_simulator_refuses_a_head_of_another_draft(label_config, tiny_pair, 
     assert simulate.main(["--labels", str(cfg.output_dir), "--heads", str(mine), "--c", "0.1"])
 
 
+def test_the_eval_refuses_labels_of_another_draft_for_its_simulated_selection(label_config, tiny_pair, tmp_path):
+    """``select_by: simulated``: a head of another draft than the labels' is refused before the models load, and
+    labels of another pair than the one decoded when it loads."""
+    from test_eval_run import FAKE_DRAFT, make_cfg, write_test_labels, write_verifier
+
+    from data_gen.run import run_labels
+    from evaluation.config import Sweep
+    from evaluation.run import Engine, run_eval
+
+    labels = write_test_labels(tmp_path / "fake_labels", [("draft", True, 0.1)])
+    head = write_verifier(tmp_path / "v.safetensors", eta_fp_thm=0.2, draft={**FAKE_DRAFT, "sha256": "1" * 64})
+    cfg = make_cfg(tmp_path, select_by="simulated", labels_dir=str(labels),
+                   policies=[Sweep("target_only"), Sweep("sprinter", fixed={"head": str(head)})])
+    with pytest.raises(HeadFileError, match=f"the draft of the labels in {labels}"):
+        run_eval(cfg, engine=None, quiet=True)
+
+    made = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(made, quiet=True)
+    spec = {"draft": ModelSpec(path=str(tiny_pair[0]), name="tiny-draft"),
+            "target": ModelSpec(path=str(tiny_pair[1]), name="tiny-target")}
+    Engine.load(make_cfg(tmp_path, select_by="simulated", labels_dir=str(made.output_dir), device="cpu", **spec))
+    swapped = {**spec, "draft": ModelSpec(path=str(tiny_pair[1]), name="other")}
+    with pytest.raises(IdentityError, match=f"{made.output_dir} was labeled with draft 'tiny-draft', this run "
+                                            "decodes 'other': weights"):
+        Engine.load(make_cfg(tmp_path, select_by="simulated", labels_dir=str(made.output_dir), device="cpu",
+                             **swapped))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # item 2, 10, 11: make export-hf
 
