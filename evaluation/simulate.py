@@ -483,8 +483,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{', '.join(Path(h).stem for h in found if h not in heads)}")
     else:
         heads = a.heads
+    manifest = read_manifest(a.labels)
     for head in heads:  # a head replayed over labels of another draft would predict nothing about either
-        check_labels(head, read_manifest(a.labels), a.labels)
+        check_labels(head, manifest, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:

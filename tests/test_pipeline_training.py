@@ -140,7 +140,6 @@ def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path,
     assert not any("Traceback" in line for line in err)
 
 
-@pytest.mark.parametrize("block_size", [1, 4])
 @pytest.mark.parametrize("flags,message", [
     (["--max-epochs", "-5"], "--max-epochs must be 1 or more (or -1: until early stopping), got -5"),
     (["--devices", "-1"], "--devices must be auto, a number of devices (1 or more) or a list of device indices"),
@@ -155,9 +154,11 @@ def test_train_all_names_a_bad_flag_in_one_line(flags, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "pipeline.train_all", "--labels", str(tmp_path / "none"), *flags],
                           capture_output=True, text=True, cwd=Path(__file__).parents[1])
     err = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and err == [f"error: {err[0][7:]}"] and message in err[0], done.stderr[-2000:]
+    assert done.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), done.stderr[-2000:]
+    assert message in err[0]
 
 
+@pytest.mark.parametrize("block_size", [1, 4])
 def test_sampler_covers_every_row_once_per_epoch(block_size):
     s = BlockSampler(103, 10, shuffle=True, block_size=block_size)
     for _ in range(2):
