@@ -181,7 +181,8 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
         f"Optional arguments: `threshold=` ({threshold['name']}, default {threshold['value']:g} chosen at export: "
         f"{threshold.get('rule', '')}), `max_k=` (most candidates per SpecDec++ round, default 20), `head=` (another "
         "head file). One sequence at a time (batch size 1), no beam search. The draft is checked against the head: "
-        "hidden size, vocabulary, and the identity below where the model tells it (else a warning).",
+        "hidden size, vocabulary, and the digest of the weights it holds and their quantization (the `weights` and "
+        "`quantization` of the draft below): load it in float32 or bfloat16, quantized as in training.",
         "",
         "Needs torch, transformers and safetensors only (`custom_generate/requirements.txt`).",
         "",
