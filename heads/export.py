@@ -4,7 +4,8 @@ The header's metadata (string → string) holds ``schema_version``, one JSON blo
 under ``specheads_sha256``::
 
     head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
-    draft:      {"name": …, "source": …, "weights": …, "sha256" | "fingerprint" | "revision": …, "quantization": …}
+    draft:      {"name": …, "source": …, "weights": …, "sha256" | "fingerprint" | "revision": …,
+                 "quantization": …}
                 (``core.identity``: ``weights`` is the digest of the draft's weights as labeling held them)
     hidden_size, vocab_size
     inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;

@@ -25,7 +25,6 @@ from heads import export_hf
 from heads.export import (META_DIGEST_KEY, HeadFileError, export_head, load_head, metadata_digest, read_metadata,
                           weights_digest)
 from heads.exported import ExportedHead
-from heads.resnet import ResNetHead
 from heads.runtime import HeadDecoding
 from heads.sprinter import SprinterHead
 
@@ -262,7 +261,8 @@ def test_export_hf_refuses_a_bad_head_before_writing(tmp_path, capsys):
         t["linear.bias"].fill_(float(bad))
         meta = {**json.loads(raw["specheads"]), "weights_sha256": weights_digest(t)}
         sealed = {"schema_version": raw["schema_version"], "specheads": json.dumps(meta)}
-        save_file(t, str(tmp_path / f"{bad}.safetensors"), metadata={**sealed, META_DIGEST_KEY: metadata_digest(sealed)})
+        sealed[META_DIGEST_KEY] = metadata_digest(sealed)
+        save_file(t, str(tmp_path / f"{bad}.safetensors"), metadata=sealed)
         cases[bad] = (f"{bad}.safetensors", "non-finite weights in linear.bias")
     for name, (file, message) in cases.items():
         out = tmp_path / f"out_{name}"
