@@ -22,7 +22,7 @@ import torch
 from core import quantization
 from core.errors import UserError
 from core.cache import cache_root, file_sha256
-from core.identity import IDENTITY_FILE, checkpoint_fingerprint
+from core.identity import IDENTITY_FILE, checkpoint_fingerprint, weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,8 @@ def resolve(spec: ModelSpec) -> tuple[str, dict]:
 
 
 def load_model(spec: ModelSpec, dtype: str = "float32"):
-    """Load (model, tokenizer, identity) in eval mode on the CPU; identity goes into the manifest.
+    """Load (model, tokenizer, identity) in eval mode on the CPU; identity goes into the manifest: where the model
+    was read from (``resolve``) and the digest of the weights it holds (``core.identity.weights_sha256``).
 
     A quantized model (``spec.quantization``) loads in float32, the precision its int8 kernels read, whatever
     ``dtype`` says."""
@@ -193,6 +194,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         "vocab_size": quantization.output_rows(model),
         "dtype": dtype,
         "quantization": spec.quantization,
+        "weights": weights_sha256(model),
     }
     return model, tok, identity
 

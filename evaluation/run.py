@@ -74,7 +74,9 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
+        from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
+        from core.shards import read_manifest
         from evaluation.decoder import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
@@ -90,6 +92,9 @@ class Engine:
         draft, tok, d_id = load_model(cfg.draft, dtype)
         target, t_tok, t_id = load_model(cfg.target, dtype)
         check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
+        if cfg.select_by == "simulated":  # the label traces stand for this pair's decoding
+            pair = {"draft": d_id, "target": t_id}
+            check_labels_pair(read_manifest(cfg.labels_dir)["models"], pair, cfg.labels_dir)
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
@@ -383,10 +388,13 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     check_settings(cfg, engine.build_policy if engine is not None else build_policy)
     if cfg.hf_peer.enabled:
         head_runs(cfg.hf_peer)
-    if cfg.select_by == "simulated":  # the labels the choice replays
+    if cfg.select_by == "simulated":  # the labels the choice replays, checked against every head
         from core.shards import read_manifest
+        from heads.export import check_labels
 
-        read_manifest(cfg.labels_dir)
+        manifest = read_manifest(cfg.labels_dir)
+        for path in heads:
+            check_labels(path, manifest, cfg.labels_dir)
     rows = [{"text": p["text"], "response": p["reference"]} for p in prompts]
     identified = engine.models if engine is not None else None
     inputs = input_digests(rows, True, {"draft": cfg.draft, "target": cfg.target} if identified is None else {})

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import SettingError, UserError
-from core.shards import SPLITS
+from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
                              log_accept, oracle_counts, round_lengths, sd_round_lengths, sprinter_counts,
@@ -33,7 +33,7 @@ from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_c
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
-from heads.export import read_metadata
+from heads.export import check_labels, read_metadata
 from heads.exported import ExportedHead, features_beyond
 
 class SimulationError(UserError):
@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{', '.join(Path(h).stem for h in found if h not in heads)}")
     else:
         heads = a.heads
+    manifest = read_manifest(a.labels)
+    for head in heads:  # a head replayed over labels of another draft would predict nothing about either
+        check_labels(head, manifest, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:

@@ -1,9 +1,12 @@
 """Export a trained head to safetensors with everything a runtime needs in the header; load it back.
 
-The header's metadata (string → string) holds ``schema_version`` and one JSON blob under ``specheads``::
+The header's metadata (string → string) holds ``schema_version``, one JSON blob under ``specheads`` and its digest
+under ``specheads_sha256``::
 
     head:       {"type": "resnet", "init_args": {"hidden_size": 896, "depth": 3}}
-    draft:      {"name": …, "source": …, "sha256" | "fingerprint" | "revision": …, "quantization": …}
+    draft:      {"name": …, "source": …, "weights": …, "sha256" | "fingerprint" | "revision": …,
+                 "quantization": …}
+                (``core.identity``: ``weights`` is the digest of the draft's weights as labeling held them)
     hidden_size, vocab_size
     inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;
                 ``prev``: the state that produced q for it), and the draft scores named in init_args
@@ -15,8 +18,13 @@ The header's metadata (string → string) holds ``schema_version`` and one JSON 
     weights_sha256: digest of the tensors (``weights_digest``); a file without it, or whose weights no longer match
                 it, is refused, and so are non-finite weights
 
+``specheads_sha256`` is the sha256 of every other metadata entry (``metadata_digest``), so it covers the threshold,
+role, label, draft identity and, through ``weights_sha256``, the tensors: any edit of the header or the body is
+refused as a modified file. It is a digest, not a signature: it catches edits and damage, not a forger who
+recomputes it.
+
 Loading never unpickles: ``safe_open`` reads the header and the raw tensors. ``check_model`` compares a head with a
-loaded transformers draft (hidden size, vocabulary and, where the model tells it, the identity recorded here).
+loaded transformers draft (hidden size, vocabulary and the identity of its weights, ``core.identity``).
 """
 
 from __future__ import annotations
@@ -33,28 +41,21 @@ from torch import nn
 
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
-from core.identity import model_identity
+from core.identity import DIGEST_KEYS, IdentityError, identity_mismatch, model_identity, record_identity
 from core.label_math import FEATURE_POSITIONS
 from core.quantization import NONE, output_rows
 from heads.features import SCORES, VECTORS, vector_column
 from heads.registry import HEADS, build_head
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 META_KEY = "specheads"
-DIGEST_KEYS = ("sha256", "fingerprint", "revision")
+META_DIGEST_KEY = "specheads_sha256"
 REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics", "weights_sha256")
 
 
 
 class HeadFileError(UserError, ValueError):
     """A head file that is malformed or does not fit the given draft model."""
-
-
-def draft_identity(draft: dict) -> dict:
-    """The identity of a draft model from a manifest's ``models.draft`` entry: name, source, its digest and its
-    quantization (``none`` for entries written before quantization existed)."""
-    identity = {k: draft[k] for k in ("name", "source", *DIGEST_KEYS) if draft.get(k) is not None}
-    return {**identity, "quantization": draft.get("quantization", NONE)}
 
 
 def feature_position(meta: dict) -> str:
@@ -78,7 +79,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         raise HeadFileError(f"unknown feature position {position!r}; known: {', '.join(FEATURE_POSITIONS)}")
     meta = {
         "head": {"type": head.head_type, "init_args": dict(head.config)},
-        "draft": draft_identity(draft),
+        "draft": record_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
         "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])},
@@ -94,8 +95,21 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
     meta["weights_sha256"] = weights_digest(tensors)
-    save_file(tensors, str(path), metadata={"schema_version": SCHEMA_VERSION, META_KEY: json.dumps(meta)})
+    save_file(tensors, str(path), metadata=header(meta))
     return path
+
+
+def metadata_digest(raw: dict[str, str]) -> str:
+    """sha256 over a head file's metadata entries (name and value, in name order), all but its own."""
+    return hashlib.sha256(json.dumps({k: v for k, v in raw.items() if k != META_DIGEST_KEY},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def header(meta: dict) -> dict[str, str]:
+    """The safetensors metadata of a head file with metadata ``meta``: the schema version, ``meta`` as JSON, and
+    the digest of both."""
+    raw = {"schema_version": SCHEMA_VERSION, META_KEY: json.dumps(meta)}
+    return {**raw, META_DIGEST_KEY: metadata_digest(raw)}
 
 
 def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -109,14 +123,21 @@ def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The JSON metadata of a head file (checked for the schema version and the required keys)."""
+    """The JSON metadata of a head file (checked for the schema version, its digest and the required keys)."""
+    if not Path(path).is_file():
+        raise HeadFileError(f"{path}: no such head file")
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
     except Exception as e:  # safetensors raises its own error type for a bad header
         raise HeadFileError(f"{path}: not a readable safetensors file ({e})") from e
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise HeadFileError(f"{path}: head schema version {raw.get('schema_version')!r}, expected {SCHEMA_VERSION!r}")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        why = " (exported before its metadata had a digest: export it again)" if version == "1" else ""
+        raise HeadFileError(f"{path}: head schema version {version!r}, expected {SCHEMA_VERSION!r}{why}")
+    if raw.get(META_DIGEST_KEY) != metadata_digest(raw):
+        raise HeadFileError(f"{path}: the metadata does not match the digest recorded at export (the file was "
+                            "modified)")
     try:
         meta = json.loads(raw[META_KEY])
     except (KeyError, json.JSONDecodeError) as e:
@@ -130,35 +151,41 @@ def read_metadata(path: str | Path) -> dict:
 
 
 def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | None = None, path="head file") -> None:
-    """Refuse a head trained for another draft: hidden size, quantization, then the digest (or the source if no
-    digest)."""
+    """Refuse a head trained for another draft: hidden size, then the identity (``core.identity``: quantization,
+    then the weights' digest, or the digests both records carry)."""
     for size in (hidden_size, (draft or {}).get("hidden_size")):
         if size is not None and int(size) != meta["hidden_size"]:
             raise HeadFileError(f"{path}: head expects hidden size {meta['hidden_size']}, the draft has {size}")
     if draft is None:
         return
-    mine, theirs = draft_identity(meta["draft"]), draft_identity(draft)
-    if mine["quantization"] != theirs["quantization"]:
-        raise HeadFileError(
-            f"{path}: head was trained on the features of the {mine['quantization']!r} draft, this draft is "
-            f"{theirs['quantization']!r} (its hidden states differ); train a head on labels of this draft"
-        )
-    keys = [k for k in DIGEST_KEYS if k in mine and k in theirs]
-    keys = keys or [k for k in ("source",) if k in mine and k in theirs]
-    if not keys:
-        raise HeadFileError(f"{path}: cannot compare draft identities {mine} and {theirs}")
-    for k in keys:
-        if mine[k] != theirs[k]:
-            raise HeadFileError(
-                f"{path}: head was trained for draft {mine.get('name')!r} ({k} {mine[k]}), "
-                f"not for {theirs.get('name')!r} ({k} {theirs[k]})"
-            )
+    try:
+        differs = identity_mismatch(meta["draft"], draft)
+    except IdentityError as e:
+        raise HeadFileError(f"{path}: {e}") from None
+    if differs is None:
+        return
+    key, mine, theirs = differs
+    if key == "quantization":
+        raise HeadFileError(f"{path}: head was trained on the features of the {mine!r} draft, this draft is "
+                            f"{theirs!r} (its hidden states differ); train a head on labels of this draft")
+    raise HeadFileError(f"{path}: head was trained for draft {meta['draft'].get('name')!r} ({key} {mine}), not for "
+                        f"{draft.get('name')!r} ({key} {theirs})")
+
+
+def check_labels(head: str | Path, manifest: dict, labels: str | Path) -> None:
+    """Refuse a head trained for another draft than the one the labels in ``labels`` (their ``manifest``) were
+    made with, before its rows are replayed with that head."""
+    try:
+        check_draft(read_metadata(head), draft=manifest["models"]["draft"], path=head)
+    except HeadFileError as e:
+        raise HeadFileError(f"{e}, the draft of the labels in {labels}") from None
 
 
 def check_model(meta: dict, model, path="head file") -> None:
     """Refuse a head that does not fit a loaded draft model: hidden size, vocabulary, then the identity recorded at
-    export against ``model_identity(model)``. A draft whose identity cannot be told from the model (no digest in
-    common with the file's) passes with a warning, as sizes are then all that can be checked."""
+    export against ``model_identity(model)`` (the digest of the weights it holds). A head exported before the
+    draft's weights were digested (no digest in common) passes with a warning, as sizes are then all that can be
+    checked."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     check_draft(meta, hidden_size=getattr(text, "hidden_size", None), path=path)
@@ -168,9 +195,8 @@ def check_model(meta: dict, model, path="head file") -> None:
             f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has {rows}"
         )
     identity = model_identity(model)
-    if draft_identity(meta["draft"])["quantization"] != identity.get("quantization", NONE):
-        check_draft(meta, draft=identity, path=path)
-    if any(k in identity and k in meta["draft"] for k in DIGEST_KEYS):
+    if (record_identity(meta["draft"])["quantization"] != identity.get("quantization", NONE)
+            or any(k in identity and k in meta["draft"] for k in DIGEST_KEYS)):
         check_draft(meta, draft=identity, path=path)
     else:
         warnings.warn(
@@ -183,7 +209,7 @@ def check_model(meta: dict, model, path="head file") -> None:
 def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:
     """Rebuild a head from its file alone; return ``(module in eval mode, metadata)``.
 
-    ``draft`` (a manifest ``models.draft`` entry or a ``draft_identity``) and ``hidden_size`` are checked when
+    ``draft`` (a manifest ``models.draft`` entry or a ``core.identity`` record) and ``hidden_size`` are checked when
     given. Every problem raises one ``HeadFileError`` (a ``ValueError``).
     """
     meta = read_metadata(path)

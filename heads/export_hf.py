@@ -10,6 +10,11 @@
       custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
                                         into its module cache, and tells its ``generate`` no path)
       custom_generate/requirements.txt  torch, transformers, safetensors
+      .specheads-export.json            the files above: what a later export into OUT may replace
+
+OUT must be a new or empty folder, or one this command wrote before (it has the marker file): a folder holding
+anything else, a file, and the current directory are refused before anything is written, and a later export removes
+only the files its marker lists. The head file is loaded and checked (digests, finite weights) first.
 
 ``target.generate(**inputs, assistant_model=draft, custom_generate=OUT, trust_remote_code=True)`` then runs the
 head with nothing of this project installed. Usage: ``python -m heads.export_hf HEAD OUT``.
@@ -21,14 +26,16 @@ import argparse
 import ast
 import base64
 import hashlib
+import json
 import re
-import shutil
+import sys
 from pathlib import Path
 
 import transformers
 
+from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
-from heads.export import read_metadata
+from heads.export import load_head
 from heads.registry import HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +43,8 @@ PACKAGES = ("heads", "core")
 """Project packages the runtime may import from; their modules are copied into the folder."""
 RUNTIME = ROOT / "heads" / "runtime.py"
 _IMPORT = re.compile(rf"^(\s*)from (?:{'|'.join(PACKAGES)})\.(\w+) import ", flags=re.MULTILINE)
+MARKER = ".specheads-export.json"
+"""Written into every folder this command writes, first: the files it writes there (paths relative to it)."""
 
 ALGORITHMS = {
     "stop": ("SpecDec++", "drafts until the head's predicted probability that some candidate is rejected exceeds "
@@ -47,8 +56,8 @@ ALGORITHMS = {
 }
 
 
-class ExportError(ValueError):
-    """A module the folder would need cannot be copied into it."""
+class ExportError(UserError, ValueError):
+    """The folder cannot be written there, or a module it would need cannot be copied into it."""
 
 
 def _project_imports(source: str, where: str) -> list[str]:
@@ -92,10 +101,31 @@ def flatten(source: str) -> str:
     return _IMPORT.sub(r"\1from .\2 import ", source)
 
 
+def previous_export(out: Path) -> list[Path]:
+    """The files an earlier export wrote into ``out`` (listed by its marker), which this one replaces; refused:
+    the current directory, a file, and a non-empty folder without a readable marker."""
+    if out.resolve() == Path.cwd().resolve():
+        raise ExportError(f"{out}: refusing to write into the current directory; name a new folder")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder; name a new folder")
+    if not out.exists() or not any(out.iterdir()):
+        return []
+    try:
+        files = [Path(f) for f in json.loads((out / MARKER).read_text())["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        files = None
+    if files is None or any(f.is_absolute() or ".." in f.parts for f in files):
+        raise ExportError(f"{out} is not empty and is not a folder `make export-hf` wrote (no {MARKER} listing its "
+                          "files); name a new folder")
+    return [out / f for f in files]
+
+
 def write_folder(head: str | Path, out: str | Path) -> Path:
-    """Write the folder for the exported head file ``head`` into ``out`` (replacing a previous export there)."""
+    """Write the folder for the exported head file ``head`` into ``out`` (a new or empty folder, or an earlier
+    export, whose files are replaced); everything is checked before anything is written."""
     head, out = Path(head), Path(out)
-    meta = read_metadata(head)  # the validating loader: refuse a bad file before writing anything
+    _, meta = load_head(head)  # the validating loader: digests and finite weights, before anything is written
+    previous = previous_export(out)
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
     generated = {
@@ -108,15 +138,17 @@ def write_folder(head: str | Path, out: str | Path) -> Path:
         ),
     }
     modules = module_closure(generated)
-    code = out / "custom_generate"
-    if code.exists():
-        shutil.rmtree(code)
-    code.mkdir(parents=True)
-    for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items():
-        (code / name).write_text(flatten(text))
-    (code / "requirements.txt").write_text(f"torch\ntransformers>={transformers.__version__}\nsafetensors\n")
-    shutil.copyfile(head, out / head.name)
-    (out / "README.md").write_text(readme(meta, head.name, out.name))
+    files = {f"custom_generate/{name}": flatten(text)
+             for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items()}
+    files["custom_generate/requirements.txt"] = f"torch\ntransformers>={transformers.__version__}\nsafetensors\n"
+    files["README.md"] = readme(meta, head.name, out.name)
+    for path in previous:
+        path.unlink(missing_ok=True)
+    (out / "custom_generate").mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"head": head.name, "files": [MARKER, head.name, *files]}, indent=1) + "\n")
+    (out / head.name).write_bytes(data)
+    for name, text in files.items():
+        (out / name).write_text(text)
     return out
 
 
@@ -149,7 +181,8 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
         f"Optional arguments: `threshold=` ({threshold['name']}, default {threshold['value']:g} chosen at export: "
         f"{threshold.get('rule', '')}), `max_k=` (most candidates per SpecDec++ round, default 20), `head=` (another "
         "head file). One sequence at a time (batch size 1), no beam search. The draft is checked against the head: "
-        "hidden size, vocabulary, and the identity below where the model tells it (else a warning).",
+        "hidden size, vocabulary, and the digest of the weights it holds and their quantization (the `weights` and "
+        "`quantization` of the draft below): load it in float32 or bfloat16, quantized as in training.",
         "",
         "Needs torch, transformers and safetensors only (`custom_generate/requirements.txt`).",
         "",
@@ -180,7 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
     parser.add_argument("out", help="the folder to write")
     args = parser.parse_args(argv)
-    print(write_folder(args.head, args.out))
+    try:
+        print(write_folder(args.head, args.out))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

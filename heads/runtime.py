@@ -22,6 +22,7 @@ copies beside it, so an exported folder works with torch, transformers and safet
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import tempfile
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from transformers.generation import (
 )
 
 from core.label_math import acceptance_probability, residual_distribution
+from heads.export import HeadFileError
 from heads.exported import ExportedHead, log_accept, verifier_accepts
 
 # transformers 5.24 renamed the cache argument of models, generation kwargs and outputs from `past_key_values` to
@@ -279,13 +281,31 @@ def bundled_head(directory: str | Path) -> Path:
     transformers copies only a folder's Python files into its module cache, and tells its ``generate`` no path, so
     the folder carries its head as a Python module: the exact bytes of its ``head.safetensors``."""
     try:
-        from .bundled_head import DATA, FILE_NAME
+        from .bundled_head import DATA, FILE_NAME, SHA256
     except ImportError:
         raise ValueError("no head given: pass head=<exported .safetensors file> (only a folder written by "
                          "`make export-hf` carries its own)") from None
+    data = base64.b64decode(DATA)
+    if hashlib.sha256(data).hexdigest() != SHA256:
+        raise HeadFileError(f"custom_generate/bundled_head.py: the bundled {FILE_NAME} does not match its digest "
+                            "(the file was modified); export the folder again")
     path = Path(directory) / FILE_NAME
-    path.write_bytes(base64.b64decode(DATA))
+    path.write_bytes(data)
     return path
+
+
+def load_bundled_head() -> ExportedHead:
+    """The folder's own head, loaded and checked; its errors (now and when checked against the draft) name it as
+    the folder's, not by the temporary copy it is read from."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = bundled_head(tmp)
+        name = Path(f"custom_generate/bundled_head.py ({path.name})")
+        try:
+            head = ExportedHead(path)
+        except HeadFileError as e:
+            raise HeadFileError(str(e).replace(str(path), str(name))) from None
+    head.path = name
+    return head
 
 
 def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
@@ -300,11 +320,7 @@ def generate(model, *args, assistant_model=None, streamer=None, head: str | Path
     if assistant_model is None:
         raise ValueError("speculative decoding with a head needs the draft it was trained on: "
                          "generate(..., assistant_model=draft)")
-    if head is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            loaded = ExportedHead(bundled_head(tmp))
-    else:
-        loaded = ExportedHead(head)
+    loaded = load_bundled_head() if head is None else ExportedHead(head)
     decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer)
     return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,
                           **kwargs)

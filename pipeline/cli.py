@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
@@ -47,9 +48,10 @@ class HeadCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True) -> HeadCLI:
-    """The CLI; an error of the user's making (a setting, a label folder) ends it with one line and status 2."""
+    """The CLI; an error of the user's making (a setting, a label folder, a trainer setting Lightning refuses) ends it
+    with one line and status 2."""
     try:
         return HeadCLI(args=args, run=run)
-    except UserError as e:
+    except (UserError, MisconfigurationException) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

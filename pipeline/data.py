@@ -172,6 +172,11 @@ class LabelDataModule(pl.LightningDataModule):
             raise SettingError(f"label must be 'soft' or 'sprinter', got {label!r}")
         if lam <= 0:
             raise SettingError(f"lam must be positive, got {lam}")
+        small = {k: v for k, v in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
+                                   ("block_size", block_size)) if v < 1}
+        if small or num_workers < 0:
+            raise SettingError(f"batch_size, eval_batch_size and block_size must be 1 or more, num_workers 0 or more; "
+                               f"got {small or {'num_workers': num_workers}}")
         unknown = sorted(set(categories or ()) - set(lm.ROW_CATEGORIES))
         if unknown:
             raise SettingError(f"unknown categories {unknown}; known: {', '.join(lm.ROW_CATEGORIES)}")

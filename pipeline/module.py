@@ -34,6 +34,12 @@ class HeadModule(pl.LightningModule):
         super().__init__()
         if w_acc <= 0 or w_rej <= 0:
             raise SettingError(f"w_acc and w_rej must be positive, got {w_acc}, {w_rej}")
+        if not lr > 0 or not (scores_lr is None or scores_lr > 0):
+            raise SettingError(f"lr and scores_lr must be positive, got {lr}, {scores_lr}")
+        if not weight_decay >= 0:
+            raise SettingError(f"weight_decay must be 0 or more, got {weight_decay}")
+        if not 0 <= threshold <= 1:
+            raise SettingError(f"threshold is a probability: 0 <= threshold <= 1, got {threshold}")
         self.save_hyperparameters(ignore=["head"])
         self.head = head
         self.w_acc, self.w_rej, self.lr, self.weight_decay = w_acc, w_rej, lr, weight_decay

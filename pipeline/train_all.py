@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
@@ -281,7 +283,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a bench_timing JSON of this device (models `draft`, `target`): choose a stop head's h at "
                         "its costs instead of --stop-c")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.max_epochs is not None and a.max_epochs < 1 and a.max_epochs != -1:
+        raise SettingError(f"--max-epochs must be 1 or more (or -1: until early stopping), got {a.max_epochs}")
+    if a.num_nodes is not None and a.num_nodes < 1:
+        raise SettingError(f"--num-nodes must be 1 or more, got {a.num_nodes}")
+    if a.devices is not None and not re.fullmatch(r"auto|[1-9]\d*|\d+(,\d+)*,|\d+(,\d+)+", a.devices):
+        raise SettingError(f"--devices must be auto, a number of devices (1 or more) or a list of device indices "
+                           f"like 0,1; got {a.devices!r}")
+    return a
 
 
 def main(argv: list[str] | None = None) -> list[RunResult]:
@@ -328,6 +338,6 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
 if __name__ == "__main__":
     try:
         main()
-    except UserError as e:  # the user's to fix (no labels yet, a bad setting): one line, not a traceback
+    except (UserError, MisconfigurationException) as e:  # the user's to fix (no labels yet, a bad setting): one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

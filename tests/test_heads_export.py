@@ -50,7 +50,7 @@ def test_metadata_values_are_strings_with_schema_version(tmp_path):
     path = _export(tmp_path, build_head("sprinter", hidden_size=16))
     with safe_open(str(path), framework="pt") as f:
         raw = f.metadata()
-    assert raw["schema_version"] == "1"
+    assert raw["schema_version"] == "2" and len(raw["specheads_sha256"]) == 64
     assert all(isinstance(v, str) for v in raw.values())
 
 
@@ -82,8 +82,12 @@ def test_plain_safetensors_without_metadata(tmp_path):
         load_head(path)
 
 
-def _rewrite(tmp_path, src, meta_edit=None, tensors_edit=None, version="1"):
+def _rewrite(tmp_path, src, meta_edit=None, tensors_edit=None, version="2"):
+    """``src`` edited, with the metadata digest recomputed (a deliberate edit, which only the checks behind the
+    digest catch)."""
     from safetensors import safe_open
+
+    from heads.export import META_DIGEST_KEY, metadata_digest
 
     with safe_open(str(src), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -93,7 +97,8 @@ def _rewrite(tmp_path, src, meta_edit=None, tensors_edit=None, version="1"):
     if tensors_edit:
         tensors_edit(tensors)
     out = tmp_path / "edited.safetensors"
-    save_file(tensors, str(out), metadata={"schema_version": version, "specheads": json.dumps(meta)})
+    raw = {"schema_version": version, "specheads": json.dumps(meta)}
+    save_file(tensors, str(out), metadata={**raw, META_DIGEST_KEY: metadata_digest(raw)})
     return out
 
 
@@ -150,22 +155,28 @@ def test_feature_position_travels_in_the_file(tmp_path):
                     threshold={}, metrics={}, position="next")
 
 
-def test_model_identity_from_a_loaded_model(tmp_path):
-    """What a loaded model tells of its origin, in the keys a head file records: the GGUF sha256 beside a checkpoint
-    converted by labeling, a local checkpoint's fingerprint, the hub revision it was downloaded at."""
-    from types import SimpleNamespace
+def test_model_identity_is_the_weights_in_memory(tiny_pair, tmp_path):
+    """A loaded model is identified by the weights it holds, not by the folder ``config.name_or_path`` names: other
+    weights loaded into a model built from the right config are another model; a file added beside the checkpoint,
+    or a float32 instead of a bfloat16 load, is the same one."""
+    import shutil
 
-    from core.identity import IDENTITY_FILE, checkpoint_fingerprint, model_identity
+    from transformers import AutoModelForCausalLM
 
-    def model(where, commit=None):
-        return SimpleNamespace(config=SimpleNamespace(name_or_path=str(where), _commit_hash=commit))
+    from core.identity import model_identity
 
-    local = tmp_path / "local"
-    local.mkdir()
-    (local / "config.json").write_text("{}")
-    (local / "model.safetensors").write_bytes(b"12345")
-    assert model_identity(model(local)) == {"name": str(local), "fingerprint": checkpoint_fingerprint(local)}
-    (local / IDENTITY_FILE).write_text(json.dumps({"gguf": "x.gguf", "sha256": "ab" * 32}))
-    assert model_identity(model(local))["sha256"] == "ab" * 32
-    assert model_identity(model("org/name", commit="c0ffee")) == {"name": "org/name", "revision": "c0ffee"}
-    assert model_identity(model("")) == {}
+    draft_dir, target_dir = tiny_pair
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    mine = model_identity(draft)
+    assert mine["name"] == str(draft_dir) and len(mine["weights"]) == 64 and mine["quantization"] == "none"
+    copy = tmp_path / "draft"
+    shutil.copytree(draft_dir, copy)
+    (copy / "README.md").write_text("notes")
+    assert model_identity(AutoModelForCausalLM.from_pretrained(copy))["weights"] == mine["weights"]
+    bf16 = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.bfloat16)
+    assert model_identity(bf16)["weights"] == mine["weights"]
+    swapped = AutoModelForCausalLM.from_pretrained(draft_dir)
+    swapped.load_state_dict(AutoModelForCausalLM.from_pretrained(target_dir).state_dict())
+    assert swapped.config.name_or_path == str(draft_dir)
+    assert model_identity(swapped)["weights"] != mine["weights"]
+    assert model_identity(object()) == {}

@@ -112,6 +112,12 @@ def test_a_manifest_whose_hidden_size_disagrees_with_the_shards_is_refused(tiny_
     (["--model.head.init_args.depth", "-1"], "depth must be in 0..4, got -1"),
     (["--data.labels", "ORIGINAL_ONLY"], "split has no draft-token rows of the categories ['target', 'token_mixed']"),
     (["--data.labels", "nowhere"], "nowhere/manifest.json not found: run `make labels`"),
+    (["--data.batch_size", "-5"], "batch_size, eval_batch_size and block_size must be 1 or more"),
+    (["--data.num_workers", "-1"], "num_workers 0 or more; got {'num_workers': -1}"),
+    (["--model.lr", "-0.1"], "lr and scores_lr must be positive, got -0.1, None"),
+    (["--model.weight_decay", "-1"], "weight_decay must be 0 or more"),
+    (["--model.threshold", "1.5"], "0 <= threshold <= 1, got 1.5"),
+    (["--trainer.max_epochs", "-5"], "`max_epochs` must be a non-negative integer or -1"),
 ])
 def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path, capsys, extra, message):
     from data_gen import tiny
@@ -132,6 +138,24 @@ def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path,
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exit_.value.code == 2 and err[-1].startswith("error: ") and message in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--max-epochs", "-5"], "--max-epochs must be 1 or more (or -1: until early stopping), got -5"),
+    (["--devices", "-1"], "--devices must be auto, a number of devices (1 or more) or a list of device indices"),
+    (["--devices", "0"], "got '0'"),
+    (["--num-nodes", "0"], "--num-nodes must be 1 or more, got 0"),
+])
+def test_train_all_names_a_bad_flag_in_one_line(flags, message, tmp_path):
+    """Refused before any labels are read: one ``error:`` line, status 2."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pipeline.train_all", "--labels", str(tmp_path / "none"), *flags],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), done.stderr[-2000:]
+    assert message in err[0]
 
 
 @pytest.mark.parametrize("block_size", [1, 4])

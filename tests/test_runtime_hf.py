@@ -28,7 +28,7 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from core.models import ModelSpec, resolve
+from core.models import ModelSpec, load_model
 from core.sampling import Sampling
 from evaluation.decoder import Decoding, ModelPair
 from evaluation.policies import build_policy
@@ -49,7 +49,8 @@ def models(tiny_pair):
 
 
 def _identity(model_dir) -> dict:
-    return {"name": model_dir.name, **resolve(ModelSpec(path=str(model_dir)))[1]}
+    """The draft record labeling writes into the manifest (and a head file copies)."""
+    return load_model(ModelSpec(path=str(model_dir), name=model_dir.name))[2]
 
 
 def _export(path, head, role: str, value: float, draft: dict, position: str = "own", vocab_size: int = 57):
@@ -364,11 +365,11 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
 
 def test_a_head_for_another_draft_is_refused(models, heads, tiny_pair, tmp_path):
     draft, target = models
-    # the tiny target: the same config and file sizes as the draft, other weights (the fingerprint hashes them)
+    # the tiny target: the same config as the draft, other weights
     other = _identity(tiny_pair[1])
     assert (tiny_pair[0] / "config.json").read_bytes() == (tiny_pair[1] / "config.json").read_bytes()
     path = _export(tmp_path / "other.safetensors", ResNetHead(hidden_size=32, depth=1), "stop", 0.5, other)
-    with pytest.raises(HeadFileError, match=rf"trained for draft 'target' \(fingerprint {other['fingerprint'][:8]}"):
+    with pytest.raises(HeadFileError, match=rf"trained for draft 'target' \(weights {other['weights']}\)"):
         HeadDecoding(path, draft)
     path = _export(tmp_path / "small.safetensors", ResNetHead(hidden_size=16, depth=1), "stop", 0.5,
                    _identity(tiny_pair[0]))

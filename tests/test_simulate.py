@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.shards import read_manifest
 from decoding.replay import first_rejection
 from evaluation import simulate as sim
 
@@ -353,7 +354,7 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
 
     cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
     run_labels(cfg, quiet=True)
-    draft = {"name": "tiny", "source": "test"}
+    draft = read_manifest(cfg.output_dir)["models"]["draft"]
     paths = []
     for head, role, name in ((ResNetHead(hidden_size=32, depth=1), "stop", "h"), (SprinterHead(hidden_size=32),
                              "verifier", "tau")):
@@ -385,8 +386,8 @@ def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_c
     heads = tmp_path / "checkpoints" / "heads"
     for name, scores in (("plain", []), ("runtime", ["round_index"])):
         export_head(ResNetHead(hidden_size=32, depth=1, scores=scores), heads / f"{name}.safetensors",
-                    draft={"name": "tiny", "source": "test"}, vocab_size=57, label={"kind": "test"}, role="stop",
-                    threshold={"name": "h", "value": 0.5}, metrics={})
+                    draft=read_manifest(cfg.output_dir)["models"]["draft"], vocab_size=57, label={"kind": "test"},
+                    role="stop", threshold={"name": "h", "value": 0.5}, metrics={})
     monkeypatch.chdir(tmp_path)
     rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--c", "0.1"])
     assert "not replayed (their heads read features the traces do not hold): runtime" in capsys.readouterr().out
