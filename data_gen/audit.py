@@ -3,10 +3,11 @@
     python -m data_gen.audit LABEL_DIR [--rows 200] [--seed 0] [--access plain|decoder]   (make audit LABELS=…)
 
 The labeler reads many prompts at once: left padding, 4D masks that let candidates see only their own prefix, KV
-caches cropped and reused. The audit reads each chosen row the plainest way there is, one unpadded sequence per
-forward with no cache and no mask, from the token sequences stored beside the shards (``sequences/``), with the
-models and settings of ``run.json``, and compares every column. It prints the worst difference of each column and
-exits 1 when one is past its tolerance.
+caches cropped and reused. The audit checks every row's place and the columns its prompt's random draws fix
+exactly, then reads each chosen row the plainest way there is, one unpadded sequence with no mask, from the token
+sequences stored beside the shards (``sequences/``), with the models and settings of ``run.json``, and judges each
+column's per-row differences against a tolerance from the models' numerics (``judge``; ``data_gen/SCHEMA.md``, "The
+audit"). It prints each column's median and worst difference and exits 1 when a column fails.
 """
 
 from __future__ import annotations
