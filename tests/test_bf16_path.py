@@ -91,4 +91,4 @@ def test_the_evaluation_runs_in_bf16(bf16_run, tiny_pair):
     report = json.loads((out / "report.json").read_text())
     families = {row["family"] for m in report["modes"].values() for row in m["table"]}
     assert {"target_only", "sd", "specdecpp", "sprinter"} <= families
-    assert BF16 in json.dumps(report)  # the models it decoded with
+    assert any(BF16 in f.read_text() for f in out.glob("*.json"))  # the settings it decoded with
