@@ -393,7 +393,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         r["worst_row"] = where[col][int(np.argmax(d))] if len(d) and r["worst_diff"] > 0 else None
         r["rule"] = "exact" if exact else "rounding"
         report[col] = r
-    return {"rows": len(chosen), "rows_placed": len(seen), "columns": report, "ok": all(r["ok"] for r in report.values()),
+    return {"rows": len(chosen), "rows_placed": len(seen), "columns": report,
+            "ok": all(r["ok"] for r in report.values()),
             "unit_roundoff": {role: unit_roundoff(i) for role, i in zip(("draft", "target"), identities)}}
 
 
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     n = result["rows"]
     u = result["unit_roundoff"]
     print(f"unit roundoff u: draft {u['draft']:.3g}, target {u['target']:.3g}; a column passes when its median row is "
-          f"within tolerance and few enough rows are past it (SCHEMA.md)")
+          f"within tolerance and few rows are past {FAR}x it (SCHEMA.md)")
     print(f"{'column':<20} {'median diff':>12} {'worst diff':>11} {'tolerance':>10} {'rows past':>10}  worst row   "
           f"(vectors: ‖a − b‖ / ‖b‖)")
     for col, r in result["columns"].items():
@@ -424,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{col:<20} {r['median_diff']:>12.3g} {r['worst_diff']:>11.3g} {tol:>10} {past:>10}  "
               f"{r['worst_row'] or '-'}{flag}")
     failed = [c for c, r in result["columns"].items() if not r["ok"]]
-    print(f"{result['rows_placed']} rows placed, {n} recomputed: " + ("every column within its tolerance" if result["ok"]
-                                      else f"MISMATCH in {', '.join(failed)}"))
+    verdict = "every column within its tolerance" if result["ok"] else f"MISMATCH in {', '.join(failed)}"
+    print(f"{result['rows_placed']} rows placed, {n} recomputed: {verdict}")
     return 0 if result["ok"] else 1
 
 
