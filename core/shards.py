@@ -144,9 +144,10 @@ def write_sequences(path: Path, seqs: dict[str, list]) -> int:
     return len(seqs["prompt_id"])
 
 
-def load_sequences(out_dir: str | Path) -> Dataset | None:
-    """Every stored token sequence of a dataset (all splits), or None for a dataset labeled without them."""
-    paths = sorted(Path(out_dir).glob("*/sequences/*.arrow"))
+def load_sequences(out_dir: str | Path, split: str | None = None) -> Dataset | None:
+    """Every stored token sequence of a dataset (of one split, or all), or None for a dataset labeled without
+    them."""
+    paths = sorted(Path(out_dir).glob(f"{split or '*'}/sequences/*.arrow"))
     return concatenate_datasets([Dataset.from_file(str(p)) for p in paths]) if paths else None
 
 

@@ -3,8 +3,11 @@ every shard is checked against its recorded sha256 and row count when the datase
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+
+import datasets
 
 import pytest
 
@@ -127,22 +130,22 @@ def test_a_shard_without_its_record_counts_as_not_done(labeled):
     assert all(_rows(out)[s].equals(before[s]) for s in shards.SPLITS)
 
 
-def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix(own_inputs, tmp_path, monkeypatch):
+def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix(labeled, monkeypatch):
     from data_gen import audit
 
-    _, _, config = own_inputs
-    run_labels(config(), quiet=True)
-    out = tmp_path / "labels"
+    _, out, _ = labeled
     result = audit.audit(out, rows=40, quiet=True)
     assert result["ok"], result
     assert result["columns"]["hidden"]["worst_diff"] < 1e-2 and result["columns"]["acceptance"]["worst_diff"] < 1e-4
-    assert all(r["rows_past"] == 0 for r in result["columns"].values())
+    assert all(r["rows_past"] == 0 for c, r in result["columns"].items() if c != "token_draw")
+    assert result["columns"]["loss_mask"]["rows"] == result["rows_placed"] > result["rows"]  # every row is placed
+    assert result["columns"]["token_id"]["rows"] > 0
     # a broken reading of the sequences is caught: token_mixed rows labeled at Z<i instead of the clean X<i
     right = audit.contexts
 
     def label_at_the_mixed_prefix(row, seq):
         c = right(row, seq)
-        return audit.Contexts(c.features, c.features, c.token, c.prompt_length)
+        return dataclasses.replace(c, label=c.features)
 
     monkeypatch.setattr(audit, "contexts", label_at_the_mixed_prefix)
     broken = audit.audit(out, rows=40, quiet=True)
@@ -153,6 +156,72 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
     assert audit.main([str(out), "--rows", "5"]) == 0
     # read as the decoder reads (one token per forward after the prefix): float weights give the same rows
     assert audit.audit(out, rows=10, access="decoder", quiet=True)["ok"]
+
+
+def test_the_audit_fails_a_reader_one_position_off(labeled, monkeypatch):
+    """Every row read one token later than it sits (its draws unchanged): the statistics of nearly every row move
+    past rounding, so the audit fails, by the median and not by a few rows."""
+    from data_gen import audit
+
+    _, out, _ = labeled
+    right = audit.contexts
+
+    def one_position_late(row, seq):
+        return dataclasses.replace(right({**row, "position": int(row["position"]) + 1}, seq), draw=right(row, seq).draw)
+
+    monkeypatch.setattr(audit, "contexts", one_position_late)
+    result = audit.audit(out, rows=20, quiet=True)
+    assert not result["ok"]
+    for col in ("logp_draft", "logp_target", "entropy_target", "hidden_prev"):
+        r = result["columns"][col]
+        assert not r["ok"] and r["median_diff"] > r["tolerance"] and r["rows_past"] > r["rows"] / 2, (col, r)
+
+
+def _damage(out, column, edit, category=None):
+    """Rewrite one stored value of ``column`` (in the first row of ``category``) with ``edit``, as a labeler with a
+    bug would write it: the shard, its record and the manifest's digests agree, so only the value is wrong."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    shard, i = next((shard, i) for split in shards.SPLITS for shard in shards.shard_paths(out, split)
+                    for i, c in enumerate(datasets.Dataset.from_file(str(shard))["category"]) if category in (None, c))
+    cols = datasets.Dataset.from_file(str(shard)).to_dict()
+    cols[column][i] = edit(cols[column][i])
+    shards.write_shard(shard, cols, manifest["feature"]["sizes"])
+    rel = shard.relative_to(out).as_posix()
+    manifest["shards"][rel] = json.loads(shard.with_name(shard.name + ".json").read_text())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("column, edit, category", [
+    ("loss_mask", lambda v: not v, "token_mixed"),
+    ("loss_mask", lambda v: not v, "target"),
+    ("category", lambda v: "draft", "target"),
+    ("position", lambda v: v + 1, None),
+    ("prompt_id", lambda v: v + 1000, None),
+    ("token_id", lambda v: (v + 1) % 50, "draft"),
+    ("round_index", lambda v: v % 8 + 1 if v else 0, None),
+])
+def test_the_audit_catches_a_damaged_stored_value(labeled, column, edit, category, capsys):
+    """One wrong value among all rows (a flipped loss_mask, a row moved to another place, category or prompt, a
+    wrong token or round index) fails the audit, though the shard's digests agree."""
+    from data_gen import audit
+
+    _, out, _ = labeled
+    _damage(out, column, edit, category)
+    assert read_manifest(out)  # the digests agree: only the audit can tell
+    assert audit.main([str(out), "--rows", "1"]) == 1  # every row's place is checked, whichever rows are recomputed
+    assert f"MISMATCH in {column}" in capsys.readouterr().out
+    r = audit.audit(out, rows=1, quiet=True)["columns"][column]
+    assert not r["ok"] and r["rows_past"] == 1, r
+
+
+@pytest.mark.parametrize("rows", ["0", "-5"])
+def test_the_audit_refuses_a_row_count_below_one(labeled, rows, capsys):
+    from data_gen import audit
+
+    _, out, _ = labeled
+    assert audit.main([str(out), "--rows", rows]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --rows must be at least 1 (rows drawn from each split), got {rows}"]
 
 
 def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
