@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
+.PHONY: help install corpus labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,10 @@ $(MODELS): $(STAMP)
 	touch $@
 
 install: $(STAMP) ## create .venv and install the project
+
+CORPUS  ?= runs/corpus
+corpus: $(STAMP) ## HumanEval-shaped prompts from installed third-party packages (never the stdlib) into runs/corpus (CORPUS=<folder>)
+	$(PY) -m data_gen.corpus --out $(CORPUS) $(ARGS)
 
 labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sampling.max_new_tokens 32" to override)
 	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
