@@ -47,7 +47,7 @@ test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke
 	$(PY) -m pytest -q -m "not slow"
 	$(MAKE) smoke
 
-bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tokens/s, real pair
+bench-labels: $(MODELS) ## labeled target positions/s beside plain target.generate at batch 1 and at the labeling batch, and the time split (real pair)
 	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
 
 TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.yaml \

@@ -430,16 +430,17 @@ def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
     rows.sort(key=lambda r: (r["package"], r["file"], r["line"]))
     rows = dedupe(rows, cfg.near_dup_jaccard, counts)
     he = HumanEvalOverlap(cfg.ngram)
-    kept, shared = [], 0
+    kept, shared, he_dropped = [], 0, []
     worst = 0.0
     for r in tqdm(rows, desc="HumanEval overlap", unit="row", disable=not progress):
         o = max(he.score(r["prompt"]), he.score(r["canonical_solution"]))
         if o >= cfg.humaneval_containment:
-            counts["humaneval_near_duplicates_dropped"] = counts.get("humaneval_near_duplicates_dropped", 0) + 1
+            he_dropped.append(f"{r['package']}:{r['qualname']} ({o:.2f})")
             continue
         shared += o > 0
         worst = max(worst, o)
         kept.append({**r, "humaneval_overlap": round(o, 4)})
+    counts["humaneval_near_duplicates"] = len(he_dropped)
     if len(kept) < cfg.min_prompts:
         raise CorpusError(f"only {len(kept)} prompts pass the filters (min_prompts={cfg.min_prompts}); add packages "
                           "or loosen the filters")
@@ -464,7 +465,7 @@ def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
         "counts": counts,
         "humaneval": {"problems": len(he.sizes), "ngram": cfg.ngram, "threshold": cfg.humaneval_containment,
                       "near_duplicates_kept": 0,
-                      "near_duplicates_dropped": counts.get("humaneval_near_duplicates_dropped", 0),
+                      "near_duplicates_dropped": len(he_dropped), "dropped": he_dropped,
                       "rows_sharing_any_ngram": shared, "max_overlap_kept": round(worst, 4)},
         "stdlib_excluded": [str(d) for d in stdlib_dirs()],
         "python": sys.version.split()[0],
