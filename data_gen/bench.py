@@ -108,14 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         for prompt in b["prompts"]:
             n, t = timed(lambda: _generate_tokens(target, tok, [prompt], cfg))
             n1, t1 = n1 + n, t1 + t
+        print(f"  {b['key']:<24} generate b=1 {n1:5d} tok {t1:7.1f} s", flush=True)
         nb, tb = timed(lambda: _generate_tokens(target, tok, b["prompts"], cfg))
+        print(f"  {b['key']:<24} generate b={len(b['prompts'])} {nb:5d} tok {tb:7.1f} s", flush=True)
         cols, tl = timed(lambda: labeler.label(b["prompts"], device))
         n_target = sum(c == "target" for c in cols["category"])
         for k, v in (("gen1_tok", n1), ("gen1_s", t1), ("genB_tok", nb), ("genB_s", tb), ("lab_target", n_target),
                      ("lab_rows", len(cols["category"])), ("lab_s", tl)):
             tot[k] += v
-        print(f"  {b['key']:<24} generate b=1 {n1:5d} tok {t1:7.1f} s | b={len(b['prompts'])} {nb:5d} tok {tb:7.1f} s"
-              f" | label {n_target:5d} target positions ({len(cols['category'])} rows) {tl:7.1f} s")
+        print(f"  {b['key']:<24} label {n_target:5d} target positions ({len(cols['category'])} rows) {tl:7.1f} s",
+              flush=True)
     sweep = {}
     for bs in gen_batches:
         n, t = 0, 0.0
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             ni, ti = timed(lambda: _generate_tokens(target, tok, [r["prompt"] for r in records[i : i + bs]], cfg))
             n, t = n + ni, t + ti
         sweep[bs] = n / t
-        print(f"  target.generate alone, batch {bs:3d}: {n:5d} tok {t:7.1f} s  {n / t:7.2f} tok/s")
+        print(f"  target.generate alone, batch {bs:3d}: {n:5d} tok {t:7.1f} s  {n / t:7.2f} tok/s", flush=True)
 
     g1, gb = tot["gen1_tok"] / tot["gen1_s"], tot["genB_tok"] / tot["genB_s"]
     lab = tot["lab_target"] / tot["lab_s"]
