@@ -26,12 +26,14 @@ import torch
 from scipy import stats
 from torch import nn
 
-from core.label_math import residual_distribution, tv_distance
+from core import sampling
+from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, tv_distance
 from core.sampling import Sampling
 from evaluation.decoder import DecodeStats, Decoding, ModelPair
 from evaluation.policies import build_policy
 import evaluation.policies.sprinter as sprinter_module
 from evaluation.policies.sprinter import Sprinter
+from heads import runtime
 from heads.export import export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -320,3 +322,58 @@ def test_generation_ends_after_eos(name, kwargs, stop_head):
         assert eos not in r.tokens[:-1]
         assert r.tokens[-1] == eos or len(r.tokens) == 8
     assert sum(r.tokens[-1] == eos for r in results) > 5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# float64 draws (core.sampling)
+
+
+def long_tail(bits: int = 18) -> torch.Tensor:
+    """Log-probs (float64) over 2^bits + 2 tokens: one head token, then 2^bits tail tokens of 2^-26 each (below a
+    float32 uniform's 2^-24 grid, like the tail of a 151,936-token vocabulary), then a token of half that mass which
+    shifts every 2^-24 grid point into the middle of a tail token: inverse-CDF sampling from a float32 uniform reaches
+    only the tail tokens 0, 4, 8, … (with four times their probability), whatever the float round-off."""
+    w = torch.full((2**bits + 2,), 2.0**-26, dtype=torch.float64)
+    w[0] = 1 - 2**bits * 2.0**-26 - 2.0**-27
+    w[-1] = 2.0**-27
+    return w.log()
+
+
+def float32_uniform(generator=None, shape=()):
+    """Mutant: the float32 uniform (24 random bits) the decoder drew before."""
+    return torch.rand(shape, generator=generator).double()
+
+
+@pytest.mark.parametrize("source", ["float64", "float32 mutant"])
+def test_sampling_reaches_every_token_of_a_long_tail(source, monkeypatch):
+    """2^20 draws of the shared sampler (``core.sampling``: ``sample_token`` is ``sample_from_logprobs`` on one
+    ``uniform``; drawn here in one batch) land ~4,096 times in the tail; with float64 uniforms the tail tokens are
+    drawn evenly whatever their index mod 4. The float32 mutant draws only indices ≡ 0 mod 4 and fails."""
+    if source != "float64":
+        monkeypatch.setattr(sampling, "uniform", float32_uniform)
+    lp = long_tail()
+    tokens = sample_from_logprobs(lp, sampling.uniform(torch.Generator().manual_seed(0), (2**20,)))
+    tail = tokens[(tokens >= 1) & (tokens <= len(lp) - 2)] - 1
+    residues = torch.bincount(tail % 4, minlength=4)
+    pvalue = stats.chisquare(residues.numpy()).pvalue
+    assert (pvalue > P_CRIT) == (source == "float64"), (residues.tolist(), pvalue)
+
+
+def test_every_draw_is_the_shared_float64_draw():
+    """The decoder's token draws and accept/reject uniforms, and the runtime's check of SPRINTER's rejected token, are
+    ``core.sampling``'s (the same values from the same seed): the long-tail test above covers them all."""
+    lp = torch.randn(1000, dtype=torch.float64).log_softmax(-1)
+    for seed in range(20):
+        dec = SimpleNamespace(generator=torch.Generator().manual_seed(seed))
+        drawn = Decoding.sample(dec, lp), Decoding.uniform(dec)
+        g = torch.Generator().manual_seed(seed)
+        assert drawn == (sampling.sample_token(lp, g), sampling.uniform(g).item())
+    p, q = torch.randn(2, 50).log_softmax(-1)
+    token = int(q.argmax())
+    a = acceptance_probability(q[token], p[token]).item()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        got = runtime._check_last(token, p, q, do_sample=True)
+        torch.manual_seed(seed)
+        kept = sampling.uniform().item() < a
+        assert got == (token if kept else sampling.sample_token(residual_distribution(p, q)))
