@@ -212,9 +212,6 @@ class SymbolicUniform:
         self.lo = x
         return False
 
-    def __ge__(self, x: float) -> bool:
-        return not self < x
-
 
 class Paths:
     """The exact distribution of what a generation returns, over all outcomes of its random draws.
