@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from core.adapter import HFCausalLM
-from core.label_math import (acceptance_probability, entropy, residual_distribution, sample_from_logprobs,
-                             warp_logits)
+from core.label_math import acceptance_probability, entropy, residual_distribution, warp_logits
 from core.models import check_vocabularies
 from core.quantization import output_rows
-from core.sampling import Sampling
+from core.sampling import Sampling, sample_token, uniform
 from heads.features import SCORES, VECTORS
 
 if TYPE_CHECKING:
@@ -272,13 +271,12 @@ class Decoding:
                 raise RuntimeError("a policy generated past the end of the sequence")
             self.seq.append(int(t))
 
-    # -- randomness (every draw comes from the generator) -------------------------------------------------------
+    # -- randomness: every draw comes from the generator, in float64 (``core.sampling``) -------------------------
     def uniform(self) -> float:
-        return torch.rand((), generator=self.generator, device=self.generator.device).item()
+        return uniform(self.generator).item()
 
     def sample(self, logprobs: torch.Tensor) -> int:
-        u = torch.rand((), generator=self.generator, device=self.generator.device).to(logprobs.device)
-        return int(sample_from_logprobs(logprobs, u))
+        return sample_token(logprobs, self.generator)
 
     # -- steps --------------------------------------------------------------------------------------------------
     def draft_step(self, candidates: list[int] = ()) -> DraftStep:

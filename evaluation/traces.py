@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.label_math import acceptance_probability, entropy, sample_from_logprobs
-from core.sampling import Sampling
+from core.label_math import acceptance_probability, entropy
+from core.sampling import Sampling, sample_token
 from decoding.traces import Trace
 
 TRACES_DIR = "traces"
@@ -48,7 +48,7 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
     rows = {k: [] for k in ("candidate", "acceptance", "logp_draft", "entropy_draft", "hidden", "hidden_prev")}
     for i, token in enumerate(tokens):
         q = logq[-1]
-        y = int(sample_from_logprobs(q, torch.rand((), generator=generator, device=generator.device).to(q.device)))
+        y = sample_token(q, generator)
         own, _ = d.advance(seq + [y])
         rows["candidate"].append(y)
         rows["acceptance"].append(float(acceptance_probability(q[y], logp[i, y])))

@@ -14,9 +14,10 @@ draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER 
 generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
 that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
 
-This file imports nothing of this project but ``heads`` and ``core.label_math``, which ``heads.export_hf``
-copies beside it, so an exported folder works with torch, transformers and safetensors alone. Design:
-``heads/DESIGN.md``.
+This file imports nothing of this project but ``heads``, ``core.label_math`` and ``core.sampling``, which
+``heads.export_hf`` copies beside it, so an exported folder works with torch, transformers and safetensors alone.
+Its own draws (SPRINTER's check of the rejected token) are float64 (``core.sampling``); the draft's candidates and
+SpecDec++'s verification are transformers' sampling. Design: ``heads/DESIGN.md``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from transformers.generation import (
 )
 
 from core.label_math import acceptance_probability, residual_distribution
+from core.sampling import sample_token, uniform
 from heads.export import HeadFileError
 from heads.exported import ExportedHead, log_accept, verifier_accepts
 
@@ -270,9 +272,9 @@ def _check_last(token: int, p_scores: torch.Tensor, q_scores: torch.Tensor, do_s
     if not do_sample:  # q and p are one-hots: keep the draft token iff it is the target's argmax
         return int(p_scores.argmax())
     logp, logq = p_scores.log_softmax(-1), q_scores.float().log_softmax(-1)
-    if torch.rand((), device=logp.device) < acceptance_probability(logq[token], logp[token]):
+    if uniform().item() < acceptance_probability(logq[token], logp[token]).item():
         return token
-    return int(torch.multinomial(residual_distribution(logp, logq).exp(), 1))
+    return sample_token(residual_distribution(logp, logq))
 
 
 def bundled_head(directory: str | Path) -> Path:

@@ -28,7 +28,7 @@ class LabelRows(Dataset):
     """The selected rows of one split; ``rows[idx_array]`` returns a whole batch as a dict of tensors."""
 
     def __init__(self, folder: str | Path, split: str, *, label: str, lam: float, categories: list[str],
-                 feature_column: str = "hidden", vector_columns: list[str] = ()):
+                 feature_column: str = "hidden", vector_columns: list[str] = (), balance: bool = False):
         ds = load_split(folder, split)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
         missing = [c for c in (*SMALL_COLUMNS, feature_column, *vector_columns) if c not in table.column_names]
@@ -43,6 +43,12 @@ class LabelRows(Dataset):
         if not len(self.index):
             raise SettingError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
                                f"(label {label!r}); label more prompts or choose other categories")
+        # each row's weight in the loss: 1, or (balance) n / (C·n_c) for a row of category c, which gives each of the
+        # C categories present an equal share of the loss while the weights keep a mean of 1
+        self.weight = torch.ones(len(self.index))
+        if balance:
+            _, of_row, counts = np.unique(cats[self.index], return_inverse=True, return_counts=True)
+            self.weight = torch.from_numpy(len(self.index) / (len(counts) * counts[of_row])).float()
         self.hidden_size = table.column(feature_column).type.list_size
         # the head's input: the hidden state, then each vector feature; per column one (rows, size) float16 numpy
         # view per Arrow chunk: zero-copy into the memory map, nothing loaded yet
@@ -92,6 +98,7 @@ class LabelRows(Dataset):
             "prompt_id": self.prompt_id[pos_t],
             "hidden": hidden,
             "target": self.target[pos_t],
+            "weight": self.weight[pos_t],
             "binary": self.binary[pos_t],
             "ratio": self.ratio[pos_t],
             "p_draft": self.p_draft[pos_t],
@@ -141,6 +148,7 @@ class LabelDataModule(pl.LightningDataModule):
         label: Literal["soft", "sprinter"] = "soft",
         lam: float = 1.0,
         categories: list[str] | None = None,
+        balance_categories: bool | None = None,
         feature_position: Literal["own", "prev"] = "own",
         vectors: list[str] | None = None,
         batch_size: int = 256,
@@ -156,6 +164,9 @@ class LabelDataModule(pl.LightningDataModule):
             lam: SPRINTER's λ (only with ``label: sprinter``).
             categories: train on rows of these categories (default: the rows of the label's head,
                 ``label_math.ROWS_FOR_LABEL``).
+            balance_categories: weight the rows so that each category has an equal share of the loss, whatever its
+                row count (SPRINTER §3.2: equal shares of prefixes; prompts are assigned in equal shares, but a
+                category's rows per prompt differ). Default: for the ``sprinter`` label.
             feature_position: the hidden state the head reads: ``own`` (column ``hidden``, after reading the
                 token; SpecDec++ Eq. 4.1) or ``prev`` (column ``hidden_prev``, the state that produced q for it;
                 SPRINTER §3.2).
@@ -186,6 +197,7 @@ class LabelDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         self.labels, self.label, self.lam = labels, label, lam
         self.categories = list(categories or lm.ROWS_FOR_LABEL[label])
+        self.balance_categories = label == "sprinter" if balance_categories is None else balance_categories
         self.feature_position = feature_position
         self.vectors = list(vectors or [])
         self.vector_columns = [vector_column(v, feature_position) for v in self.vectors]
@@ -217,7 +229,7 @@ class LabelDataModule(pl.LightningDataModule):
         if split not in self.splits:
             rows = LabelRows(self.labels, split, label=self.label, lam=self.lam, categories=self.categories,
                              feature_column=lm.FEATURE_POSITIONS[self.feature_position].column,
-                             vector_columns=self.vector_columns)
+                             vector_columns=self.vector_columns, balance=self.balance_categories)
             if rows.hidden_size != self.hidden_size or rows.input_size != self.hidden_size + self.extra_size:
                 raise SettingError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
                                  f"shards hold features of size {rows.hidden_size}; label again or fix the manifest")

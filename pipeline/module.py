@@ -58,7 +58,7 @@ class HeadModule(pl.LightningModule):
 
     def _step(self, batch: dict, split: str) -> torch.Tensor:
         logits = self(batch)
-        loss = weighted_bce(logits, batch["target"], self.w_acc, self.w_rej)
+        loss = weighted_bce(logits, batch["target"], self.w_acc, self.w_rej, batch.get("weight"))
         if split in EVAL_SPLITS:
             self.metrics[f"{split}_metrics"].update(batch, logits.detach(), self.threshold)
         n = len(logits)

@@ -8,12 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from core import label_math as lm
 from core.errors import SettingError
 from core.shards import load_split, read_manifest
 from pipeline.cli import HeadCLI
 from pipeline.data import BlockSampler, LabelDataModule
+from pipeline.loss import weighted_bce
+from pipeline.module import HeadModule
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/train/*.yaml"))
 
@@ -82,6 +85,37 @@ def test_soft_label_and_category_filter(tiny_labels):
     b = rows[np.arange(len(rows))]
     np.testing.assert_allclose(b["target"].numpy(), ds["acceptance"][keep])
     np.testing.assert_array_equal(b["binary"].numpy(), (ds["acceptance"][keep] > 0.5).astype(np.float32))
+
+
+class FixedLogits(nn.Module):
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits
+
+
+def test_categories_can_have_equal_shares_of_the_loss(tiny_labels):
+    """SPRINTER §3.2: equal shares of prefixes. Row counts differ by category (prompts come in equal shares), so each
+    row is weighted n / (C·n_c): every category's weights sum to n / C, and the loss is the mean of the categories'
+    losses. Shown on the stop head's rows, whose counts differ here (token-mixed rows count the draft's tokens only);
+    the verifier's rows are balanced by default, the stop head's only when asked."""
+    dm = LabelDataModule(str(tiny_labels), label="soft", balance_categories=True)
+    rows = dm.rows("train")
+    b = rows[np.arange(len(rows))]
+    cats = load_split(tiny_labels, "train").with_format("numpy")[:]["category"].astype(str)[rows.index]
+    masks = [torch.from_numpy(cats == c) for c in dm.categories]
+    assert len({int(m.sum()) for m in masks}) == len(masks)  # unequal row counts: the weights matter
+    for m in masks:
+        assert b["weight"][m].sum().item() == pytest.approx(len(rows) / len(masks))
+    logits = torch.randn(len(rows), generator=torch.Generator().manual_seed(0))
+    module = HeadModule(FixedLogits(logits))
+    module.log = lambda *args, **kwargs: None  # outside a trainer
+    per_category = torch.stack([weighted_bce(logits[m], b["target"][m]) for m in masks])
+    assert module._step(b, "train").item() == pytest.approx(per_category.mean().item(), rel=1e-5)
+    assert LabelDataModule(str(tiny_labels), label="sprinter").balance_categories
+    assert LabelDataModule(str(tiny_labels), label="soft").rows("train").weight.eq(1).all()
 
 
 def test_bad_settings_are_refused(tiny_labels):
