@@ -414,5 +414,6 @@ def test_ctrl_c_while_starting_up_is_one_line(command, tiny_pair, prompt_file, t
     time.sleep(1.5)  # importing torch, or reading the inputs
     proc.send_signal(signal.SIGINT)
     rc, err = proc.wait(timeout=120), proc.stderr.read()
-    assert rc == 130 and "Traceback" not in err, err
+    # 130, or killed by SIGINT when the interrupt lands as Python unwinds (a shell shows both as status 130)
+    assert rc in (130, -signal.SIGINT) and "Traceback" not in err, err
     assert [line for line in err.splitlines() if line.startswith("interrupted:")], err
