@@ -331,6 +331,16 @@ def test_an_unlisted_shard_is_refused_with_the_truth(label_config, tmp_path, mon
     shards.read_manifest(out)
 
 
+def test_a_manifest_without_a_shard_list_is_an_older_versions(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["shards"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(shards.ShardError, match="written by an older version of data_gen"):
+        shards.read_manifest(out)
+
+
 def test_an_unlisted_shard_in_an_unfinished_run_is_refused(label_config, tmp_path):
     import pytorch_lightning as pl
 
