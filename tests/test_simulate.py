@@ -407,7 +407,8 @@ def test_a_head_of_another_draft_is_left_out_by_default_and_refused_when_named(l
     cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
     run_labels(cfg, quiet=True)
     draft = read_manifest(cfg.output_dir)["models"]["draft"]
-    other = {**draft, "name": "other-draft", **{k: "0" * 64 for k in ("weights", "sha256", "fingerprint") if k in draft}}
+    digests = {k: "0" * 64 for k in ("weights", "sha256", "fingerprint") if k in draft}
+    other = {**draft, "name": "other-draft", **digests}
     heads = tmp_path / "checkpoints" / "heads"
     for name, d in (("mine", draft), ("stray", other)):
         export_head(ResNetHead(hidden_size=32, depth=1), heads / f"{name}.safetensors", draft=d, vocab_size=57,
