@@ -228,11 +228,17 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def clean_temporaries(out_dir: Path) -> None:
-    """Remove what an interrupted run left half-written in the dataset's folders (never complete-looking files,
-    nothing in other folders)."""
-    for folder in [Path(out_dir), *_layout_dirs(out_dir)]:
-        for tmp in folder.glob(".*.tmp*"):
+def clean_temporaries(out_dir: Path, records: tuple[str, ...] = ()) -> None:
+    """Remove what an interrupted run left half-written: the temporaries of shards and their records in the
+    dataset's folders, and of ``manifest.json`` and ``records`` (the caller's JSON files) in ``out_dir``; only
+    names this module's atomic writes give (``.<name>.tmp<pid>``), never another file, nothing in other folders."""
+    out_dir = Path(out_dir)
+    for folder in _layout_dirs(out_dir):
+        for pattern in (".*.arrow.tmp[0-9]*", ".*.arrow.json.tmp[0-9]*"):
+            for tmp in folder.glob(pattern):
+                tmp.unlink(missing_ok=True)
+    for name in ("manifest.json", *records):
+        for tmp in out_dir.glob(f".{name}.tmp[0-9]*"):
             tmp.unlink(missing_ok=True)
 
 
@@ -262,7 +268,8 @@ def read_manifest(out_dir: str | Path, verify: bool = True) -> dict:
             f"{path}: labels of schema version {version}, this code reads version "
             f"{SCHEMA_VERSION} (see data_gen/SCHEMA.md); label again with `make labels ARGS=\"--overwrite true\"`"
         )
-    if verify and (stray := unlisted_shards(Path(out_dir), manifest.get("shards") or {})):
+    # a manifest without a "shards" list (an older version's) lists no shard: verify_shards says so
+    if verify and "shards" in manifest and (stray := unlisted_shards(Path(out_dir), manifest["shards"] or {})):
         more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
         raise ShardError(f"{stray[0]}{more}: not listed in the manifest, so no labeling run of this dataset wrote it; "
                          "move it out of the dataset's folders")

@@ -305,8 +305,6 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     inputs = input_digests(table, cfg.response_source == "dataset", {"draft": cfg.draft, "target": cfg.target})
     out = Path(cfg.output_dir)
     with folder_lock(out, "a labeling run"):
-        if launching_process():  # a rank it started would remove the files other ranks are writing
-            shards.clean_temporaries(out)
         manifest = _finished_run(out, cfg, inputs, quiet)
         if manifest is None:
             _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
@@ -315,6 +313,7 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             batches = make_batches(records, cfg.batch_size)
             if launching_process():  # the ranks it starts write into the folder it prepared
                 _start_run(out, cfg, inputs)
+                shards.clean_temporaries(out, (RUN_FILE,))  # the folder is this run's now
                 _refuse_unlisted(out, [f"{b['key']}.arrow" for b in batches]
                                  + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches],
                                  manifest=False)

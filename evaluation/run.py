@@ -158,27 +158,27 @@ def run_files(out: Path) -> list[Path]:
             *sorted((out / TRACES_DIR).glob("*/*.safetensors"))]
 
 
-def _prepare_output(cfg: EvalConfig, out: Path, inputs: dict) -> None:
-    """Start over (deleting only ``run_files``), or check that the results already in ``out`` were made with these
-    settings, inputs and heads; then record them in ``settings.json``. A folder that is not empty and holds no
-    evaluation is refused unless ``overwrite`` says to write beside what it holds. Called with the folder held."""
-    from evaluation.traces import TRACES_DIR
-
+def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
+    """The settings to record in ``out`` (``_commit_output``), touching nothing: with ``overwrite``, these; else,
+    after checking that the results already in ``out`` were made with these settings, inputs and heads, these with
+    the folder's other modes. A folder that is not empty and holds no evaluation is refused unless ``overwrite``
+    says to write beside what it holds, and so are results whose settings are unknown. Called with the folder
+    held."""
     path = out / SETTINGS
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
     if cfg.overwrite:
-        for p in run_files(out):
-            p.unlink()
-        for d in [*sorted((out / TRACES_DIR).glob("*/")), out / TRACES_DIR]:
-            with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
-                d.rmdir()
-    elif not path.exists() and not (out / RESULTS).exists():
+        return settings
+    if not path.exists() and not (out / RESULTS).exists():
         others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
         if others:
             raise EvalError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
                             "holds no evaluation; choose another output_dir, or pass --overwrite true to write beside "
                             "what it holds (only an evaluation's own files are ever deleted)")
-    elif path.exists() and len(ResultStore(out / RESULTS)):  # settings without results bind nothing
+    elif not path.exists():
+        if len(ResultStore(out / RESULTS)):
+            raise EvalError(f"{out / RESULTS} has no {SETTINGS} beside it, so the settings its results were made with "
+                            "are unknown; use another output_dir or overwrite: true")
+    elif len(ResultStore(out / RESULTS)):  # settings without results bind nothing
         old = read_json(path, "use another output_dir or overwrite: true")
         if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
             raise EvalError(f"{path} is not an evaluation's settings; use another output_dir or overwrite: true")
@@ -193,7 +193,21 @@ def _prepare_output(cfg: EvalConfig, out: Path, inputs: dict) -> None:
             raise EvalError(f"{out} holds results of other settings ({', '.join(diff)}); "
                             f"use another output_dir or overwrite: true")
         settings["modes"] = {**old["modes"], **settings["modes"]}
-    write_json(path, settings)
+    return settings
+
+
+def _commit_output(cfg: EvalConfig, out: Path, settings: dict) -> None:
+    """Start over (deleting only ``run_files``) when asked to, and record ``settings`` (``_check_output``) in
+    ``settings.json``: the first change to the folder, made once every input is checked."""
+    from evaluation.traces import TRACES_DIR
+
+    if cfg.overwrite:
+        for p in run_files(out):
+            p.unlink()
+        for d in [*sorted((out / TRACES_DIR).glob("*/")), out / TRACES_DIR]:
+            with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
+                d.rmdir()
+    write_json(out / SETTINGS, settings)
 
 
 def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
@@ -401,12 +415,17 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     inputs.update(identified or {})
     out = Path(cfg.output_dir)
     with folder_lock(out, "an evaluation"):
-        _prepare_output(cfg, out, inputs)
-        _evaluate(cfg, engine or Engine.load(cfg), prompts, heads, out, quiet)
+        settings = _check_output(cfg, out, inputs)
+        engine = engine or Engine.load(cfg)  # the models and the labels' pair, checked before the folder changes
+        if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
+            for path in heads:
+                engine.check_head(path)
+        _commit_output(cfg, out, settings)
+        _evaluate(cfg, engine, prompts, out, quiet)
     return out
 
 
-def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], heads: list[str], out: Path, quiet: bool) -> None:
+def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, quiet: bool) -> None:
     """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report."""
     from evaluation.hf_peer import peer_runs
     from evaluation.likelihood import score_records
@@ -414,9 +433,6 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], heads: list[
     from evaluation.traces import UNWARPED, record_traces
 
     store = ResultStore(out / RESULTS)
-    if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
-        for path in heads:
-            engine.check_head(path)
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]

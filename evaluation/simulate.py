@@ -33,8 +33,9 @@ from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_c
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
-from heads.export import check_labels, read_metadata
+from heads.export import HeadFileError, check_labels, read_metadata
 from heads.exported import ExportedHead, features_beyond
+
 
 class SimulationError(UserError):
     """An eval folder without what the simulator needs to check it."""
@@ -44,8 +45,6 @@ class SimulationError(UserError):
 # policies
 
 
-TRACE_SCORES = ("p_draft", "logp_draft", "entropy_draft")
-"""The draft scores a trace holds (``Trace``): a head reading any other feature cannot be replayed."""
 cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, computes=TRACE_SCORES))
 """An exported head by file, loaded once per process."""
 
@@ -198,8 +197,6 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     what the choice used), its runs' fit (``fit``) and, so that no prediction is fitted on what it predicts, the
     runs' fit without the run at hand (``FIT_WITHOUT_RUN``). Returns the text, the rows and the cost ratio c of the
     costs the choice used (the runs' fit's when the forwards were not timed)."""
-    import json
-
     from core.cache import file_sha256
     from core.intervals import speedup_interval
     from evaluation.config import parse
@@ -333,6 +330,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _for_labels(head: str, manifest: dict, labels: str) -> bool:
+    """Whether the head was trained for the draft of the labels (``check_labels`` passes)."""
+    try:
+        check_labels(head, manifest, labels)
+    except HeadFileError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     a = parse_args(argv)
     bad = [c for c in a.c if not 0 < c < float("inf")]
@@ -342,17 +348,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.timing:
         fit = read_timing(a.timing, a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
-    if a.heads is None:  # every exported head the traces can replay
+    manifest = read_manifest(a.labels)
+    if a.heads is None:  # every exported head the traces can replay, trained for the labels' draft
         found = sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
         heads = [h for h in found if replayable(h)]
         if len(heads) < len(found):
             print(f"not replayed (their heads read features the traces do not hold): "
-                  f"{', '.join(Path(h).stem for h in found if h not in heads)}")
+                  f"{', '.join(Path(h).stem for h in found if h not in heads)}", file=sys.stderr)
+        other = [h for h in heads if not _for_labels(h, manifest, a.labels)]
+        if other:
+            print(f"not replayed (their heads were trained for another draft than the labels'): "
+                  f"{', '.join(Path(h).stem for h in other)}", file=sys.stderr)
+        heads = [h for h in heads if h not in other]
     else:
         heads = a.heads
-    manifest = read_manifest(a.labels)
-    for head in heads:  # a head replayed over labels of another draft would predict nothing about either
-        check_labels(head, manifest, a.labels)
+        for head in heads:  # a head replayed over labels of another draft would predict nothing about either
+            check_labels(head, manifest, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
     checks = None
     if a.eval:

@@ -102,6 +102,49 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
     assert set(again) - set(before) - {"traces/notes.txt"} == set(_tree(fresh))
 
 
+def test_eval_overwrite_keeps_the_previous_results_until_the_models_and_heads_pass(tmp_path, monkeypatch):
+    import evaluation.run
+    from heads.export import HeadFileError
+
+    cfg = make_cfg(tmp_path, **QUICK)
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    before = _tree(out)
+    cfg.overwrite = True
+    engine = fake_engine()
+
+    def refuse(path):
+        raise HeadFileError(f"{path}: head was trained for another draft")
+
+    engine.check_head = refuse
+    cfg.policies = [*cfg.policies, Sweep("sprinter", fixed={"head": str(tmp_path / "h.safetensors")})]
+    monkeypatch.setattr(evaluation.run, "head_files", lambda cfg: [str(tmp_path / "h.safetensors")])
+    with pytest.raises(HeadFileError):
+        run_eval(cfg, engine, quiet=True)
+    assert _tree(out) == before
+    cfg.policies = QUICK["policies"]
+
+    def labels_of_another_pair(cfg):
+        raise EvalError("runs/labels was labeled with draft 'other', this run decodes 'tiny'")
+
+    monkeypatch.setattr(evaluation.run.Engine, "load", staticmethod(labels_of_another_pair))
+    monkeypatch.setattr(evaluation.run, "input_digests", lambda *a: {})
+    with pytest.raises(EvalError, match="labeled with draft"):
+        run_eval(cfg, None, quiet=True)
+    assert _tree(out) == before
+
+
+def test_eval_results_without_settings_are_refused(tmp_path):
+    cfg = make_cfg(tmp_path, **QUICK)
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    (out / "settings.json").unlink()
+    before = _tree(out)
+    with pytest.raises(EvalError, match="results.jsonl has no settings.json beside it"):
+        run_eval(cfg, fake_engine(), quiet=True)
+    assert _tree(out) == before
+    cfg.overwrite = True
+    run_eval(cfg, fake_engine(), quiet=True)
+
+
 # ------------------------------------------------------------------ labeling: its own shards only
 def test_labeling_overwrite_keeps_a_dataset_in_a_subfolder(label_config, tmp_path):
     run_labels(label_config(), quiet=True)
@@ -121,6 +164,7 @@ def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, mon
     out = tmp_path / "labels"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    (out / ".notes.tmp").write_text("mine too")  # hidden, "tmp" in its name, and not a temporary of ours
     monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
     with pytest.raises(LabelingError, match="holds no labeling run; choose another output_dir, or pass --overwrite"):
         run_labels(label_config(), quiet=True)
@@ -129,11 +173,11 @@ def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, mon
     for overwrite in (False, True):  # shards no run.json claims are never deleted
         with pytest.raises(LabelingError, match="no labeling run recorded in run.json wrote"):
             run_labels(label_config(overwrite=overwrite), quiet=True)
-    assert _tree(out) == {"notes.txt": b"mine", "train/draft-0000.arrow": b"someone's rows"}
+    assert _tree(out) == {".notes.tmp": b"mine too", "notes.txt": b"mine", "train/draft-0000.arrow": b"someone's rows"}
     monkeypatch.undo()
     (out / "train" / "draft-0000.arrow").unlink()
     run_labels(label_config(overwrite=True), quiet=True)  # told: labeled beside the note
-    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "notes.txt").read_text() == "mine" and (out / ".notes.tmp").read_text() == "mine too"
     shards.read_manifest(out)
 
 
@@ -285,6 +329,16 @@ def test_an_unlisted_shard_is_refused_with_the_truth(label_config, tmp_path, mon
     stray.unlink()
     run_labels(label_config(), quiet=True)  # finished, nothing to do
     shards.read_manifest(out)
+
+
+def test_a_manifest_without_a_shard_list_is_an_older_versions(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["shards"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(shards.ShardError, match="written by an older version of data_gen"):
+        shards.read_manifest(out)
 
 
 def test_an_unlisted_shard_in_an_unfinished_run_is_refused(label_config, tmp_path):

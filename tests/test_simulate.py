@@ -390,12 +390,36 @@ def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_c
                     role="stop", threshold={"name": "h", "value": 0.5}, metrics={})
     monkeypatch.chdir(tmp_path)
     rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--c", "0.1"])
-    assert "not replayed (their heads read features the traces do not hold): runtime" in capsys.readouterr().out
+    assert "not replayed (their heads read features the traces do not hold): runtime" in capsys.readouterr().err
     assert {Path(r["params"]["head"]).stem for r in rows if "head" in r["params"]} == {"plain"}
     done = subprocess.run([sys.executable, "-m", "evaluation.simulate", "--labels", str(cfg.output_dir), "--heads",
                            str(heads / "runtime.safetensors")], capture_output=True, text=True,
                           cwd=Path(__file__).parents[1])
     assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1
+
+
+def test_a_head_of_another_draft_is_left_out_by_default_and_refused_when_named(label_config, tmp_path, capsys,
+                                                                               monkeypatch):
+    from data_gen.run import run_labels
+    from heads.export import HeadFileError, export_head
+    from heads.resnet import ResNetHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    draft = read_manifest(cfg.output_dir)["models"]["draft"]
+    digests = {k: "0" * 64 for k in ("weights", "sha256", "fingerprint") if k in draft}
+    other = {**draft, "name": "other-draft", **digests}
+    heads = tmp_path / "checkpoints" / "heads"
+    for name, d in (("mine", draft), ("stray", other)):
+        export_head(ResNetHead(hidden_size=32, depth=1), heads / f"{name}.safetensors", draft=d, vocab_size=57,
+                    label={"kind": "test"}, role="stop", threshold={"name": "h", "value": 0.5}, metrics={})
+    monkeypatch.chdir(tmp_path)
+    rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--c", "0.1"])
+    err = capsys.readouterr().err
+    assert "not replayed (their heads were trained for another draft than the labels'): stray" in err
+    assert {Path(r["params"]["head"]).stem for r in rows if "head" in r["params"]} == {"mine"}
+    with pytest.raises(HeadFileError, match="the draft of the labels in"):
+        sim.main(["--labels", str(cfg.output_dir), "--heads", str(heads / "stray.safetensors"), "--c", "0.1"])
 
 
 def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_pair, prompt_file, tmp_path, capsys):
