@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from core.errors import UserError
 from core.models import DTYPES, ModelSpec, load_model
 from core.quantization import decode_numerics, prompt_scales
 from core.sampling import Sampling, prompt_generator
-from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths, vector_sizes
+from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_json, read_manifest, shard_paths,
+                         vector_sizes)
 from data_gen.labeler import MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y
 
 VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
@@ -326,7 +326,10 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"--rows must be at least 1 (rows drawn from each split), got {rows}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
-    settings = json.loads((folder / "run.json").read_text())
+    if not (folder / "run.json").is_file():
+        raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "
+                        "to audit it")
+    settings = read_json(folder / "run.json", "label the folder again to audit it")
     models, identities = [], []
     for role in ("draft", "target"):
         model, _, identity = load_model(ModelSpec(**settings[role]), settings["dtype"])

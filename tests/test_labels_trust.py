@@ -241,3 +241,17 @@ def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
     rank0 = ShardWriter(tmp_path, {"hidden": 4})
     rank0.on_predict_start(SimpleNamespace(global_rank=0), None)
     rank0.on_predict_batch_start(SimpleNamespace(global_rank=0), None, {}, 1)  # rank 0 is the launcher itself
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json"])
+def test_the_audit_names_a_missing_or_damaged_run_json(labeled, damage, capsys):
+    from data_gen import audit
+
+    _, out, _ = labeled
+    if damage == "missing":
+        (out / "run.json").unlink()
+    else:
+        (out / "run.json").write_text("{cut off")
+    assert audit.main([str(out), "--rows", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out}") and "run.json" in err[0], err
