@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from core.errors import UserError
 from core.models import DTYPES, ModelSpec, load_model
 from core.quantization import decode_numerics, prompt_scales
 from core.sampling import Sampling, prompt_generator
-from core.shards import FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths, vector_sizes
+from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_json, read_manifest, shard_paths,
+                         vector_sizes)
 from data_gen.labeler import MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y
 
 VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
@@ -69,9 +69,15 @@ EXACT_COLUMNS = ("prompt_id", "category", "position", "loss_mask", "token_id", "
 PLACE = ("prompt_id", "category", "position")
 """The exact columns that say where a row sits; the others are compared where the row's place fixes them."""
 
-DISCRETE_COLUMNS = ("greedy_match", "token_draw")
-"""0/1 per row, judged by the share rule (a near tie of two tokens flips under rounding): ``greedy_match``, and
-``token_draw``, the stored token against the one the prompt's uniform draws from the recomputed distribution."""
+DISCRETE_COLUMNS = ("greedy_match",)
+"""0/1 per row (argmax q == argmax p), judged by its median: a near tie of two tokens flips under rounding."""
+
+DRAW_COLUMN = "token_draw"
+"""The stored token against the prompt's uniform and the recomputed distribution it was drawn from: the probability
+mass between the uniform and the stored token's interval of the recomputed CDF (``draw_gap``), 0 when the uniform
+draws it. Every CDF value of two distributions differs by at most their total variation, so a correct row's gap is
+at most the TV between the labeler's and the audit's readings: it is judged like a probability (``tv``'s
+tolerance), while a token drawn from another distribution lands O(1) away on many rows."""
 
 INT8_ROUNDOFF = 2.0 ** -7
 """Half a quantization step of an int8 activation (0..127 over the token's range) relative to its largest
@@ -102,12 +108,14 @@ def tolerances(draft: dict, target: dict, sizes: dict[str, int]) -> dict[str, fl
             return max(FLOAT32_TOLERANCE, u * math.sqrt(sizes[col]))
         return max(FLOAT32_TOLERANCE, ROUNDING_UNITS * u)
 
-    return {**{c: tol(c) for c in (*FLOAT_COLUMNS, *VECTOR_COLUMNS)}, **dict.fromkeys(DISCRETE_COLUMNS, 0.0)}
+    out = {c: tol(c) for c in (*FLOAT_COLUMNS, *VECTOR_COLUMNS)}
+    return {**out, DRAW_COLUMN: out["tv"], **dict.fromkeys(DISCRETE_COLUMNS, 0.0)}
 
 
 def judge(diffs: np.ndarray, tolerance: float) -> dict:
     """Whether per-row differences are rounding: the median row within ``tolerance``, and no more rows past ``FAR``
-    times it than a share of ``FAR_SHARE`` makes plausible. A 0/1 column (tolerance 0) is judged by its median."""
+    times it than a share of ``FAR_SHARE`` makes plausible. A 0/1 column (tolerance 0, ``greedy_match``) is judged by
+    its median."""
     n, past, far = len(diffs), int((diffs > tolerance).sum()), int((diffs > FAR * tolerance).sum()) if tolerance else 0
     median = float(np.median(diffs)) if n else 0.0
     plausible = far == 0 or float(binom.sf(far - 1, n, FAR_SHARE)) >= SIGNIFICANCE  # P(at least `far` of n rows)
@@ -254,6 +262,16 @@ def fixed(row: dict, seq: dict, u: torch.Tensor, labeling: Labeling) -> dict:
     return out
 
 
+def draw_gap(logprobs: torch.Tensor, u: float, token: int) -> float:
+    """How much probability mass of ``logprobs`` lies between the uniform ``u`` and ``token``'s interval of its CDF
+    (``lm.sample_from_logprobs`` draws ``token`` from ``u`` exactly when this is 0): a lower bound on the total
+    variation between ``logprobs`` and any distribution that draws ``token`` from ``u``."""
+    cdf = logprobs.double().exp().cumsum(-1)
+    cdf = cdf / cdf[-1]
+    lo, hi = (float(cdf[token - 1]) if token else 0.0), float(cdf[token])
+    return max(lo - u, u - hi, 0.0)
+
+
 def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sampling,
               draw: tuple | None = None) -> dict:
     """Every column of one row that the models give, read the plain way; with ``draw`` (``fixed``'s: the
@@ -271,7 +289,7 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(q, p, token).items()}
     if draw is not None:
         dist, stream, i, u = draw
-        out["token_draw"] = int(lm.sample_from_logprobs(q if dist == "q" else p, u[stream, i]))
+        out[DRAW_COLUMN] = draw_gap(q if dist == "q" else p, float(u[stream, i]), ctx.token)
     hidden, logits, taps = draft(ctx.features + [ctx.token], 2, seq["prompt_ids"])
     read = warp(logits[0])
     out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), hidden_layers=taps[1].numpy(),
@@ -301,8 +319,8 @@ def differences(row: dict, again: dict, compared) -> dict[str, float]:
     for col in compared:
         if col not in again:
             continue
-        if col == "token_draw":
-            diff[col] = float(int(row["token_id"]) != again[col])
+        if col == DRAW_COLUMN:
+            diff[col] = float(again[col])
             continue
         if col in EXACT_COLUMNS or col == "greedy_match":
             diff[col] = float(row[col] != again[col])
@@ -326,7 +344,10 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"--rows must be at least 1 (rows drawn from each split), got {rows}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
-    settings = json.loads((folder / "run.json").read_text())
+    if not (folder / "run.json").is_file():
+        raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "
+                        "to audit it")
+    settings = read_json(folder / "run.json", "label the folder again to audit it")
     models, identities = [], []
     for role in ("draft", "target"):
         model, _, identity = load_model(ModelSpec(**settings[role]), settings["dtype"])

@@ -32,6 +32,7 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import os
 import re
 import sys
 import sysconfig
@@ -42,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.errors import UserError
+from core.lock import LOCK_FILE, folder_lock
+from core.shards import read_json, write_json
 
 DEFAULT_PACKAGES = [
     "numpy", "scipy", "sympy", "mpmath", "networkx", "scikit-learn", "pandas", "matplotlib", "torch", "transformers",
@@ -413,9 +416,37 @@ def rows_digest(rows: list[dict]) -> str:
     return h.hexdigest()
 
 
+KIND = "corpus"
+"""The manifest's ``kind``: a folder whose manifest says so is a corpus this builder may rebuild in place."""
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output folder that is the current directory, or that holds files and is not a corpus folder: the
+    build replaces ``corpus.parquet`` and ``manifest.json`` there, and they may be another dataset's."""
+    if out.exists() and not out.is_dir():
+        raise CorpusError(f"--out {out} is a file, not a folder")
+    if out.resolve() == Path.cwd().resolve():
+        raise CorpusError("--out is the current directory; choose a folder of its own, e.g. runs/corpus")
+    if not out.exists() or not [f for f in out.iterdir() if f.name != LOCK_FILE]:
+        return
+    manifest = out / "manifest.json"
+    m = read_json(manifest, "remove it or choose another --out") if manifest.is_file() else None
+    if not isinstance(m, dict) or m.get("kind") != KIND:
+        raise CorpusError(f"--out {out} holds files and is not a corpus folder (no manifest.json with kind "
+                          f"{KIND!r}); choose an empty or new folder")
+
+
 def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
-    """Extract, filter, dedupe, check against HumanEval, write ``corpus.parquet`` + ``manifest.json``; return the
-    manifest."""
+    """Extract, filter, dedupe, check against HumanEval, write ``corpus.parquet`` + ``manifest.json`` into an empty
+    folder or a previous corpus folder (``check_out``), holding its lock; return the manifest."""
+    out = Path(cfg.out)
+    check_out(out)
+    with folder_lock(out, "a corpus build"):
+        check_out(out)  # another build may have written it before the lock was ours
+        return _build(cfg, out, progress)
+
+
+def _build(cfg: CorpusConfig, out: Path, progress: bool) -> dict:
     import datasets
     from tqdm import tqdm
 
@@ -447,15 +478,17 @@ def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
     kept.sort(key=lambda r: hashlib.sha256(f"{r['package']}\0{r['qualname']}\0{r['prompt']}".encode()).hexdigest())
     for i, r in enumerate(kept):
         r["task_id"] = f"corpus/{i}"
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.parquet"):
-        old.unlink()
-    datasets.Dataset.from_list(kept).to_parquet(str(out / "corpus.parquet"))
+    tmp = out / f".corpus.parquet.tmp{os.getpid()}"  # no .parquet suffix: a reader of the folder skips it
+    try:
+        datasets.Dataset.from_list(kept).to_parquet(str(tmp))
+        os.replace(tmp, out / "corpus.parquet")
+    finally:
+        tmp.unlink(missing_ok=True)
     per_package: dict[str, int] = {}
     for r in kept:
         per_package[r["package"]] = per_package.get(r["package"], 0) + 1
     manifest = {
+        "kind": KIND,
         "rows": len(kept),
         "digest": rows_digest(kept),
         "settings": asdict(cfg) | {"out": None},
@@ -471,7 +504,7 @@ def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
         "python": sys.version.split()[0],
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(out / "manifest.json", manifest)
     return manifest
 
 

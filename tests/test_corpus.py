@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import UserError
 from core.prompts import PromptConfig, load_prompt_table
 from data_gen import corpus
 from data_gen.corpus import CorpusConfig, CorpusError, build_corpus
@@ -199,3 +200,34 @@ def test_humaneval_overlap_scores():
     first = corpus.humaneval_problems()[0]
     assert he.score(first["canonical_solution"]) == 1.0
     assert he.score(textwrap.dedent(GOOD)) == 0.0
+
+
+def test_refuses_a_folder_that_is_not_a_corpus(tmp_path, capsys, monkeypatch):
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    (labels / "manifest.json").write_text('{"splits": {}}\n')
+    (labels / "data.parquet").write_text("not ours")
+    before = {f.name: f.read_text() for f in labels.iterdir()}
+    with pytest.raises(CorpusError, match="not a corpus folder"):
+        build(tmp_path, "labels")
+    assert {f.name: f.read_text() for f in labels.iterdir()} == before  # untouched
+    assert corpus.main(["--packages", "[]", "--paths", f"[{tmp_path}]", "--out", str(labels)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --out") and "not a corpus folder" in err[0]
+    (labels / "manifest.json").write_text("{broken")
+    with pytest.raises(UserError, match="not valid JSON"):
+        build(tmp_path, "labels")
+    monkeypatch.chdir(tmp_path / "src")
+    with pytest.raises(CorpusError, match="current directory"):
+        build_corpus(CorpusConfig(out=".", packages=[], paths=[str(tmp_path / "src" / "fixturepkg")], min_prompts=0))
+
+
+def test_rebuilds_a_corpus_folder_in_place(tmp_path):
+    first, _ = build(tmp_path)
+    assert first["kind"] == "corpus"
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "src" / "fixturepkg" / "good.py").write_text(GOOD.replace("acc += v", "acc = acc + v"))
+    second, rows = build(tmp_path)
+    assert second["digest"] != first["digest"] and len(rows) == second["rows"]
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == ["corpus.parquet", "manifest.json", "notes.txt"]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["digest"] == second["digest"]

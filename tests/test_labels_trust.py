@@ -241,3 +241,43 @@ def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
     rank0 = ShardWriter(tmp_path, {"hidden": 4})
     rank0.on_predict_start(SimpleNamespace(global_rank=0), None)
     rank0.on_predict_batch_start(SimpleNamespace(global_rank=0), None, {}, 1)  # rank 0 is the launcher itself
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json"])
+def test_the_audit_names_a_missing_or_damaged_run_json(labeled, damage, capsys):
+    from data_gen import audit
+
+    _, out, _ = labeled
+    if damage == "missing":
+        (out / "run.json").unlink()
+    else:
+        (out / "run.json").write_text("{cut off")
+    assert audit.main([str(out), "--rows", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out}") and "run.json" in err[0], err
+
+
+def test_the_audit_fails_tokens_drawn_from_another_distribution_in_a_third_of_rows(labeled):
+    """A labeler that draws a third of its target and interleaved rows' tokens from the wrong distribution leaves
+    the median row right, so a 0/1 median rule passes it; the draw's CDF gap puts those rows far past the tolerance,
+    and the far rule fails the column."""
+    from data_gen import audit
+
+    _, out, _ = labeled
+    manifest = json.loads((out / "manifest.json").read_text())
+    seen = 0
+    for split in shards.SPLITS:
+        for shard in shards.shard_paths(out, split):
+            cols = datasets.Dataset.from_file(str(shard)).to_dict()
+            for i, c in enumerate(cols["category"]):
+                if c in ("target", "interleaved"):
+                    seen += 1
+                    if seen % 3 == 0:
+                        cols["token_id"][i] = (cols["token_id"][i] + 17) % 50
+            shards.write_shard(shard, cols, manifest["feature"]["sizes"])
+            manifest["shards"][shard.relative_to(out).as_posix()] = json.loads(
+                shard.with_name(shard.name + ".json").read_text())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = audit.audit(out, rows=40, quiet=True)["columns"]["token_draw"]
+    assert r["median_diff"] == 0 and not r["ok"], r
+    assert r["rows_far"] > r["rows"] / 10, r
