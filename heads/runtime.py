@@ -14,8 +14,8 @@ draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER 
 generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
 that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
 
-This file imports nothing of this project but ``heads``, ``core.label_math`` and ``core.sampling``, which
-``heads.export_hf`` copies beside it, so an exported folder works with torch, transformers and safetensors alone.
+This file imports nothing of this project but ``heads`` and ``core`` modules, whose import closure ``heads.export_hf``
+copies beside it, so an exported folder works with torch, transformers and safetensors alone.
 Its own draws (SPRINTER's check of the rejected token) are float64 (``core.sampling``); the draft's candidates and
 SpecDec++'s verification are transformers' sampling. Design: ``heads/DESIGN.md``.
 """
