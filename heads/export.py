@@ -15,6 +15,9 @@ under ``specheads_sha256``::
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}; a stop head's also has ``chosen_by`` (the trace
                 simulator's method, split, cost and grid: ``pipeline.train_all.stop_threshold``)
     metrics:    validation (and test) metrics of the exported weights
+    trained_on: the prompts whose rows trained the head or chose its threshold (train and val): ``labels`` (the
+                folder), ``splits``, ``prompts`` (their count) and ``digests`` (``core.prompts.prompt_digest`` of
+                each, concatenated): the evaluation refuses to count a prompt the head has seen (``seen_prompts``)
     weights_sha256: digest of the tensors (``weights_digest``); a file without it, or whose weights no longer match
                 it, is refused, and so are non-finite weights
 
@@ -43,6 +46,7 @@ from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
 from core.identity import DIGEST_KEYS, IdentityError, identity_mismatch, model_identity, record_identity
 from core.label_math import FEATURE_POSITIONS
+from core.prompts import PROMPT_DIGEST_CHARS
 from core.quantization import NONE, output_rows
 from heads.features import SCORES, VECTORS, vector_column
 from heads.registry import HEADS, build_head
@@ -65,7 +69,7 @@ def feature_position(meta: dict) -> str:
 
 def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
                 threshold: dict, metrics: dict, position: str = "own", vectors: list[str] = (),
-                tapped_layers: list[int] | None = None) -> Path:
+                tapped_layers: list[int] | None = None, trained_on: dict | None = None) -> Path:
     """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
     unknown = [v for v in vectors if v not in VECTORS]
     if unknown or bool(int(head.config.get("extra_size", 0))) != bool(vectors):
@@ -90,6 +94,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "role": role,
         "threshold": threshold,
         "metrics": {k: float(v) if isinstance(v, (int, float)) else v for k, v in metrics.items()},
+        **({"trained_on": trained_on} if trained_on is not None else {}),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +209,13 @@ def check_model(meta: dict, model, path="head file") -> None:
             f"the model tells {identity or 'nothing of its origin'}. Hidden size and vocabulary match.",
             stacklevel=2,
         )
+
+
+def seen_prompts(meta: dict) -> set[str]:
+    """The digests of the prompts a head trained on or had its threshold chosen on (``trained_on``); empty for a
+    head exported without that record."""
+    digests = meta.get("trained_on", {}).get("digests", "")
+    return {digests[i : i + PROMPT_DIGEST_CHARS] for i in range(0, len(digests), PROMPT_DIGEST_CHARS)}
 
 
 def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:

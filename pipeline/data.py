@@ -7,6 +7,8 @@ draft entropy) are held in memory for the selected rows only.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from core import label_math as lm
 from core.errors import SettingError
+from core.identity import identity_mismatch
 from core.shards import load_split, read_manifest
 from heads.features import SCORE_COLUMNS, vector_column
 
@@ -28,7 +31,8 @@ class LabelRows(Dataset):
     """The selected rows of one split; ``rows[idx_array]`` returns a whole batch as a dict of tensors."""
 
     def __init__(self, folder: str | Path, split: str, *, label: str, lam: float, categories: list[str],
-                 feature_column: str = "hidden", vector_columns: list[str] = (), balance: bool = False):
+                 feature_column: str = "hidden", vector_columns: list[str] = (), balance: bool = False,
+                 prompt_share: float = 1.0, seed: int = 0):
         ds = load_split(folder, split)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
         missing = [c for c in (*SMALL_COLUMNS, feature_column, *vector_columns) if c not in table.column_names]
@@ -39,6 +43,9 @@ class LabelRows(Dataset):
         mask = small["loss_mask"].to_numpy(zero_copy_only=False).astype(bool)
         cats = small["category"].to_numpy(zero_copy_only=False).astype(str)
         mask &= np.isin(cats, categories)
+        if prompt_share < 1:
+            prompt_ids = small["prompt_id"].to_numpy(zero_copy_only=False)
+            mask &= np.isin(prompt_ids, first_prompts(np.unique(prompt_ids[mask]), prompt_share, seed))
         self.index = np.flatnonzero(mask)  # row numbers in the Arrow table, ascending
         if not len(self.index):
             raise SettingError(f"{folder}: the {split} split has no draft-token rows of the categories {categories} "
@@ -70,6 +77,8 @@ class LabelRows(Dataset):
         # prefix the hidden states read (what a decoder computes)
         self.columns = {c: col(c) for c in dict.fromkeys(SCORE_COLUMNS.values())}
         self.prompt_id = torch.from_numpy(small["prompt_id"].to_numpy(zero_copy_only=False)[self.index])
+        self.prompt_ids = np.unique(self.prompt_id.numpy())
+        """The prompts of the selected rows."""
         self.logp_draft, self.entropy_draft = self.columns["read_logp_draft"], self.columns["read_entropy_draft"]
         self.p_draft = self.logp_draft.exp()  # draft probability of its own token
         self.conf_entropy = (-self.entropy_draft).exp()  # exp(−H_draft): monotone in −entropy (SVIP)
@@ -108,6 +117,13 @@ class LabelRows(Dataset):
         }
 
 
+def first_prompts(prompt_ids: np.ndarray, share: float, seed: int) -> np.ndarray:
+    """The first ``share`` of ``prompt_ids`` (at least one) in an order fixed by the seed and each id alone, so the
+    prompts of a smaller share are among those of every larger one (nested subsets for a learning curve)."""
+    order = np.argsort([hashlib.sha256(f"{seed}:{int(p)}".encode()).digest() for p in prompt_ids], kind="stable")
+    return prompt_ids[order[: max(1, math.ceil(share * len(prompt_ids)))]]
+
+
 def _chunk_views(column: pa.ChunkedArray) -> list[np.ndarray]:
     size = column.type.list_size
     return [c.flatten().to_numpy(zero_copy_only=False).reshape(-1, size) for c in column.chunks]
@@ -139,12 +155,23 @@ class BlockSampler(Sampler):
             yield order[i : i + self.batch_size]
 
 
+def check_same_draft(manifest: dict, other: dict, labels: str, other_labels: str) -> None:
+    """Refuse test labels of another draft than the training labels' (their features would differ)."""
+    differs = identity_mismatch(manifest["models"]["draft"], other["models"]["draft"])
+    if differs is not None:
+        key, mine, theirs = differs
+        raise SettingError(f"{other_labels} was labeled with another draft than {labels} ({key} {theirs} against "
+                           f"{mine}); test on labels of the same draft")
+
+
 class LabelDataModule(pl.LightningDataModule):
     """Train/val/test splits of a labeled dataset (``data_gen`` output), with the label of your choice."""
 
     def __init__(
         self,
         labels: str = "runs/labels/humaneval",
+        test_labels: str | None = None,
+        train_share: float = 1.0,
         label: Literal["soft", "sprinter"] = "soft",
         lam: float = 1.0,
         categories: list[str] | None = None,
@@ -160,6 +187,10 @@ class LabelDataModule(pl.LightningDataModule):
         """
         Args:
             labels: folder written by ``python -m data_gen`` (shards and ``manifest.json``).
+            test_labels: a label folder whose ``test`` split is the test set instead of ``labels``' (held-out
+                prompts, e.g. ``runs/labels/humaneval-heldout`` beside corpus labels); labeled with the same draft.
+            train_share: train on this share of the train split's prompts (all their rows), the same prompts for
+                the same seed, and a smaller share's prompts among a larger one's (a learning curve).
             label: ``soft``: the acceptance probability min(1, p/q) (SpecDec++); ``sprinter``: 1[q/p ≤ lam].
             lam: SPRINTER's λ (only with ``label: sprinter``).
             categories: train on rows of these categories (default: the rows of the label's head,
@@ -183,6 +214,8 @@ class LabelDataModule(pl.LightningDataModule):
             raise SettingError(f"label must be 'soft' or 'sprinter', got {label!r}")
         if lam <= 0:
             raise SettingError(f"lam must be positive, got {lam}")
+        if not 0 < train_share <= 1:
+            raise SettingError(f"train_share must be in (0, 1], got {train_share}")
         small = {k: v for k, v in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                                    ("block_size", block_size)) if v < 1}
         if small or num_workers < 0:
@@ -204,6 +237,9 @@ class LabelDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.block_size = batch_size, eval_batch_size, block_size
         self.num_workers, self.seed = num_workers, seed
         self.manifest = read_manifest(labels)
+        self.test_labels, self.train_share = test_labels, train_share
+        if test_labels is not None:
+            check_same_draft(self.manifest, read_manifest(test_labels), labels, test_labels)
         self.splits: dict[str, LabelRows] = {}
 
     @property
@@ -225,13 +261,19 @@ class LabelDataModule(pl.LightningDataModule):
     def draft(self) -> dict:
         return self.manifest["models"]["draft"]
 
+    def folder(self, split: str) -> str:
+        """The label folder a split is read from."""
+        return self.test_labels if split == "test" and self.test_labels is not None else self.labels
+
     def rows(self, split: str) -> LabelRows:
         if split not in self.splits:
-            rows = LabelRows(self.labels, split, label=self.label, lam=self.lam, categories=self.categories,
+            folder = self.folder(split)
+            rows = LabelRows(folder, split, label=self.label, lam=self.lam, categories=self.categories,
                              feature_column=lm.FEATURE_POSITIONS[self.feature_position].column,
-                             vector_columns=self.vector_columns, balance=self.balance_categories)
+                             vector_columns=self.vector_columns, balance=self.balance_categories,
+                             prompt_share=self.train_share if split == "train" else 1.0, seed=self.seed)
             if rows.hidden_size != self.hidden_size or rows.input_size != self.hidden_size + self.extra_size:
-                raise SettingError(f"{self.labels}: the manifest gives hidden size {self.hidden_size}, the {split} "
+                raise SettingError(f"{folder}: the manifest gives hidden size {self.hidden_size}, the {split} "
                                  f"shards hold features of size {rows.hidden_size}; label again or fix the manifest")
             self.splits[split] = rows
         return self.splits[split]

@@ -32,6 +32,8 @@ from torchmetrics import Metric
 
 from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
+from core.prompts import prompt_digest
+from core.shards import load_sequences
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
 from decoding.traces import TraceError, load_label_traces
@@ -178,8 +180,23 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
             tapped_layers=dm.manifest["feature"].get("tapped_layers"),
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
+            trained_on=trained_on(labels, dm.rows("train").prompt_ids, dm.rows("val").prompt_ids),
         )
     return result
+
+
+def trained_on(labels: str, train_prompts, val_prompts) -> dict:
+    """What a head records of the prompts it has seen (``heads.export``): the train prompts whose rows it trained
+    on (all of them, or a share) and the val prompts its early stopping and threshold were chosen on."""
+    digests = []
+    for split, ids in (("train", train_prompts), ("val", val_prompts)):
+        seqs = load_sequences(labels, split)
+        if seqs is None:
+            raise SettingError(f"{labels} stores no token sequences (labeled by an older version); label it again")
+        wanted = set(map(int, ids))
+        digests += [prompt_digest(s["prompt_ids"]) for s in seqs if int(s["prompt_id"]) in wanted]
+    return {"labels": str(labels), "splits": ["train", "val"], "prompts": len(digests),
+            "digests": "".join(sorted(digests))}
 
 
 def auroc_intervals(pred: dict[str, np.ndarray], test: dict) -> dict[str, Interval]:
@@ -267,6 +284,11 @@ def _intervals_text(intervals: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/humaneval", help="labeled dataset folder (data_gen output)")
+    p.add_argument("--test-labels", default=None,
+                   help="test on the test split of this label folder (held-out prompts, e.g. "
+                        "runs/labels/humaneval-heldout) instead of --labels'")
+    p.add_argument("--train-share", type=float, default=1.0,
+                   help="train on this share of the train split's prompts (nested: a learning curve's subsets)")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="LightningCLI configs to train")
     p.add_argument("--out", default="runs/train", help="logs, ROC curves and the metrics table")
     p.add_argument("--checkpoints", default="checkpoints", help="Lightning checkpoints, one folder per config")
@@ -286,6 +308,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.max_epochs is not None and a.max_epochs < 1 and a.max_epochs != -1:
         raise SettingError(f"--max-epochs must be 1 or more (or -1: until early stopping), got {a.max_epochs}")
+    if not 0 < a.train_share <= 1:
+        raise SettingError(f"--train-share must be in (0, 1], got {a.train_share:g}")
     if a.num_nodes is not None and a.num_nodes < 1:
         raise SettingError(f"--num-nodes must be 1 or more, got {a.num_nodes}")
     if a.devices is not None and not re.fullmatch(r"auto|[1-9]\d*|\d+(,\d+)*,|\d+(,\d+)+", a.devices):
@@ -304,6 +328,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}
     extra = [arg for k, v in flags.items() if v is not None for arg in (f"--trainer.{k}", str(v))]
+    extra += [*(["--data.test_labels", a.test_labels] if a.test_labels else []), "--data.train_share",
+              str(a.train_share)]
     if a.quiet:
         logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     if a.sweep:

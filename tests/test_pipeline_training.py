@@ -263,3 +263,60 @@ def test_feature_family_heads_train_export_and_name_what_they_read(tiny_labels, 
 def test_a_head_asking_for_a_vector_the_labels_lack_is_refused(tiny_labels):
     with pytest.raises(SettingError, match="unknown vector feature"):
         LabelDataModule(labels=str(tiny_labels), vectors=["target_logits"])
+
+
+def test_train_share_takes_nested_prompt_subsets(tiny_labels):
+    """A share trains on whole prompts, the same ones for a seed, a smaller share's inside a larger one's; val and
+    test keep every prompt."""
+    shares = [LabelDataModule(str(tiny_labels), label="soft", train_share=s) for s in (0.25, 0.5, 1.0)]
+    prompts = [set(dm.rows("train").prompt_ids.tolist()) for dm in shares]
+    assert prompts[0] < prompts[1] < prompts[2] and len(prompts[0]) >= 1
+    assert len(prompts[1]) == -(-len(prompts[2]) // 2)
+    every = shares[2].rows("train")
+    some = shares[0].rows("train")
+    assert len(some) == np.isin(every.prompt_id.numpy(), list(prompts[0])).sum()  # all rows of the chosen prompts
+    assert len(shares[0].rows("val")) == len(shares[2].rows("val"))
+    again = LabelDataModule(str(tiny_labels), label="soft", train_share=0.25)
+    assert set(again.rows("train").prompt_ids.tolist()) == prompts[0]
+    with pytest.raises(SettingError, match="train_share must be in"):
+        LabelDataModule(str(tiny_labels), train_share=0)
+
+
+def test_test_labels_of_another_folder_are_the_test_set(tiny_labels, tmp_path):
+    """``test_labels`` reads the test split of another folder (held-out prompts) of the same draft, and refuses one
+    of another draft."""
+    import json
+    import shutil
+
+    other = tmp_path / "heldout"
+    shutil.copytree(tiny_labels, other)
+    dm = LabelDataModule(str(tiny_labels), label="soft", test_labels=str(other))
+    assert dm.folder("test") == str(other) and dm.folder("train") == str(tiny_labels)
+    assert len(dm.rows("test")) == len(LabelDataModule(str(tiny_labels), label="soft").rows("test"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["models"]["draft"]["weights"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SettingError, match="another draft"):
+        LabelDataModule(str(tiny_labels), label="soft", test_labels=str(other))
+
+
+def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
+    """train + val prompts (by the digest of their token ids), and only the trained share of train."""
+    from core.prompts import prompt_digest
+    from core.shards import load_sequences
+    from heads.export import load_head, seen_prompts
+    from pipeline import train_all
+
+    results = train_all.main(["--labels", str(tiny_labels), "--configs", str(CONFIGS[0].parent / "specdecpp_d3_w6.yaml"),
+                              "--out", str(tmp_path / "train"), "--checkpoints", str(tmp_path / "ckpt"),
+                              "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1", "--quiet",
+                              "--train-share", "0.5"])
+    _, meta = load_head(results[0].export)
+    digests = {s: {int(r["prompt_id"]): prompt_digest(r["prompt_ids"]) for r in load_sequences(tiny_labels, s)}
+               for s in ("train", "val", "test")}
+    seen = seen_prompts(meta)
+    dm = LabelDataModule(str(tiny_labels), label="soft", train_share=0.5)
+    trained, validated = dm.rows("train").prompt_ids, dm.rows("val").prompt_ids  # the prompts of its rows
+    assert seen == {digests["train"][int(p)] for p in trained} | {digests["val"][int(p)] for p in validated}
+    assert len(seen) == meta["trained_on"]["prompts"] == len(trained) + len(validated)
+    assert not set(digests["test"].values()) & seen
