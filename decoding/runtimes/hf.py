@@ -19,7 +19,7 @@ the decoder and the trace replay. This file imports nothing of this project but 
 modules, whose import closure ``decoding.runtimes.hf_export`` copies beside it, so an exported folder works with
 torch, transformers and safetensors alone. Its own draws (SPRINTER's check of the rejected token) are float64
 (``core.sampling``); the draft's candidates and SpecDec++'s verification are transformers' sampling. Design:
-``heads/DESIGN.md``.
+``decoding/runtimes/DESIGN.md``.
 """
 
 from __future__ import annotations
