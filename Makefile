@@ -70,7 +70,7 @@ simulate: $(STAMP) ## replay every policy over the label traces: predicted rates
 
 export-hf: $(STAMP) ## a head as a transformers custom_generate folder: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
-	$(PY) -m heads.export_hf $(HEAD) $(OUT)
+	$(PY) -m decoding.runtimes.hf_export $(HEAD) $(OUT)
 
 bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes at each precision on this device, and the cost ratio c (JSON)
 	$(PY) -m evaluation.bench_timing $(ARGS)

@@ -15,13 +15,13 @@ ceiling for that model (``oracle_counts``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from decoding import rules
 from decoding.traces import Trace
 from heads.features import draft_scores
 
@@ -36,39 +36,32 @@ STOP_H_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
 # stop rules as round lengths
 
 
-def round_lengths(stops: np.ndarray, reads_candidate: bool, max_k: int) -> np.ndarray:
-    """n(s) for every start s of one trace from per-position stop signals of a stateless rule: the round drafts
-    candidates s, s+1, … and stops after the first one whose signal fires (one more when the rule read the
-    candidate's own forward, as Algorithm 1 submits it), at most ``max_k``, and leaves room for the target token."""
-    length = len(stops)
+def replay_rounds(new_round: Callable[[], Callable[[int], bool]], length: int, reads_candidate: bool,
+                  max_k: int) -> np.ndarray:
+    """n(s) for every start s of one trace: ``new_round()`` gives the decision of a fresh round (does it stop after
+    the candidate at a trace position?), and ``decoding.rules.round_length`` drafts the round that starts at s, at
+    most ``max_k`` candidates and leaving room for the target token."""
     out = np.zeros(length, dtype=np.int64)
     for s in range(length):
-        cap = min(max_k, length - s - 1)
-        n = 0
-        while n < cap:
-            n += 1
-            if stops[s + n - 1]:
-                n = min(n + 1, cap) if reads_candidate else n
-                break
-        out[s] = n
+        stops = new_round()
+        out[s] = rules.round_length(lambda j: stops(s + j), min(max_k, length - s - 1), reads_candidate)
     return out
+
+
+def round_lengths(stops: np.ndarray, reads_candidate: bool, max_k: int) -> np.ndarray:
+    """n(s) of a rule that decides on each candidate alone, from its per-position stop signals."""
+    return replay_rounds(lambda: stops.__getitem__, len(stops), reads_candidate, max_k)
 
 
 def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, max_k: int) -> np.ndarray:
-    """n(s) for SpecDec++'s rule: stop once 1 − ∏ sigmoid(f) over the round's candidates exceeds h."""
-    length = len(log_accept)
-    out = np.zeros(length, dtype=np.int64)
-    for s in range(length):
-        cap = min(max_k, length - s - 1)
-        n, total = 0, 0.0
-        while n < cap:
-            n += 1
-            total += log_accept[s + n - 1]
-            if 1.0 - math.exp(total) > h:
-                n = min(n + 1, cap) if reads_candidate else n
-                break
-        out[s] = n
-    return out
+    """n(s) for SpecDec++'s rule (``decoding.rules.HeadStop``) from ``rules.log_accept`` of the stop head's logit at
+    every position."""
+
+    def new_round() -> Callable[[int], bool]:
+        stop = rules.HeadStop(h)
+        return lambda i: stop(log_accept[i])
+
+    return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
 
 
 def sd_round_lengths(length: int, k: int) -> np.ndarray:
@@ -259,17 +252,12 @@ def trace_head_logits(module: torch.nn.Module, position: str, trace: Trace) -> n
     return out.double().cpu().numpy()
 
 
-def log_accept(logits: np.ndarray) -> np.ndarray:
-    """log sigmoid of a stop head's logits: the log-probabilities SpecDec++ Eq. 4.1 multiplies over a round."""
-    return -np.logaddexp(0.0, -np.asarray(logits, float))
-
-
 def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], h: float,
                      reads_candidate: bool, max_k: int = MAX_K) -> Counts:
     """Expected counts of SpecDec++ at threshold h over traces (their acceptance and the head's logits)."""
     total = Counts()
     for a, f in zip(acceptance, logits):
-        total += expected_counts(a, head_round_lengths(log_accept(f), h, reads_candidate, max_k))
+        total += expected_counts(a, head_round_lengths(rules.log_accept(f), h, reads_candidate, max_k))
     return total
 
 

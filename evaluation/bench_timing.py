@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.errors import SettingError, UserError
 from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.costs import step_s
@@ -74,7 +75,7 @@ def model_config(source: str):
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise SystemExit(f"error: {source!r} is neither a built-in shape ({', '.join(BUILTIN)}) nor a config.json")
+        raise SettingError(f"{source!r} is neither a built-in shape ({', '.join(BUILTIN)}) nor a config.json")
     raw = json.loads(path.read_text())
     raw.pop("quantization_config", None)
     model_type = raw.pop("model_type", None) or "qwen2"
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(a.device)
     precisions = [resolve_dtype(p, device) for p in a.precision] if a.precision else default_precisions(device)
     if device.type != "cpu" and set(precisions) & set(QUANTIZATIONS):
-        raise SystemExit("error: the int8 quantizations run on the CPU only (--device cpu)")
+        raise SettingError("the int8 quantizations run on the CPU only (--device cpu)")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads)"
     result = {"device": name, "device_type": device.type, "precisions": precisions,
@@ -282,5 +283,8 @@ def write_json(result: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

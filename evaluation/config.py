@@ -21,7 +21,7 @@ HF_FAMILY = "hf_assisted"
 HF_TARGET_ONLY = "hf_target_only"
 """Runs of the target's own ``generate()`` with no draft."""
 HF_HEAD_FAMILIES = {"stop": "hf_specdecpp", "verifier": "hf_sprinter"}
-"""Runs of ``generate()`` with an exported head (``heads.runtime``), by the head's role."""
+"""Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role."""
 PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
 """Every run of transformers' ``generate()``: peers, not policies of our decoder."""
 
@@ -116,7 +116,7 @@ class HFPeer:
     """One run of the target's own ``generate()`` with no draft (``hf_target_only``: the baseline of the runs
     below)."""
     heads: list[str] = field(default_factory=list)
-    """Exported heads run inside ``generate()`` by ``heads.runtime``: a stop head as ``hf_specdecpp`` (SpecDec++ in
+    """Exported heads run inside ``generate()`` by ``decoding.runtimes.hf``: a stop head as ``hf_specdecpp`` (SpecDec++ in
     transformers' assisted decoding), a verifier as ``hf_sprinter``."""
     thresholds: dict[str, float] = field(default_factory=dict)
     """A head's threshold (h of a stop head, τ of a verifier) by file, in place of the one exported with it."""

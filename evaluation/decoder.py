@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from core.adapter import HFCausalLM
-from core.label_math import acceptance_probability, entropy, residual_distribution, warp_logits
+from core.label_math import entropy, residual_distribution, warp_logits
 from core.models import check_vocabularies
 from core.quantization import output_rows
 from core.sampling import Sampling, sample_token, uniform
+from decoding import rules
 from heads.features import SCORES, VECTORS
 
 if TYPE_CHECKING:
@@ -221,8 +222,8 @@ RejectRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
-    """Speculative sampling: keep y with probability min(1, p(y)/q(y))."""
-    return dec.uniform() < acceptance_probability(logq[token], logp[token]).item()
+    """Speculative sampling (``decoding.rules.speculative_keeps``) at the decoding's next uniform draw."""
+    return rules.speculative_keeps(token, logp, logq, dec.uniform())
 
 
 class Decoding:

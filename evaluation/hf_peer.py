@@ -3,7 +3,7 @@
 - ``hf_assisted``: assisted generation, ``target.generate(input_ids, assistant_model=draft)``, with transformers'
   own stop rules (its defaults, a confidence threshold, a constant K);
 - ``hf_target_only``: ``target.generate(input_ids)``, no draft;
-- ``hf_specdecpp`` / ``hf_sprinter``: an exported head inside ``generate()`` (``heads.runtime.HeadDecoding``).
+- ``hf_specdecpp`` / ``hf_sprinter``: an exported head inside ``generate()`` (``decoding.runtimes.hf.HeadDecoding``).
 
 Assisted-generation settings go where transformers reads them, on ``draft.generation_config`` (``num_assistant_tokens``,
 ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``), and are restored afterwards. Forward
@@ -144,7 +144,7 @@ def hf_generate(draft, target, prompt_ids: list[int], sampling: Sampling, eos_to
     Args:
         settings: assisted-generation fields for the draft's generation config.
         assisted: pass the draft as ``assistant_model``; False runs the target alone.
-        custom_generate: a decoding method (``heads.runtime.HeadDecoding``) in place of transformers' own.
+        custom_generate: a decoding method (``decoding.runtimes.hf.HeadDecoding``) in place of transformers' own.
     """
     device = next(target.parameters()).device
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)

@@ -81,7 +81,7 @@ class Engine:
         from evaluation.hf_peer import hf_generate
         from evaluation.policies import build_policy
         from heads.exported import ExportedHead
-        from heads.runtime import HeadDecoding
+        from decoding.runtimes.hf import HeadDecoding
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)

@@ -27,9 +27,9 @@ import numpy as np
 from core.errors import SettingError, UserError
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
+from decoding import rules
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
-                             log_accept, oracle_counts, round_lengths, sd_round_lengths, sprinter_counts,
-                             trace_head_logits)
+                             oracle_counts, round_lengths, sd_round_lengths, sprinter_counts, trace_head_logits)
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
@@ -74,18 +74,18 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
         if family == "sd":
             lengths = sd_round_lengths(len(tr), params["k"])
         elif family == "confidence":
-            lengths = round_lengths(np.exp(tr.logp_draft) < params["threshold"], False, max_k)
+            lengths = round_lengths(rules.confidence_stops(np.exp(tr.logp_draft), params["threshold"]), False, max_k)
         elif family == "svip":
-            lengths = round_lengths(np.sqrt(np.maximum(tr.entropy_draft, 0)) > params["h"], False, max_k)
+            lengths = round_lengths(rules.entropy_stops(tr.entropy_draft, params["h"]), False, max_k)
         elif family in ("specdecpp", "sprinter"):
             head = cached_head(params["head"])
             logits = head_logits(head, tr)
             threshold = params.get("h" if family == "specdecpp" else "tau")
             threshold = head.threshold if threshold is None else threshold
             if family == "sprinter":
-                total += sprinter_counts(1 / (1 + np.exp(-logits)) >= threshold)
+                total += sprinter_counts(rules.verifier_accepts(logits, threshold))
                 continue
-            lengths = head_round_lengths(log_accept(logits), threshold, head.position == "own", max_k)
+            lengths = head_round_lengths(rules.log_accept(logits), threshold, head.position == "own", max_k)
         else:
             raise ValueError(f"the simulator has no policy {family!r}")
         total += expected_counts(tr.acceptance, lengths)

@@ -1,26 +1,14 @@
 """An exported head (``heads.export``) as a runtime uses it: loaded from its file alone, checked against the draft
-it is given, and scoring one draft token at a time (the evaluation's decoder and ``heads.runtime`` both use it)."""
+it is given, and scoring one draft token at a time (the evaluation's decoder and ``decoding.runtimes.hf`` both use it)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
 from heads.export import HeadFileError, check_model, feature_position, load_head
 from heads.features import FROM_LOGPROBS, scores_from_logprobs
-
-
-def log_accept(logit: float) -> float:
-    """log sigmoid(logit): a stop head's log-probability that the token is accepted (SpecDec++ Eq. 4.1 multiplies
-    these over a round's candidates)."""
-    return -math.log1p(math.exp(-logit)) if logit > -30 else logit
-
-
-def verifier_accepts(logit: float, tau: float) -> bool:
-    """SPRINTER's verifier: accept the token when sigmoid(logit) ≥ τ."""
-    return torch.sigmoid(torch.tensor(logit)).item() >= tau
 
 
 def features_beyond(meta: dict, computes) -> list[str]:

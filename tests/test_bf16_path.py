@@ -49,7 +49,7 @@ def test_the_audit_passes_on_bf16_labels(bf16_run, capsys):
 
 def test_trained_heads_simulate_and_export(bf16_run, tiny_pair, tmp_path, capsys):
     from evaluation import simulate
-    from heads import export_hf
+    from decoding.runtimes import hf_export as export_hf
 
     root, labels, heads = bf16_run
     files = sorted(heads.glob("*.safetensors"))

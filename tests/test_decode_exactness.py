@@ -39,9 +39,9 @@ from core.label_math import acceptance_probability, residual_distribution, sampl
 from core.sampling import Sampling
 from evaluation.decoder import DecodeStats, Decoding, ModelPair
 from evaluation.policies import build_policy
-import evaluation.policies.sprinter as sprinter_module
+from decoding import rules
 from evaluation.policies.sprinter import Sprinter
-from heads import runtime
+from decoding.runtimes import hf as runtime
 from heads.export import export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -469,7 +469,7 @@ def test_sprinter_theorems_1_and_7(paths, eta_tp, eta_fp):
 
 
 def test_sprinter_theorem_1_test_rejects_an_argmax_resampler(paths, monkeypatch):
-    monkeypatch.setattr(sprinter_module, "residual_distribution", argmax_residual)
+    monkeypatch.setattr(rules, "residual_distribution", argmax_residual)
     dist, theorem_1 = sprinter_distribution(paths, 0.7, 0.4)
     assert tv(marginal(dist), theorem_1) > 0.01
 

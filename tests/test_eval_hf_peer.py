@@ -31,7 +31,7 @@ def test_target_only_and_head_peers_are_the_targets_greedy_tokens(tiny_pair, tmp
     under greedy decoding, the target's greedy tokens), with the draft's forwards counted."""
     from heads.export import export_head
     from heads.resnet import ResNetHead
-    from heads.runtime import HeadDecoding
+    from decoding.runtimes.hf import HeadDecoding
 
     draft, tok, _ = load_model(ModelSpec(path=str(tiny_pair[0])))
     target, _, _ = load_model(ModelSpec(path=str(tiny_pair[1])))

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from core.errors import UserError
 from evaluation import bench_timing
 from evaluation.latency import fit_latency, fit_records, timing_fit
 
@@ -39,6 +40,12 @@ def test_fit_records_skips_runs_without_counts():
     recs.append({"stats": {"draft_calls": None, "target_calls": None, "wall_s": 99.0}})
     fit = fit_records(recs, intercept=False)
     assert fit.n_runs == 4 and fit.t_target == pytest.approx(0.05)
+
+
+def test_bench_timing_input_errors_are_user_errors(tmp_path):
+    """A wrong shape is the project's one-line user error, not an exit from inside the library."""
+    with pytest.raises(UserError, match="neither a built-in shape"):
+        bench_timing.model_config(str(tmp_path / "missing"))
 
 
 def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):

@@ -21,11 +21,11 @@ from core import identity
 from core.identity import IdentityError, check_labels_pair, model_identity, weights_sha256
 from core.models import ModelSpec, load_model
 from core.quantization import decode_numerics, quantize
-from heads import export_hf
+from decoding.runtimes import hf_export as export_hf
 from heads.export import (META_DIGEST_KEY, HeadFileError, export_head, load_head, metadata_digest, read_metadata,
                           weights_digest)
 from heads.exported import ExportedHead
-from heads.runtime import HeadDecoding
+from decoding.runtimes.hf import HeadDecoding
 from heads.sprinter import SprinterHead
 
 DRAFT = {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "ab" * 32, "weights": "cd" * 32,

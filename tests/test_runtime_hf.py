@@ -1,5 +1,5 @@
-"""Exported heads inside transformers' ``generate()`` (``heads.runtime``, ``heads.export_hf``), on tiny random-init
-Llama pairs.
+"""Exported heads inside transformers' ``generate()`` (``decoding.runtimes.hf``, ``decoding.runtimes.hf_export``), on
+tiny random-init Llama pairs.
 
 - greedy: SpecDec++ (a head on either feature position) gives target-only greedy ``generate()`` token for token,
   and drafts the same rounds as the evaluation's decoder with the same head (so the stop rule reads the same
@@ -32,10 +32,11 @@ from core.models import ModelSpec, load_model
 from core.sampling import Sampling
 from evaluation.decoder import Decoding, ModelPair
 from evaluation.policies import build_policy
-from heads import export_hf, runtime
+from decoding.runtimes import hf as runtime
+from decoding.runtimes import hf_export as export_hf
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
-from heads.runtime import HeadCandidateGenerator, HeadDecoding
+from decoding.runtimes.hf import HeadCandidateGenerator, HeadDecoding
 from heads.sprinter import SprinterHead
 
 PROMPTS = [[1, 10, 11, 12], [1, 30, 5], [1, 7, 8, 9, 20, 21]]
@@ -308,7 +309,7 @@ def test_export_hf_folder(models, heads, tmp_path):
     assert 'custom_generate="stop_folder", trust_remote_code=True' in readme and "test/head/auroc | 0.75" in readme
     assert "SpecDec++" in readme and "h = 0.6" in readme
     files = {p.name for p in code.iterdir()}
-    assert {"generate.py", "bundled_head.py", "resnet.py", "exported.py", "label_math.py"} <= files
+    assert {"generate.py", "bundled_head.py", "rules.py", "resnet.py", "exported.py", "label_math.py"} <= files
     for path in code.glob("*.py"):
         assert export_hf._project_imports(path.read_text(), str(path)) == []  # nothing of the project is imported
     assert (code / "generate.py").read_text() == export_hf.flatten(Path(runtime.__file__).read_text())

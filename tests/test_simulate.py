@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from core.shards import read_manifest
+from decoding import rules
 from decoding.replay import first_rejection
 from evaluation import simulate as sim
 
@@ -143,7 +144,7 @@ def test_specdecpp_multiplies_each_candidates_own_probability():
     assert sim.head_round_lengths(f, 0.3, False, 20).tolist() == [2, 1, 2, 1, 3, 2, 1, 0]
     # through the simulator's own conversion of logits: log sigmoid(logit(P̂)) = log P̂
     logits = np.log(np.array(ACCEPT_PROB) / (1 - np.array(ACCEPT_PROB)))
-    assert sim.head_round_lengths(sim.log_accept(logits), 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
+    assert sim.head_round_lengths(rules.log_accept(logits), 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
 
 
 def test_training_free_rules_and_fixed_k_on_hand_made_traces():
@@ -243,7 +244,7 @@ def test_the_oracle_is_at_least_every_policy_on_random_traces_and_costs():
         for reads in (False, True):
             policies.append(sim.round_lengths(rng.random(length) < rng.uniform(0.1, 0.6), reads, 20))
             logits = rng.normal(1.0, 2.0, size=length)
-            policies += [sim.head_round_lengths(sim.log_accept(logits), h, reads, 20) for h in (0.1, 0.5, 0.9)]
+            policies += [sim.head_round_lengths(rules.log_accept(logits), h, reads, 20) for h in (0.1, 0.5, 0.9)]
         room = np.maximum(length - np.arange(length) - 1, 0)
         policies += [rng.integers(0, room + 1) for _ in range(5)]
         for lengths in policies:

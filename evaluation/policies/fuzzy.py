@@ -14,11 +14,10 @@ T·ln 2.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from core.label_math import js_divergence
+from decoding import rules
 from evaluation.decoder import DecodeResult, Decoding, ModelPair
 from evaluation.policies.registry import register
 
@@ -34,10 +33,9 @@ class FuzzySD:
         if T < 0 or k < 1:
             raise ValueError(f"need T >= 0 and k >= 1, got {T}, {k}")
         self.T, self.k = T, k
-        self.T_nats = T * math.log(2)
 
     def accept(self, dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
-        return js_divergence(logp, logq).item() < self.T_nats
+        return rules.divergence_keeps(js_divergence(logp, logq).item(), self.T)
 
     @staticmethod
     def target_sample(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:

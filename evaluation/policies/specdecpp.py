@@ -11,7 +11,6 @@ and needs no forward of its own. Verification is exact speculative sampling.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -19,19 +18,20 @@ import torch
 from evaluation.decoder import HEAD_FEATURES, Decoding, DraftStep, ModelPair
 from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
-from heads.exported import ExportedHead, log_accept
+from decoding import rules
+from heads.exported import ExportedHead
 
 
 class HeadStop:
-    """SpecDec++'s stop rule over the current round's candidates."""
+    """SpecDec++'s stop rule (``decoding.rules.HeadStop``) on the decoder's candidates: the head's logit for each."""
 
     def __init__(self, head: ExportedHead, h: float):
         self.head, self.h = head, h
         self.reads_candidate = head.position == "own"
-        self.log_all_accepted = 0.0
+        self.rule = rules.HeadStop(h)
 
     def reset(self) -> None:
-        self.log_all_accepted = 0.0
+        self.rule.reset()
 
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
         hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
@@ -40,14 +40,20 @@ class HeadStop:
             layers = (dec.draft.last_taps[-1] if self.reads_candidate else step.layers) if dec.draft.layers else None
             context = dec.head_context(candidates, layers)
         logit = self.head.logit(hidden, confidence, candidates[-1], context)
-        self.log_all_accepted += log_accept(logit)
-        return 1.0 - math.exp(self.log_all_accepted) > self.h
+        return self.rule(rules.log_accept(logit))
 
 
 @register("specdecpp", setting="h", trained=True)
 class SpecDecPP(SpeculativePolicy):
-    def __init__(self, head: str | Path, h: float | None = None, max_k: int = 20):
-        self.head = ExportedHead(head, role="stop", computes=HEAD_FEATURES)
+    def __init__(self, head: str | Path | ExportedHead, h: float | None = None, max_k: int = 20):
+        """
+        Args:
+            head: an exported stop head file, or one already loaded.
+            h: the stop threshold; None takes the one chosen at export.
+            max_k: most candidates per round.
+        """
+        self.head = head if isinstance(head, ExportedHead) else ExportedHead(head, role="stop",
+                                                                            computes=HEAD_FEATURES)
         self.h = self.head.threshold if h is None else float(h)
         if not 0 <= self.h <= 1 or max_k < 1:
             raise ValueError(f"need 0 <= h <= 1 and max_k >= 1, got {self.h}, {max_k}")

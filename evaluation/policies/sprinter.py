@@ -26,10 +26,10 @@ from typing import Protocol
 
 import torch
 
-from core.label_math import residual_distribution
-from evaluation.decoder import HEAD_FEATURES, DecodeResult, Decoding, ModelPair, exact_accept
+from decoding import rules
+from evaluation.decoder import HEAD_FEATURES, DecodeResult, Decoding, ModelPair
 from evaluation.policies.registry import register
-from heads.exported import ExportedHead, verifier_accepts
+from heads.exported import ExportedHead
 
 
 class Verifier(Protocol):
@@ -51,7 +51,7 @@ class HeadVerifier:
 
     def __call__(self, hidden: torch.Tensor, ids: list[int], generator: torch.Generator,
                  confidence: torch.Tensor | None, context: dict | None = None) -> bool:
-        return verifier_accepts(self.head.logit(hidden, confidence, ids[-1], context), self.tau)
+        return bool(rules.verifier_accepts(self.head.logit(hidden, confidence, ids[-1], context), self.tau))
 
 
 @register("sprinter", exact=False, setting="tau", trained=True)
@@ -107,9 +107,9 @@ class Sprinter:
                 continue
             y, logq = rejected
             logp = dec.target_dist(pending)[-1]  # one target call: p at the rejected token's position
-            accepted = exact_accept(dec, logp, logq, y)
+            token, accepted = rules.check_token(y, logp, logq, dec.uniform, dec.sample)
             dec.record_round(len(pending) + accepted, 0 if accepted else 1)
             dec.extend(pending)
             dec.target_sampled(-1)
-            dec.extend([y if accepted else dec.sample(residual_distribution(logp, logq))])
+            dec.extend([token])
         return dec.result()

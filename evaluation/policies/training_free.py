@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from core.label_math import entropy
+from decoding import rules
 from evaluation.decoder import Decoding, DraftStep, ModelPair
 from evaluation.policies.registry import register
 from evaluation.policies.speculative import SpeculativePolicy
@@ -25,23 +24,23 @@ class StatelessStop:
 
 
 class ConfidenceStop(StatelessStop):
-    """Stop after a candidate y whose own draft probability (``confidence``) is below the threshold."""
+    """``decoding.rules.confidence_stops`` on the candidate's own draft probability (``confidence``)."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
 
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
-        return confidence[candidates[-1]].exp().item() < self.threshold
+        return bool(rules.confidence_stops(confidence[candidates[-1]].exp().item(), self.threshold))
 
 
 class EntropyStop(StatelessStop):
-    """SVIP (Zhang et al., Algorithm 1 line 8): stop after a candidate when sqrt(H) of its draft ``confidence`` > h."""
+    """SVIP's ``decoding.rules.entropy_stops`` on the entropy of the candidate's draft ``confidence``."""
 
     def __init__(self, h: float):
         self.h = h
 
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
-        return math.sqrt(max(entropy(confidence).item(), 0.0)) > self.h
+        return bool(rules.entropy_stops(entropy(confidence).item(), self.h))
 
 
 @register("confidence", setting="threshold")

@@ -3,10 +3,11 @@
     OUT/
       README.md                         the usage snippet, the head's metadata and metrics
       <head>.safetensors                the head file, as ``make train`` exported it
-      custom_generate/generate.py       ``heads/runtime.py``, copied
+      custom_generate/generate.py       ``decoding/runtimes/hf.py``, copied
       custom_generate/<module>.py       the project modules it (and the head's type) imports, copied with their
-                                        ``heads.``/``core.`` imports made relative: ``heads/exported.py``,
-                                        ``heads/export.py``, the head's module, ``core/label_math.py``, …
+                                        ``decoding.``/``heads.``/``core.`` imports made relative:
+                                        ``decoding/rules.py``, ``heads/exported.py``, ``heads/export.py``, the
+                                        head's module, ``core/label_math.py``, …
       custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
                                         into its module cache, and tells its ``generate`` no path)
       custom_generate/requirements.txt  torch, transformers, safetensors
@@ -17,7 +18,7 @@ anything else, a file, and the current directory are refused before anything is 
 only the files its marker lists. The head file is loaded and checked (digests, finite weights) first.
 
 ``target.generate(**inputs, assistant_model=draft, custom_generate=OUT, trust_remote_code=True)`` then runs the
-head with nothing of this project installed. Usage: ``python -m heads.export_hf HEAD OUT``.
+head with nothing of this project installed. Usage: ``python -m decoding.runtimes.hf_export HEAD OUT``.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from core.quantization import NONE, QUANTIZATIONS
 from heads.export import load_head
 from heads.registry import HEADS
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("heads", "core")
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("decoding", "heads", "core")
 """Project packages the runtime may import from; their modules are copied into the folder."""
-RUNTIME = ROOT / "heads" / "runtime.py"
+RUNTIME = ROOT / "decoding" / "runtimes" / "hf.py"
 _IMPORT = re.compile(rf"^(\s*)from (?:{'|'.join(PACKAGES)})\.(\w+) import ", flags=re.MULTILINE)
 MARKER = ".specheads-export.json"
 """Written into every folder this command writes, first: the files it writes there (paths relative to it)."""
@@ -131,7 +132,7 @@ def write_folder(head: str | Path, out: str | Path) -> Path:
     generated = {
         "generate.py": RUNTIME.read_text(),
         "bundled_head.py": (
-            f'"""The head this folder runs: the bytes of ../{head.name} (written by heads/export_hf.py)."""\n\n'
+            f'"""The head this folder runs: the bytes of ../{head.name} (written by decoding/runtimes/hf_export.py)."""\n\n'
             f"from {head_class.__module__} import {head_class.__name__}  # noqa: F401  (registers the head type)\n\n"
             f"FILE_NAME = {head.name!r}\nSHA256 = {hashlib.sha256(data).hexdigest()!r}\n"
             f"DATA = {base64.b64encode(data).decode()!r}\n"
@@ -209,7 +210,7 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m heads.export_hf")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
     parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
     parser.add_argument("out", help="the folder to write")
     args = parser.parse_args(argv)

@@ -14,17 +14,18 @@ draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER 
 generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
 that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
 
-This file imports nothing of this project but ``heads`` and ``core`` modules, whose import closure ``heads.export_hf``
-copies beside it, so an exported folder works with torch, transformers and safetensors alone.
-Its own draws (SPRINTER's check of the rejected token) are float64 (``core.sampling``); the draft's candidates and
-SpecDec++'s verification are transformers' sampling. Design: ``heads/DESIGN.md``.
+Each decision (the stop, the verifier's acceptance, the check of the rejected token) is ``decoding.rules``', as in
+the decoder and the trace replay. This file imports nothing of this project but ``decoding``, ``heads`` and ``core``
+modules, whose import closure ``decoding.runtimes.hf_export`` copies beside it, so an exported folder works with
+torch, transformers and safetensors alone. Its own draws (SPRINTER's check of the rejected token) are float64
+(``core.sampling``); the draft's candidates and SpecDec++'s verification are transformers' sampling. Design:
+``decoding/runtimes/DESIGN.md``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import math
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,10 +38,10 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
-from core.label_math import acceptance_probability, residual_distribution
 from core.sampling import sample_token, uniform
+from decoding.rules import HeadStop, check_token, log_accept, verifier_accepts
 from heads.export import HeadFileError
-from heads.exported import ExportedHead, log_accept, verifier_accepts
+from heads.exported import ExportedHead
 
 # transformers 5.24 renamed the cache argument of models, generation kwargs and outputs from `past_key_values` to
 # `cache`; an exported folder runs under whichever version the user has, so the name is read from the installed one.
@@ -84,11 +85,12 @@ class HeadRule(StoppingCriteria):
 
     def __init__(self, head: ExportedHead, threshold: float, tap: DraftTap, temperature: float):
         self.head, self.threshold, self.tap, self.temperature = head, threshold, tap, temperature
+        self.stop = HeadStop(threshold)
         self.reset()
 
     def reset(self) -> None:
         """Start a round."""
-        self.log_all_accepted = 0.0
+        self.stop.reset()
         self.rejected = False
         self._previous: tuple[int, torch.Tensor] | None = None  # (y_{j-1}, the logits it was drawn from)
 
@@ -104,10 +106,9 @@ class HeadRule(StoppingCriteria):
         if decided is not None:
             logit = self._logit(*decided)
             if self.head.role == "stop":
-                self.log_all_accepted += log_accept(logit)
-                stop = 1.0 - math.exp(self.log_all_accepted) > self.threshold
+                stop = self.stop(log_accept(logit))
             else:
-                stop = self.rejected = not verifier_accepts(logit, self.threshold)
+                stop = self.rejected = not bool(verifier_accepts(logit, self.threshold))
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
@@ -272,9 +273,7 @@ def _check_last(token: int, p_scores: torch.Tensor, q_scores: torch.Tensor, do_s
     if not do_sample:  # q and p are one-hots: keep the draft token iff it is the target's argmax
         return int(p_scores.argmax())
     logp, logq = p_scores.log_softmax(-1), q_scores.float().log_softmax(-1)
-    if uniform().item() < acceptance_probability(logq[token], logp[token]).item():
-        return token
-    return sample_token(residual_distribution(logp, logq))
+    return check_token(token, logp, logq, lambda: uniform().item(), sample_token)[0]
 
 
 def bundled_head(directory: str | Path) -> Path:

@@ -1,0 +1,170 @@
+"""Every loop that applies a rule of ``decoding.rules`` makes the same rounds: the decoder's policies, the
+transformers runtime (``decoding.runtimes.hf``) and the trace replay (``decoding.replay``), on random head logits,
+thresholds and round caps.
+
+The pair is a "counting" Llama: its attention and MLP write nothing, so its hidden state is the normalized embedding
+of the token it read, and its output matrix is the embedding matrix shifted by one, so its greedy next token is
+always the previous one plus one, with a confidence that varies from token to token. Draft and target are the same
+model and decoding is greedy, so every candidate is kept: a round at position s drafts exactly the stop rule's n(s)
+candidates and the next round starts after its target token. A stop head is a table of logits by token: every loop
+reads the same logit for the same candidate, and the replay reads the same logits over the response.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from core.label_math import entropy
+from core.sampling import Sampling
+from decoding import replay, rules
+from decoding.runtimes import hf as runtime
+from evaluation.decoder import ModelPair
+from evaluation.policies import build_policy
+from evaluation.policies.sprinter import HeadVerifier, Sprinter
+from heads.exported import ExportedHead
+
+VOCAB = 48
+TRIALS = 6
+
+
+def counting_model(seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.nn.functional.normalize(torch.randn(VOCAB, 32, generator=g), dim=-1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(embed.roll(1, dims=0) * 1.2)  # row v is token v − 1's embedding
+    return model
+
+
+class TableHead(ExportedHead):
+    """A head whose logit for a token is ``table[token]``, whatever the hidden state."""
+
+    def __init__(self, table: np.ndarray, role: str, position: str):
+        self.table, self.role, self.position = table, role, position
+        self.path = Path(f"table-{role}-{position}")
+        self._scores, self.vectors, self.draft_layers, self.needs_context = [], [], (), False
+
+    def check(self, draft, target=None) -> None:
+        pass
+
+    def logit(self, hidden, logprobs=None, token=None, context=None) -> float:
+        return float(self.table[token])
+
+
+@pytest.fixture(scope="module")
+def model():
+    """(draft, target): two copies of one counting model."""
+    return counting_model(), counting_model()
+
+
+def decoder_run(model, policy, prompt: list[int], length: int):
+    pair = ModelPair(draft=model[0], target=model[1], eos_token_ids=[], sampling=Sampling(temperature=0.0,
+                                                                                    max_new_tokens=length))
+    return policy.generate(pair, prompt, torch.Generator().manual_seed(0))
+
+
+def rounds_from_starts(kept: list[int]) -> list[tuple[int, int]]:
+    """(start, candidates) of each round when every candidate is kept and each round adds its target token."""
+    out, s = [], 0
+    for n in kept:
+        out.append((s, n))
+        s += n + 1
+    return out
+
+
+def response_signals(model, prompt: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The draft's probability of each response token and the entropy of the distribution it was drawn from (at
+    temperature 1, as the decoder reads them under greedy decoding)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logq = model[0](ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+    p = logq.gather(1, torch.tensor(tokens)[:, None])[:, 0].exp().double().numpy()
+    return p, np.array([entropy(row).item() for row in logq])
+
+
+def trials():
+    rng = np.random.default_rng(29)
+    for _ in range(TRIALS):
+        yield (rng.normal(0.5, 2.0, VOCAB), [int(rng.integers(VOCAB))], int(rng.integers(6, 30)),
+               int(rng.integers(1, 9)), rng)
+
+
+@pytest.mark.parametrize("position", ["prev", "own"])
+@pytest.mark.parametrize("h", [0.1, 0.4, 0.8])
+def test_specdecpp_rounds_agree(model, position, h):
+    for table, prompt, length, max_k, _ in trials():
+        head = TableHead(table, "stop", position)
+        result = decoder_run(model, build_policy("specdecpp", head=head, h=h, max_k=max_k), prompt, length)
+        expected = replay.head_round_lengths(rules.log_accept(table[result.tokens]), h, position == "own", max_k)
+        decoded = rounds_from_starts(result.stats.accepted_lengths)
+        assert decoded == [(s, int(expected[s])) for s, _ in decoded]
+        assert runtime_rounds(model, head, h, prompt, length, max_k) == decoded
+
+
+def runtime_rounds(model, head: TableHead, threshold: float, prompt: list[int], length: int, max_k: int):
+    """(start, candidates) of each round of the transformers runtime (a verifier's: the tokens it accepted and
+    whether it rejected one)."""
+    seen = []
+    original = runtime.HeadCandidateGenerator.get_candidates
+
+    def recording(self, input_ids, **kwargs):
+        ids, scores = original(self, input_ids, **kwargs)
+        start, new = input_ids.shape[1] - len(prompt), ids.shape[1] - input_ids.shape[1]
+        seen.append((start, new - 1 if self.rule.rejected else new, self.rule.rejected))
+        return ids, scores
+
+    runtime.HeadCandidateGenerator.get_candidates = recording
+    try:
+        decoding = runtime.HeadDecoding(head, model[0], threshold=threshold, max_k=max_k)
+        out = model[1].generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=False,
+                                max_new_tokens=length)
+    finally:
+        runtime.HeadCandidateGenerator.get_candidates = original
+    assert out.shape[1] == len(prompt) + length
+    return [(s, n) for s, n, _ in seen] if head.role == "stop" else seen
+
+
+@pytest.mark.parametrize("rule", ["confidence", "svip"])
+def test_training_free_rounds_agree(model, rule):
+    for _, prompt, length, max_k, rng in trials():
+        greedy = [(prompt[-1] + 1 + i) % VOCAB for i in range(length)]  # the counting model's response
+        p, h = response_signals(model, prompt, greedy)
+        signal = np.unique(p if rule == "confidence" else np.sqrt(h))
+        i = int(rng.integers(len(signal) - 1))
+        threshold = float(signal[i] + signal[i + 1]) / 2  # between two of the response's values, never on one
+        setting = {"threshold": threshold} if rule == "confidence" else {"h": threshold}
+        result = decoder_run(model, build_policy(rule, max_k=max_k, **setting), prompt, length)
+        assert result.tokens == greedy
+        stops = rules.confidence_stops(p, threshold) if rule == "confidence" else rules.entropy_stops(h, threshold)
+        expected = replay.round_lengths(stops, False, max_k)
+        decoded = rounds_from_starts(result.stats.accepted_lengths)
+        assert decoded == [(s, int(expected[s])) for s, _ in decoded]
+        assert 0 < stops.sum() < len(stops)  # the rule both stops and goes on somewhere
+
+
+@pytest.mark.parametrize("position", ["prev", "own"])
+def test_sprinter_acceptance_agrees(model, position):
+    for table, prompt, length, _, rng in trials():
+        tau = float(rng.uniform(0.2, 0.8))
+        head = TableHead(table, "verifier", position)
+        result = decoder_run(model, Sprinter(verifier=HeadVerifier(head, tau)), prompt, length)
+        accepts = rules.verifier_accepts(table[result.tokens], tau)
+        counts = replay.sprinter_counts(accepts)
+        assert result.stats.target_calls == counts.target  # one call per rejected token, the first with the prompt
+        rejected_at = np.cumsum(result.stats.accepted_lengths) - 1  # each round but a last accepted one ends there
+        assert set(rejected_at[: int(counts.target)].tolist()) == set(np.flatnonzero(~accepts).tolist())
+        if position == "prev":  # the runtime runs SPRINTER on the paper's feature only
+            seen = runtime_rounds(model, head, tau, prompt, length, 20)
+            assert [s + n for s, n, rejected in seen if rejected] == np.flatnonzero(~accepts).tolist()
