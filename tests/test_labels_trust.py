@@ -9,6 +9,7 @@ import shutil
 
 import datasets
 
+import numpy as np
 import pytest
 
 from core import shards
@@ -208,10 +209,37 @@ def test_the_audit_catches_a_damaged_stored_value(labeled, column, edit, categor
     _, out, _ = labeled
     _damage(out, column, edit, category)
     assert read_manifest(out)  # the digests agree: only the audit can tell
-    assert audit.main([str(out), "--rows", "1"]) == 1  # every row's place is checked, whichever rows are recomputed
+    assert audit.main([str(out), "--rows", "4"]) == 1  # every row's place is checked, whichever rows are recomputed
     assert f"MISMATCH in {column}" in capsys.readouterr().out
-    r = audit.audit(out, rows=1, quiet=True)["columns"][column]
+    r = audit.audit(out, rows=4, quiet=True)["columns"][column]
     assert not r["ok"] and r["rows_past"] == 1, r
+
+
+def test_the_audit_refuses_too_few_rows_to_judge_rounding(labeled, capsys):
+    """Below ``MIN_ROWS`` recomputed rows even a reader that moves every row cannot fail the rule: one line."""
+    from data_gen import audit
+
+    _, out, _ = labeled
+    assert audit.main([str(out), "--rows", "1"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and f"at least {audit.MIN_ROWS} are needed" in lines[0] and "Traceback" not in err
+
+
+def test_the_rounding_rule_fails_most_rows_past_the_tolerance_and_a_far_tail():
+    """A minority of rows past τ is rounding; most rows past it, or more than a few past 32τ, is not, at any
+    sample size from ``MIN_ROWS`` on."""
+    from data_gen.audit import FAR, MIN_ROWS, judge
+
+    def rows(n_past, n_far, n=60, tol=0.01):
+        d = np.full(n, tol / 10)
+        d[:n_past] = 2 * tol
+        d[:n_far] = 2 * FAR * tol
+        return judge(d, tol)["ok"]
+
+    assert rows(20, 0) and rows(30, 0) and rows(30, 1)  # a third to half past τ, one far row: rounding
+    assert not rows(45, 0) and not rows(6, 6)  # three quarters past τ; six far rows of sixty
+    assert not rows(MIN_ROWS, 0, n=MIN_ROWS)  # every row past τ fails from MIN_ROWS rows on
 
 
 @pytest.mark.parametrize("rows", ["0", "-5"])
