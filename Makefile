@@ -11,7 +11,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install corpus labels audit test smoke bench-labels clean train bench-train eval bench-timing bench-precision simulate export-hf
+.PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.
 
 train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6; both also with draft scores and with each feature family; SPRINTER λ=1.5 on both feature positions) on runs/labels/humaneval; table with intervals + ROC PNG
 	$(PY) -m pipeline.train_all --configs $(TRAIN_CONFIGS) $(ARGS)
+
+curve: $(STAMP) ## learning curve: heads on 1/16 … all of runs/labels/corpus, judged on runs/labels/humaneval-heldout (AUROC, ECE, simulated speedups, plot) into runs/curve
+	$(PY) -m evaluation.learning_curve $(ARGS)
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass
 	$(PY) -m pipeline.bench $(ARGS)

@@ -29,6 +29,7 @@ from core.adapter import TAPPED_DEPTHS
 from core.cache import file_sha256
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
+from core.prompts import prompt_digest
 
 SCHEMA_VERSION = 4
 SPLITS = ("train", "val", "test")
@@ -142,6 +143,14 @@ def write_sequences(path: Path, seqs: dict[str, list]) -> int:
     os.replace(tmp, path)
     write_json(_record_path(path), {"rows": len(seqs["prompt_id"]), "sha256": file_sha256(path)})
     return len(seqs["prompt_id"])
+
+
+def prompt_digests(out_dir: str | Path, split: str) -> dict[int, str]:
+    """``{prompt_id: core.prompts.prompt_digest}`` of a split's prompts, from the stored token sequences."""
+    seqs = load_sequences(out_dir, split)
+    if seqs is None:
+        raise ShardError(f"{out_dir} stores no token sequences (labeled by an older version); label it again")
+    return {int(i): prompt_digest(ids) for i, ids in zip(seqs["prompt_id"], seqs["prompt_ids"])}
 
 
 def load_sequences(out_dir: str | Path, split: str | None = None) -> Dataset | None:

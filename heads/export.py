@@ -218,6 +218,16 @@ def seen_prompts(meta: dict) -> set[str]:
     return {digests[i : i + PROMPT_DIGEST_CHARS] for i in range(0, len(digests), PROMPT_DIGEST_CHARS)}
 
 
+def check_unseen(meta: dict, digests: dict[int, str], where: str, path="head file") -> None:
+    """Refuse to evaluate a head on prompts it trained or had its threshold chosen on (``digests``: prompt id →
+    ``core.prompts.prompt_digest`` of the prompts at hand, ``where`` names them): its scores there are optimistic."""
+    seen = sorted(i for i, d in digests.items() if d in seen_prompts(meta))
+    if seen:
+        shown = ", ".join(map(str, seen[:5])) + (", …" if len(seen) > 5 else "")
+        raise HeadFileError(f"{path} trained on {len(seen)} of the {len(digests)} prompts of {where} (prompt ids "
+                            f"{shown}); evaluate it on prompts it has not seen")
+
+
 def load_head(path: str | Path, *, draft: dict | None = None, hidden_size: int | None = None) -> tuple[nn.Module, dict]:
     """Rebuild a head from its file alone; return ``(module in eval mode, metadata)``.
 

@@ -32,8 +32,7 @@ from torchmetrics import Metric
 
 from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
-from core.prompts import prompt_digest
-from core.shards import load_sequences
+from core.shards import prompt_digests
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
 from decoding.traces import TraceError, load_label_traces
@@ -64,6 +63,9 @@ class RunResult:
     intervals: dict = field(default_factory=dict)
     """Test AUROC of the head and its difference from the best training-free score, with 95 % intervals over
     prompts (``auroc_intervals``)."""
+    train_prompts: int = 0
+    """Prompts whose rows the head trained on."""
+    train_rows: int = 0
 
 
 def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
@@ -167,7 +169,8 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     )
     val = _scalars(trainer.validate(model, datamodule=dm, verbose=False)[0], "val")
     test = _scalars(trainer.test(model, datamodule=dm, verbose=False)[0], "test")
-    result = RunResult(name, label, threshold, val, test)
+    result = RunResult(name, label, threshold, val, test, train_prompts=len(dm.rows("train").prompt_ids),
+                       train_rows=len(dm.rows("train")))
 
     test_pred = _predict(trainer, model, dm.test_dataloader())
     result.curves = {"head": (test_pred["binary"], test_pred["probs"])}
@@ -190,11 +193,8 @@ def trained_on(labels: str, train_prompts, val_prompts) -> dict:
     on (all of them, or a share) and the val prompts its early stopping and threshold were chosen on."""
     digests = []
     for split, ids in (("train", train_prompts), ("val", val_prompts)):
-        seqs = load_sequences(labels, split)
-        if seqs is None:
-            raise SettingError(f"{labels} stores no token sequences (labeled by an older version); label it again")
-        wanted = set(map(int, ids))
-        digests += [prompt_digest(s["prompt_ids"]) for s in seqs if int(s["prompt_id"]) in wanted]
+        of_split = prompt_digests(labels, split)
+        digests += [of_split[int(i)] for i in ids]
     return {"labels": str(labels), "splits": ["train", "val"], "prompts": len(digests),
             "digests": "".join(sorted(digests))}
 

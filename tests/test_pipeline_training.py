@@ -320,3 +320,25 @@ def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
     assert seen == {digests["train"][int(p)] for p in trained} | {digests["val"][int(p)] for p in validated}
     assert len(seen) == meta["trained_on"]["prompts"] == len(trained) + len(validated)
     assert not set(digests["test"].values()) & seen
+
+
+def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels, tmp_path):
+    """Every config at every share (shares: test_train_share_takes_nested_prompt_subsets), judged on the test split (prompts no head saw); a stop head's speedups beside
+    the training-free rules' at each cost; the plot is written. A head that saw a test prompt is refused."""
+    from evaluation import learning_curve
+    from heads.export import HeadFileError, check_unseen, read_metadata
+
+    configs = [str(CONFIGS[0].parent / c) for c in ("specdecpp_d3_w6.yaml", "sprinter_lam1.5.yaml")]
+    points = learning_curve.main(["--labels", str(tiny_labels), "--test-labels", str(tiny_labels), "--configs",
+                                  *configs, "--shares", "1", "--costs", "0.1", "--out", str(tmp_path / "c"),
+                                  "--max-epochs", "1", "--quiet"])
+    assert [(p.share, p.run.name) for p in points] == [(1.0, "specdecpp_d3_w6"), (1.0, "sprinter_lam1.5")]
+    stop = points[0].speedups["c=0.1"]
+    assert set(stop) >= {"specdecpp", "confidence", "svip", "sd", "oracle_share"} and 0 < stop["oracle_share"] <= 1
+    assert not points[1].speedups  # a verifier has no stop rule to simulate
+    assert (tmp_path / "c" / "curve.png").stat().st_size > 0 and "ΔAUROC" in (tmp_path / "c" / "curve.txt").read_text()
+    from core.shards import prompt_digests
+
+    seen = prompt_digests(tiny_labels, "val")
+    with pytest.raises(HeadFileError, match=r"trained on \d+ of the"):
+        check_unseen(read_metadata(points[0].run.export), seen, "the val split")

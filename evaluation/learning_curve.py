@@ -1,0 +1,235 @@
+"""How the heads' edge over the training-free rules moves with data size, judged on prompts no head saw.
+
+    python -m evaluation.learning_curve --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
+
+For each share of the training labels' prompts (nested: 1/16 … all) and each head config, train and export the head
+(``pipeline.train_all.train_one``: early stopping and its threshold on the training labels' val split), then on the
+held-out labels' test rows (``--test-labels``):
+
+- AUROC and its difference from the best training-free score (q(Y_i), H(q), margin), with 95 % bootstrap intervals
+  over prompts, and ECE of P̂ against the head's training target (min(1, p/q) for a stop head);
+- a stop head's simulated SpecDec++ speedup over the held-out traces against the confidence stop, SVIP and the best
+  fixed K, each at the setting that is fastest on the training labels' val traces at that cost (no setting is chosen
+  on the held-out prompts), and the share of the oracle's gain, at each cost ratio c of Eq. 5.1 and, with
+  ``--timing``, at this device's timed costs.
+
+A head that saw a held-out prompt is refused (``heads.export.check_unseen``). Writes ``curve.txt``, ``curve.json``
+and ``curve.png`` (data size on the x axis) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import SettingError, UserError
+from core.shards import prompt_digests
+from decoding.costs import LatencyFit, read_timing
+from decoding.replay import STOP_H_GRID, Counts, RoundCosts
+from decoding.traces import Trace, load_label_traces
+from heads.export import check_unseen, read_metadata
+from pipeline.train_all import RunResult, train_one
+from evaluation.simulate import simulate
+
+SHARES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+CONFIGS = ("configs/train/specdecpp_d3_w6_scores.yaml", "configs/train/specdecpp_d3_w6.yaml",
+           "configs/train/specdecpp_d3_w6_all.yaml", "configs/train/sprinter_lam1.5.yaml")
+"""The default stop head (hidden state and draft scores), the hidden-only head, every feature family, the SPRINTER
+verifier."""
+COSTS = (0.05, 0.1, 0.2)
+BASELINE_GRID = {"sd": [{"k": k} for k in range(1, 11)],
+                 "confidence": [{"threshold": t} for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)],
+                 "svip": [{"h": h} for h in (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)]}
+"""The training-free rules a stop head is compared with, and the settings each is chosen from."""
+
+
+@dataclass
+class Cost:
+    """One cost model of the comparison: Eq. 5.1 at a cost ratio, or a device's timed costs."""
+
+    name: str
+    c: float | None = None
+    fit: LatencyFit | None = None
+    tokens: int = 64
+
+    def speedup(self, counts: Counts) -> float:
+        return counts.speedup(self.c) if self.fit is None else counts.predicted_speedup(self.fit, self.tokens)
+
+    def oracle(self, traces: list[Trace]) -> Counts:
+        return simulate(traces, "oracle", costs=RoundCosts.eq51(self.c) if self.fit is None else self.fit.round_costs())
+
+
+@dataclass
+class Point:
+    """One head trained on one share of the prompts, judged on the held-out rows and traces."""
+
+    share: float
+    run: RunResult
+    speedups: dict = field(default_factory=dict)
+    """cost name → {"specdecpp": speedup, "h": h, rule: speedup of each baseline, "oracle_share": …}."""
+
+
+def chosen_settings(val: list[Trace], held_out: list[Trace], cost: Cost) -> dict[str, dict]:
+    """Each training-free rule at its fastest setting on the ``val`` traces under ``cost``, replayed on
+    ``held_out``: {rule: {"params", "speedup"}}."""
+    out = {}
+    for family, grid in BASELINE_GRID.items():
+        params = max(grid, key=lambda p: cost.speedup(simulate(val, family, **p)))
+        out[family] = {"params": params, "speedup": cost.speedup(simulate(held_out, family, **params))}
+    return out
+
+
+def head_speedup(head: str, val: list[Trace], held_out: list[Trace], cost: Cost) -> dict:
+    """SpecDec++ with ``head`` at the h of ``STOP_H_GRID`` fastest on ``val`` under ``cost``, on ``held_out``."""
+    h = max(STOP_H_GRID, key=lambda v: cost.speedup(simulate(val, "specdecpp", head=head, h=v)))
+    return {"h": h, "speedup": cost.speedup(simulate(held_out, "specdecpp", head=head, h=h))}
+
+
+def run(labels: str, test_labels: str, out: Path, configs: list[str], shares: list[float], costs: list[Cost],
+        extra: list[str] = (), quiet: bool = False) -> list[Point]:
+    """Train every config on every share and judge it (module docstring)."""
+    val = load_label_traces(labels, ("val",))
+    held_out = load_label_traces(test_labels, ("test",))
+    digests = prompt_digests(test_labels, "test")
+    baselines = {cost.name: chosen_settings(val, held_out, cost) for cost in costs}
+    oracles = {cost.name: cost.speedup(cost.oracle(held_out)) for cost in costs}
+    points = []
+    for share in shares:
+        tag = f"share-{share:g}"
+        for config in configs:
+            args = [*extra, "--data.test_labels", test_labels, "--data.train_share", str(share)]
+            result = train_one(config, labels, out / tag, out / "checkpoints" / tag, out / "heads" / tag, args,
+                               quiet=quiet)
+            check_unseen(read_metadata(result.export), digests, f"the test split of {test_labels}", result.export)
+            point = Point(share, result)
+            if result.label["kind"] == "soft":
+                for cost in costs:
+                    head = head_speedup(str(result.export), val, held_out, cost)
+                    free = baselines[cost.name]
+                    point.speedups[cost.name] = {
+                        "specdecpp": head["speedup"], "h": head["h"], **{f: b["speedup"] for f, b in free.items()},
+                        "oracle": oracles[cost.name],
+                        "oracle_share": (head["speedup"] - 1) / (oracles[cost.name] - 1)}
+            points.append(point)
+    return points
+
+
+def table(points: list[Point], costs: list[Cost], baselines_note: str = "") -> str:
+    """One line per head and share: data size, AUROC and ΔAUROC with intervals, ECE, and a stop head's speedups."""
+    head = (f"{'run':<26}{'share':>7}{'prompts':>8}{'rows':>8}{'AUROC':>7}{'95% CI':>16}{'ΔAUROC':>8}{'95% CI':>18}"
+            f"{'ECE':>7}" + "".join(f"{f'SD++ {c.name}':>16}{'/conf':>7}{'/svip':>7}{'/bestK':>7}{'orc%':>6}"
+                                    for c in costs))
+    lines = [head, "-" * len(head)]
+    for p in points:
+        r, t = p.run, p.run.test
+        a, d = r.intervals.get("auroc"), r.intervals.get("delta")
+        line = (f"{r.name[:25]:<26}{p.share:>7.4g}{r.train_prompts:>8}{r.train_rows:>8}{t['head/auroc']:>7.3f}"
+                + (f"{f'[{a.low:.3f}, {a.high:.3f}]':>16}{d.value:>+8.3f}{f'[{d.low:+.3f}, {d.high:+.3f}]':>18}"
+                   if a and d else f"{'':>16}{'':>8}{'':>18}") + f"{t['head/ece']:>7.3f}")
+        for c in costs:
+            s = p.speedups.get(c.name)
+            line += (f"{s['specdecpp']:>10.3f} h={s['h']:<3g}{s['specdecpp'] / s['confidence']:>7.3f}"
+                     f"{s['specdecpp'] / s['svip']:>7.3f}{s['specdecpp'] / s['sd']:>7.3f}{100 * s['oracle_share']:>6.0f}"
+                     if s else f"{'':>16}{'':>7}{'':>7}{'':>7}{'':>6}")
+        lines.append(line)
+    lines += ["ΔAUROC: the head minus the best training-free score on the held-out rows; intervals: 95 % bootstrap "
+              "over held-out prompts. ECE: against the head's training target.",
+              "SD++: simulated SpecDec++ speedup over target-only on the held-out traces at its h fastest on the "
+              "training labels' val traces; /conf, /svip, /bestK: divided by the confidence stop, SVIP and fixed K",
+              "at their settings fastest on those val traces; orc%: SD++'s share of the oracle's gain (speedup − 1)/"
+              "(oracle − 1)." + baselines_note]
+    return "\n".join(lines)
+
+
+def plot(points: list[Point], costs: list[Cost], path: Path) -> Path:
+    """ΔAUROC (with intervals) and SpecDec++ / confidence stop against the number of training prompts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in dict.fromkeys(p.run.name for p in points):
+        mine = [p for p in points if p.run.name == name and "delta" in p.run.intervals]
+        if mine:
+            x = [p.run.train_prompts for p in mine]
+            d = [p.run.intervals["delta"] for p in mine]
+            err = [[i.value - i.low for i in d], [i.high - i.value for i in d]]
+            left.errorbar(x, [i.value for i in d], yerr=err, marker="o", capsize=3, label=name)
+        stops = [p for p in points if p.run.name == name and p.speedups]
+        for c, style in zip(costs, ("-", "--", ":", "-.")):
+            if stops:
+                right.plot([p.run.train_prompts for p in stops],
+                           [p.speedups[c.name]["specdecpp"] / p.speedups[c.name]["confidence"] for p in stops],
+                           style, marker="o", label=f"{name}, {c.name}")
+    left.axhline(0, color="k", lw=0.8)
+    left.set(xscale="log", xlabel="training prompts", ylabel="ΔAUROC vs best training-free score",
+             title="held-out AUROC edge (95 % CI over prompts)")
+    right.axhline(1, color="k", lw=0.8)
+    right.set(xscale="log", xlabel="training prompts", ylabel="SpecDec++ / confidence stop",
+              title="simulated speedup ratio on held-out traces")
+    for ax in (left, right):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m evaluation.learning_curve", description=__doc__.split("\n")[0])
+    p.add_argument("--labels", default="runs/labels/corpus", help="training labels (train and val splits)")
+    p.add_argument("--test-labels", default="runs/labels/humaneval-heldout",
+                   help="held-out labels: their test rows and traces judge every head")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help="LightningCLI head configs")
+    p.add_argument("--shares", nargs="+", type=float, default=list(SHARES), help="shares of the training prompts")
+    p.add_argument("--costs", nargs="+", type=float, default=list(COSTS), help="cost ratios c of Eq. 5.1")
+    p.add_argument("--timing", default=None, help="a bench_timing JSON of this device: also compare at its costs")
+    p.add_argument("--out", default="runs/curve")
+    p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    a = p.parse_args(argv)
+    if any(not 0 < s <= 1 for s in a.shares):
+        raise SettingError(f"--shares must lie in (0, 1], got {a.shares}")
+    if any(not 0 < c < float("inf") for c in a.costs):
+        raise SettingError(f"--costs must be positive cost ratios t_draft / t_target, got {a.costs}")
+    if a.max_epochs is not None and a.max_epochs < 1:
+        raise SettingError(f"--max-epochs must be 1 or more, got {a.max_epochs}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> list[Point]:
+    a = parse_args(argv)
+    costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
+    if a.timing:
+        held_out = load_label_traces(a.test_labels, ("test",))
+        tokens = round(sum(map(len, held_out)) / len(held_out))
+        costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
+    out = Path(a.out)
+    extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
+    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, extra, a.quiet)
+    text = table(points, costs)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.txt").write_text(text + "\n")
+    (out / "curve.json").write_text(json.dumps(
+        [{"name": p.run.name, "share": p.share, "train_prompts": p.run.train_prompts, "train_rows": p.run.train_rows,
+          "test": p.run.test, "intervals": {k: vars(v) for k, v in p.run.intervals.items()},
+          "threshold": p.run.threshold, "speedups": p.speedups, "export": str(p.run.export)} for p in points],
+        indent=2, default=float) + "\n")
+    print(f"table: {out / 'curve.txt'}; plot: {plot(points, costs, out / 'curve.png')}")
+    return points
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
