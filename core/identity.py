@@ -164,3 +164,15 @@ def check_labels_pair(models: dict, pair: dict, labels: str | Path) -> None:
     for role in ("draft", "target"):
         check_same_model(models[role], pair[role], f"{labels} was labeled with {role} {models[role].get('name')!r}, "
                                                    f"this run decodes {pair[role].get('name')!r}")
+
+
+PROMPT_DIGEST_CHARS = 16
+"""Hex characters kept of a prompt's sha256: 64 bits, so that a head's record of tens of thousands of training prompts
+stays small while two different prompts share a digest with probability ~n²/2^65."""
+
+
+def prompt_digest(input_ids) -> str:
+    """A prompt's identity as the models read it: the sha256 of its token ids (the tokenized text, chat template
+    included), so labeling, training and decoding compare the same thing."""
+    ids = ",".join(str(int(t)) for t in input_ids)
+    return hashlib.sha256(ids.encode()).hexdigest()[:PROMPT_DIGEST_CHARS]

@@ -29,7 +29,7 @@ from core.adapter import TAPPED_DEPTHS
 from core.cache import file_sha256
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
-from core.prompts import prompt_digest
+from core.identity import prompt_digest
 
 SCHEMA_VERSION = 4
 SPLITS = ("train", "val", "test")

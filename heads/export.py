@@ -44,9 +44,9 @@ from torch import nn
 
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
-from core.identity import DIGEST_KEYS, IdentityError, identity_mismatch, model_identity, record_identity
+from core.identity import (DIGEST_KEYS, PROMPT_DIGEST_CHARS, IdentityError, identity_mismatch, model_identity,
+                           record_identity)
 from core.label_math import FEATURE_POSITIONS
-from core.prompts import PROMPT_DIGEST_CHARS
 from core.quantization import NONE, output_rows
 from heads.features import SCORES, VECTORS, vector_column
 from heads.registry import HEADS, build_head

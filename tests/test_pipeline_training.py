@@ -302,7 +302,7 @@ def test_test_labels_of_another_folder_are_the_test_set(tiny_labels, tmp_path):
 
 def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
     """train + val prompts (by the digest of their token ids), and only the trained share of train."""
-    from core.prompts import prompt_digest
+    from core.identity import prompt_digest
     from core.shards import load_sequences
     from heads.export import load_head, seen_prompts
     from pipeline import train_all
