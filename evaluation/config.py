@@ -14,14 +14,15 @@ from core.errors import UserError
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
-from evaluation.policies import POLICIES
+from decoding.policies import POLICIES, head_family
 
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` with its own stop rules (the external peer)."""
 HF_TARGET_ONLY = "hf_target_only"
 """Runs of the target's own ``generate()`` with no draft."""
-HF_HEAD_FAMILIES = {"stop": "hf_specdecpp", "verifier": "hf_sprinter"}
-"""Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role."""
+HF_HEAD_FAMILIES = {role: f"hf_{head_family(role)}" for role in ("stop", "verifier")}
+"""Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role: ``hf_`` and the
+family of our decoder that runs that head (``hf_specdecpp``, ``hf_sprinter``)."""
 PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
 """Every run of transformers' ``generate()``: peers, not policies of our decoder."""
 
@@ -70,7 +71,7 @@ class Sweep:
     """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
 
     family: str
-    """A registered policy (``evaluation.policies.POLICIES``); the report lists families in this order."""
+    """A registered policy (``decoding.policies.POLICIES``); the report lists families in this order."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``; the
     family's own setting (``k`` of ``sd``) given here runs as a one-point grid (``sd[k=4]``)."""

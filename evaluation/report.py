@@ -21,8 +21,8 @@ from evaluation.latency import LatencyFit, latency_fits, selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
-from evaluation.policies import POLICIES
-from evaluation.summary import (HEAD_THRESHOLDS, SELECTION, Totals, agreement, choose, index, per_prompt_speedup,
+from decoding.policies import POLICIES, head_family
+from evaluation.summary import (SELECTION, Totals, agreement, choose, index, per_prompt_speedup,
                                 preset_runs, spread, sprinter_theorem7, totals)
 
 
@@ -290,8 +290,8 @@ def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> Non
 
 def _same_head_run(cfg: EvalConfig, mode: str, peer: dict, runs: dict) -> dict | None:
     """Our decoder's run (as a report row, with tokens/s) of the head a peer row ran, at the same threshold."""
-    family = "specdecpp" if peer["family"] == HF_HEAD_FAMILIES["stop"] else "sprinter"
-    threshold = HEAD_THRESHOLDS[family]
+    family = head_family(next(role for role, f in HF_HEAD_FAMILIES.items() if f == peer["family"]))
+    threshold = POLICIES[family].setting
     fixed = next((s.fixed for s in cfg.policies if s.family == family), {})
     for (m, run), by_prompt in runs.items():
         first = next(iter(by_prompt.values()))

@@ -54,7 +54,7 @@ class Engine:
     make_pair: Callable[[Sampling], Any]
     """A ``ModelPair`` for one sampling setting (has ``.device``)."""
     build_policy: Callable[..., Any]
-    """``evaluation.policies.build_policy``."""
+    """``decoding.policies.build_policy``."""
     hf_generate: Callable[..., tuple[list[int], dict]] | None = None
     """``(prompt_ids, sampling, seed, run: PeerRun) → (tokens, stats)``; None = no peer."""
     check_head: Callable[[str], None] | None = None
@@ -77,9 +77,9 @@ class Engine:
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
-        from evaluation.decoder import HEAD_FEATURES, ModelPair
+        from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
-        from evaluation.policies import build_policy
+        from decoding.policies import build_policy
         from heads.exported import ExportedHead
         from decoding.runtimes.hf import HeadDecoding
 
@@ -354,7 +354,8 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     ``selection.json`` with what it was chosen from (labels, costs, grids), and chosen again when that changes."""
     from core.cache import file_sha256
     from core.shards import read_manifest
-    from evaluation.simulate import CHOSEN_BY_SIMULATION, simulated_choice
+    from decoding.policies import simulated
+    from evaluation.simulate import simulated_choice
 
     path = out / SELECTION
     selection = json.loads(path.read_text()) if path.exists() else {}
@@ -369,7 +370,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     if fit is None:
         raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
                         "which times the pair's forwards")
-    chosen_here = [s for s in sweeps if s.family in CHOSEN_BY_SIMULATION]
+    chosen_here = [s for s in sweeps if s.family in simulated(exact=True)]
     heads = sorted({str(h) for s in chosen_here for h in [s.fixed.get("head"), *s.grid.get("head", [])] if h})
     inputs = json.loads(json.dumps({
         "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"),
@@ -395,7 +396,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
     the folder is held (``core.lock``) from then on."""
     from evaluation.hf_peer import head_runs
-    from evaluation.policies import build_policy
+    from decoding.policies import build_policy
 
     prompts = load_prompts(cfg.prompts)
     heads = head_files(cfg)

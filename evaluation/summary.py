@@ -16,8 +16,8 @@ import numpy as np
 
 from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
+from decoding.policies import POLICIES, head_thresholds
 from evaluation.latency import LatencyFit
-from evaluation.policies import POLICIES
 
 SELECTION = "selection.json"
 """The settings the trace simulator chose (``select_by: simulated``): ``modes`` → mode → family → choice, and
@@ -78,8 +78,10 @@ class Totals:
         """N_draft + N_target − N − N_discarded: forwards whose output no token came from. SpecDec++ Lemma 3.1
         makes it 0 for every policy that verifies rounds with the target, except one per generation that ends on
         an accepted EOS candidate (that target call adds no token); a draft forward whose q is thrown away adds
-        one. Not defined for SPRINTER, whose tokens skip the target."""
-        if self.family == "sprinter" or None in (self.draft_calls, self.target_calls, self.discarded):
+        one. Not defined for a policy whose tokens may skip the target (SPRINTER: ``lemma31`` in its
+        registration)."""
+        policy = POLICIES.get(self.family)  # None for a peer's run
+        if (policy is not None and not policy.lemma31) or None in (self.draft_calls, self.target_calls, self.discarded):
             return None
         return self.draft_calls + self.target_calls - self.new_tokens - self.discarded
 
@@ -205,10 +207,6 @@ def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[
     return chosen
 
 
-HEAD_THRESHOLDS = {"specdecpp": "h", "sprinter": "tau"}
-"""The families of our decoder that run an exported head, and the name of the head's threshold in each."""
-
-
 def chosen_params(chosen: dict[str, str], records: list[dict], mode: str, family: str) -> dict | None:
     """The swept parameters of ``family``'s chosen run in ``mode``; None when it has none."""
     run = chosen.get(family)
@@ -226,7 +224,7 @@ def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: st
     """head file → the threshold (h of SpecDec++, τ of SPRINTER; None: the exported one) of our decoder's chosen run
     of that head in ``mode``; ``fixed`` is each family's fixed keyword arguments (where a head may be named)."""
     out = {}
-    for family, key in HEAD_THRESHOLDS.items():
+    for family, key in head_thresholds().items():
         params = chosen_params(chosen, records, mode, family)
         head = None if params is None else params.get("head", fixed.get(family, {}).get("head"))
         if head is not None:

@@ -18,6 +18,10 @@ ALLOWED = {
 }
 """Per stage (top-level package), the packages its modules may import: the layers below it and itself."""
 
+HARNESSES = {"evaluation", "scripts"}
+"""The experiment harness and the scripts that drive it: the only packages that may import ``evaluation``, so the
+decoding library a user imports (``decoding``) and everything below it never reach into it."""
+
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     """{dotted module name: file} of every module in the stage packages (a package is its ``__init__``)."""
@@ -61,6 +65,8 @@ def violations(modules: dict[str, Path], sources: dict[str, str]) -> list[str]:
             if target.split(".")[0] not in ALLOWED[stage]:
                 problems.append(f"{name} imports {target}: against the layers "
                                 f"({stage} may import {', '.join(sorted(ALLOWED[stage]))})")
+            if target.split(".")[0] == "evaluation" and stage not in HARNESSES:
+                problems.append(f"{name} imports {target}: only {', '.join(sorted(HARNESSES))} import the harness")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and target != name:
                 problems.append(f"{name} imports private {', '.join(private)} from {target}")
@@ -110,13 +116,14 @@ def test_project_imports_flow_downward():
 
 def test_checks_can_fail():
     modules = {name: Path(f"{name.replace('.', '/')}.py") for name in
-               ("core.a", "heads.b", "heads.c", "evaluation.d", "data_gen.e")}
+               ("core.a", "heads.b", "heads.c", "evaluation.d", "data_gen.e", "decoding.f")}
     sources = {
         "core.a": "from heads.b import thing\n",  # upward
         "heads.b": "def f():\n    from heads.c import x\n",  # a lazy import still counts
         "heads.c": "from heads.b import y\n",  # ... and closes a cycle
         "evaluation.d": "from data_gen.e import _private\n",  # a stage beside it, and a private name
         "data_gen.e": "from core.a import ok\n",
+        "decoding.f": "from evaluation.d import harness\n",  # the library reaching into the harness
     }
     found = violations(modules, sources)
     assert any(p.startswith("core.a imports heads.b: against the layers") for p in found)
@@ -124,3 +131,4 @@ def test_checks_can_fail():
     assert any(p.startswith("evaluation.d imports data_gen.e: against the layers") for p in found)
     assert "evaluation.d imports private _private from data_gen.e" in found
     assert not any(p.startswith("data_gen.e") for p in found)
+    assert "decoding.f imports evaluation.d: only evaluation, scripts import the harness" in found

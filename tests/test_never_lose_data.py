@@ -23,7 +23,7 @@ from core.lock import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
 from evaluation.config import EvalError, HFPeer, Mode, Sweep
-from evaluation.policies import build_policy
+from decoding.policies import build_policy
 from evaluation.results import ResultStore
 from evaluation.run import run_eval, run_files
 

@@ -61,8 +61,8 @@ def test_a_model_entry_loads_quantized_in_float32(tiny_pair):
 
 def test_greedy_sd_with_an_int8_draft_equals_the_target(tiny_pair):
     from core.sampling import Sampling
-    from evaluation.decoder import ModelPair
-    from evaluation.policies import build_policy
+    from decoding.state import ModelPair
+    from decoding.policies import build_policy
 
     draft = q.quantize(tiny_model(tiny_pair[0]), "int8-dynamic")
     pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(temperature=0.0,
@@ -142,8 +142,8 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
     loads against the same quantized draft, and refuses the float draft with one line (and the reverse)."""
     from data_gen.run import run_labels
     from core.shards import read_manifest
-    from evaluation.decoder import ModelPair
-    from evaluation.policies import build_policy
+    from decoding.state import ModelPair
+    from decoding.policies import build_policy
     from heads.export import HeadFileError
     from heads.exported import ExportedHead
     from pipeline import train_all

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from core.models import ModelSpec, load_model
 from core.sampling import Sampling
-from evaluation.decoder import Decoding, ModelPair
-from evaluation.policies import build_policy
+from decoding.state import Decoding, ModelPair
+from decoding.policies import build_policy
 from decoding.runtimes import hf as runtime
 from decoding.runtimes import hf_export as export_hf
 from heads.export import HeadFileError, export_head
