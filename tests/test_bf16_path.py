@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from data_gen import tiny
+from testing import tiny
 from data_gen.run import run_labels
 
 BF16 = "bfloat16"

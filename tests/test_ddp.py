@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from core import shards
-from data_gen import tiny
+from testing import tiny
 from data_gen.run import run_labels
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from core import shards
 from core.shards import ShardError, read_manifest
-from data_gen import tiny
+from testing import tiny
 from data_gen.run import LabelingError, run_labels
 
 

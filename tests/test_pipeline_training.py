@@ -28,7 +28,7 @@ def tiny_labels(tmp_path_factory):
     from core.models import ModelSpec
     from core.prompts import PromptConfig
     from data_gen.run import LabelConfig, run_labels
-    from data_gen.tiny import make_pair, write_prompts
+    from testing.tiny import make_pair, write_prompts
 
     root = tmp_path_factory.mktemp("pipeline_labels")
     draft, target = make_pair(root / "models")
@@ -154,7 +154,7 @@ def test_a_manifest_whose_hidden_size_disagrees_with_the_shards_is_refused(tiny_
     (["--trainer.max_epochs", "-5"], "`max_epochs` must be a non-negative integer or -1"),
 ])
 def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path, capsys, extra, message):
-    from data_gen import tiny
+    from testing import tiny
     from data_gen.run import run_labels
     from pipeline.cli import main
 
