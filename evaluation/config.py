@@ -14,7 +14,10 @@ from core.errors import UserError
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
+from decoding.costs import LatencyFit
 from decoding.policies import POLICIES, head_family
+from evaluation.latency import latency_fits
+from evaluation.rundir import RunDir
 
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` with its own stop rules (the external peer)."""
@@ -237,6 +240,12 @@ class EvalConfig:
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
         }
+
+    def latency_fits(self, records: list[dict]) -> dict[str, LatencyFit | None]:
+        """``evaluation.latency.latency_fits`` of this evaluation: its runs ``records``, the forwards timed into
+        its folder, and its ``timing`` file."""
+        return latency_fits(records, RunDir(self.output_dir).forward_timing, self.timing,
+                            (self.timing_draft, self.timing_target))
 
 
 def parser() -> ArgumentParser:

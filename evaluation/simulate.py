@@ -138,14 +138,15 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     from core.cache import file_sha256
     from core.intervals import speedup_interval
     from evaluation.config import parse
-    from evaluation.latency import fit_records, latency_fits, selection_fit
+    from evaluation.latency import fit_records, selection_fit
     from evaluation.results import ResultStore
+    from evaluation.rundir import RunDir
 
     cfg, _ = parse(["--config", config])
-    records = ResultStore(Path(cfg.output_dir) / "results.jsonl").records()
-    settings = Path(cfg.output_dir) / "settings.json"
+    records = ResultStore(RunDir(cfg.output_dir).results).records()
+    settings = RunDir(cfg.output_dir).settings
     recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}
-    fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
+    fits = {name: f for name, f in cfg.latency_fits(records).items() if f is not None and name != "timing"}
     if not fits:
         raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
@@ -214,7 +215,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
              + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else ""))
-    costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
+    costs_of_choice = selection_fit(cfg.latency_fits(records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
 

@@ -23,8 +23,8 @@ import torch
 from core.label_math import acceptance_probability, entropy
 from core.sampling import Sampling, sample_token
 from decoding.traces import Trace
+from evaluation.rundir import RunDir
 
-TRACES_DIR = "traces"
 UNWARPED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 """The sampling a decoder trace is recorded at: p and q as the models give them."""
 
@@ -64,10 +64,6 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
                  candidate=np.array(rows["candidate"], dtype=np.int64))
 
 
-def trace_path(out: str | Path, mode: str, prompt: int) -> Path:
-    return Path(out) / TRACES_DIR / mode / f"{prompt:05d}.safetensors"
-
-
 def write_trace(path: Path, trace: Trace, tokens_sha256: str) -> None:
     """One trace as safetensors (written under a temporary name, then renamed), tagged with its tokens' digest."""
     from safetensors.torch import save_file
@@ -99,7 +95,7 @@ def read_recorded(out: str | Path, mode: str) -> list[Trace]:
     from safetensors.torch import load_file
 
     traces = []
-    for path in sorted((Path(out) / TRACES_DIR / mode).glob("*.safetensors")):
+    for path in RunDir(out).recorded_traces(mode):
         x = load_file(str(path))
         traces.append(Trace(prompt_id=int(path.stem), acceptance=x["acceptance"].numpy(),
                             logp_draft=x["logp_draft"].numpy(), entropy_draft=x["entropy_draft"].numpy(),
@@ -117,9 +113,9 @@ def record_traces(out: str | Path, mode: str, records: list[dict], prompt_ids: d
     from evaluation.likelihood import tokens_sha256
 
     todo = [r for r in records if r["mode"] == mode and r["family"] == "target_only" and r["tokens"]
-            and trace_digest(trace_path(out, mode, int(r["prompt"]))) != tokens_sha256(r["tokens"])]
+            and trace_digest(RunDir(out).trace(mode, int(r["prompt"]))) != tokens_sha256(r["tokens"])]
     for r in tqdm(todo, desc=f"decoder traces [{mode}]", disable=quiet or not todo):
         prompt = int(r["prompt"])
         trace = record(prompt_ids[prompt], r["tokens"], generator_of(prompt), prompt)
-        write_trace(trace_path(out, mode, prompt), trace, tokens_sha256(r["tokens"]))
+        write_trace(RunDir(out).trace(mode, prompt), trace, tokens_sha256(r["tokens"]))
     return len(todo)

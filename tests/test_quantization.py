@@ -184,8 +184,8 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
 def test_bench_timing_times_each_precision(tmp_path):
     import json
 
+    from decoding.costs import timing_fit
     from evaluation import bench_timing
-    from evaluation.latency import timing_fit
 
     out = tmp_path / "timing.json"
     bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4",
