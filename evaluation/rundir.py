@@ -1,55 +1,34 @@
 """The files of an evaluation's output folder, named once: every module that reads or writes one of them asks a
-``RunDir`` for its path.
-
-::
-
-    settings.json        the settings, inputs and head digests the results were made with (``run.py``)
-    results.jsonl        one record per (mode, run, prompt) (``results.py``)
-    selection.json       the settings the trace simulator chose, and what it chose them from (``run.py``)
-    forward_timing.json  the pair's timed forwards on this device (``bench_timing`` layout; ``run.py``)
-    loglik.jsonl         the target's log-likelihood of each record's tokens (``likelihood.py``)
-    traces/<mode>/<prompt>.safetensors   decoder traces of the target-only responses (``traces.py``)
-    report.md, report.json, pareto.png, speedup.png, quality.png   the report (``report.py``), and roc.png, the
-                         training run's ROC copied beside it
-"""
+``RunDir`` for its path."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-@dataclass(frozen=True)
+
+def _file(name: str, doc: str) -> property:
+    return property(lambda self: self.root / name, doc=f"``{name}``: {doc}")
+
+
 class RunDir:
     """An evaluation's output folder."""
 
-    root: Path
+    settings = _file("settings.json", "the settings, inputs and head digests its results were made with (``run.py``)")
+    results = _file("results.jsonl", "one record per (mode, run, prompt) (``results.py``)")
+    selection = _file("selection.json", "the settings the trace simulator chose, and what it chose them from")
+    forward_timing = _file("forward_timing.json", "the pair's forwards timed on this device (``bench_timing``'s "
+                                                  "layout)")
+    loglik = _file("loglik.jsonl", "the target's log-likelihood of each record's tokens (``likelihood.py``)")
+    traces = _file("traces", "the decoder traces of the target-only responses, by mode (``traces.py``)")
+    report_md = _file("report.md", "the report (``report.py``)")
+    report_json = _file("report.json", "every number behind the report")
+    pareto_png = _file("pareto.png", "verification rate against discard rate")
+    speedup_png = _file("speedup.png", "speedup over target-only per policy")
+    quality_png = _file("quality.png", "quality against speedup of the approximate policies")
+    roc_png = _file("roc.png", "the training run's ROC, copied beside the report")
 
     def __init__(self, root: str | Path):
-        object.__setattr__(self, "root", Path(root))
-
-    @property
-    def settings(self) -> Path:
-        return self.root / "settings.json"
-
-    @property
-    def results(self) -> Path:
-        return self.root / "results.jsonl"
-
-    @property
-    def selection(self) -> Path:
-        return self.root / "selection.json"
-
-    @property
-    def forward_timing(self) -> Path:
-        return self.root / "forward_timing.json"
-
-    @property
-    def loglik(self) -> Path:
-        return self.root / "loglik.jsonl"
-
-    @property
-    def traces(self) -> Path:
-        return self.root / "traces"
+        self.root = Path(root)
 
     def trace(self, mode: str, prompt: int) -> Path:
         """The decoder trace of prompt ``prompt``'s target-only response in ``mode``."""
@@ -57,31 +36,6 @@ class RunDir:
 
     def recorded_traces(self, mode: str) -> list[Path]:
         return sorted((self.traces / mode).glob("*.safetensors"))
-
-    @property
-    def report_md(self) -> Path:
-        return self.root / "report.md"
-
-    @property
-    def report_json(self) -> Path:
-        return self.root / "report.json"
-
-    @property
-    def pareto_png(self) -> Path:
-        return self.root / "pareto.png"
-
-    @property
-    def speedup_png(self) -> Path:
-        return self.root / "speedup.png"
-
-    @property
-    def quality_png(self) -> Path:
-        return self.root / "quality.png"
-
-    @property
-    def roc_png(self) -> Path:
-        """The training run's ROC, copied beside the report."""
-        return self.root / "roc.png"
 
     def files(self) -> list[Path]:
         """Every file an evaluation wrote into the folder that is there, and nothing else: what ``overwrite``
