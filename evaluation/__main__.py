@@ -11,8 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
         from evaluation.config import parse
         from evaluation.results import ResultStore
-        from evaluation.rundir import RunDir
         from evaluation.run import load_prompts, run_eval
+        from evaluation.rundir import RunDir
 
         cfg, report_only = parse(argv)
         if report_only:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluation.config import PEER_FAMILIES
 from decoding.policies import POLICIES
+from evaluation.config import PEER_FAMILIES
 
 
 def _save(plt, fig, path: Path) -> Path:

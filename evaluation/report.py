@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
+from core.intervals import mean_interval, speedup_interval
+from decoding.policies import POLICIES, head_family
 from evaluation import quality
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
-from core.intervals import mean_interval, speedup_interval
 from evaluation.latency import LatencyFit, selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
-from decoding.policies import POLICIES, head_family
 from evaluation.rundir import RunDir
 from evaluation.selection import choose, preset_runs
 from evaluation.summary import Totals, agreement, index, per_prompt_speedup, spread, sprinter_theorem7, totals

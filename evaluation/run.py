@@ -78,11 +78,11 @@ class Engine:
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
+        from decoding.policies import build_policy
+        from decoding.runtimes.hf import HeadDecoding
         from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
-        from decoding.policies import build_policy
         from heads.exported import ExportedHead
-        from decoding.runtimes.hf import HeadDecoding
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -380,8 +380,8 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     """Run (or resume) the evaluation and write the report; return the output folder. Every input (prompts, head
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
     the folder is held (``core.lock``) from then on."""
-    from evaluation.hf_peer import head_runs
     from decoding.policies import build_policy
+    from evaluation.hf_peer import head_runs
 
     prompts = load_prompts(cfg.prompts)
     heads = head_files(cfg)

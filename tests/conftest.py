@@ -8,8 +8,8 @@ import tempfile
 import pytest
 import torch
 
-from testing import tiny
 from data_gen.run import LabelConfig
+from testing import tiny
 from testing.tiny import make_pair, write_prompts
 
 # Tiny models run fastest on one thread, and one thread per test process keeps the suite's time steady when

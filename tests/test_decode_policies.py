@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from core.errors import UserError
 from core.sampling import Sampling
-from decoding.state import Decoding, ModelPair
 from decoding.policies import POLICIES, build_policy
+from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -346,8 +346,8 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
     what the labeler stores for a row at that prefix with that round index, as the audit recomputes it with plain
     forwards: the stale target state where the last call sampled, the round and response index, the tapped
     layers at the previous position and the draft's top-2 margin."""
-    from data_gen import audit
     from core.adapter import tap_layers
+    from data_gen import audit
     from heads.features import scores_from_logprobs
 
     pair = pair_with(models, temperature=1.0, max_new_tokens=12)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from core.errors import UserError
-from evaluation import bench_timing
 from decoding.costs import timing_fit
+from evaluation import bench_timing
 from evaluation.latency import fit_latency, fit_records
 
 

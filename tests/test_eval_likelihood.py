@@ -12,8 +12,8 @@ from test_eval_run import make_cfg
 from transformers import AutoModelForCausalLM
 
 from evaluation.likelihood import attach_scores, mean_loglik, score_records
-from evaluation.rundir import RunDir
 from evaluation.run import run_eval
+from evaluation.rundir import RunDir
 
 
 @torch.no_grad()

@@ -440,8 +440,8 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     table of the target's verification lengths (written before the simulator charged each length its own cost)."""
     from types import SimpleNamespace
 
-    from evaluation.rundir import RunDir
     from evaluation.run import _time_forwards
+    from evaluation.rundir import RunDir
 
     timed = []
 

@@ -13,8 +13,8 @@ import pytest
 
 from core import shards
 from core.shards import ShardError, read_manifest
-from testing import tiny
 from data_gen.run import LabelingError, run_labels
+from testing import tiny
 
 
 @pytest.fixture

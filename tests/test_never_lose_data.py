@@ -22,8 +22,8 @@ from core.errors import UserError
 from core.lock import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
-from evaluation.config import EvalError, HFPeer, Mode, Sweep
 from decoding.policies import build_policy
+from evaluation.config import EvalError, HFPeer, Mode, Sweep
 from evaluation.results import ResultStore
 from evaluation.run import run_eval
 from evaluation.rundir import RunDir

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import UserError
 from core.shards import read_manifest
 from decoding import rules
-from core.errors import UserError
 from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
                              round_lengths, sd_round_lengths)
 from decoding.simulate import simulate

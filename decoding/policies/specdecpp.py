@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from decoding.state import HEAD_FEATURES, Decoding, DraftStep, ModelPair
+from decoding import rules
 from decoding.policies.registry import register
 from decoding.policies.speculative import SpeculativePolicy
-from decoding import rules
+from decoding.state import HEAD_FEATURES, Decoding, DraftStep, ModelPair
 from heads.exported import ExportedHead
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from decoding.state import DecodeResult, Decoding, ModelPair, StopRule
 from decoding.policies.registry import register
+from decoding.state import DecodeResult, Decoding, ModelPair, StopRule
 
 
 class SpeculativePolicy:

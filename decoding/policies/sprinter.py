@@ -27,8 +27,8 @@ from typing import Protocol
 import torch
 
 from decoding import rules
-from decoding.state import HEAD_FEATURES, DecodeResult, Decoding, ModelPair
 from decoding.policies.registry import register
+from decoding.state import HEAD_FEATURES, DecodeResult, Decoding, ModelPair
 from heads.exported import ExportedHead
 
 

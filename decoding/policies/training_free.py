@@ -6,9 +6,9 @@ import torch
 
 from core.label_math import entropy
 from decoding import rules
-from decoding.state import Decoding, DraftStep, ModelPair
 from decoding.policies.registry import register
 from decoding.policies.speculative import SpeculativePolicy
+from decoding.state import Decoding, DraftStep, ModelPair
 
 
 class StatelessStop:
