@@ -15,6 +15,7 @@ import torch
 from core.errors import UserError
 from core.shards import read_manifest
 from decoding import rules
+from decoding.policies import simulated
 from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
                              round_lengths, sd_round_lengths)
 from decoding.simulate import simulate
@@ -175,6 +176,16 @@ def test_training_free_rules_and_fixed_k_on_hand_made_traces():
     c = expected_counts(np.array([0.5, 1.0, 0.0, 1.0]), sd_round_lengths(4, 2))
     assert (c.draft, c.target, c.discarded) == pytest.approx((3.0, 2.5, 1.5))
     assert c.calls.tolist() == pytest.approx([0, 1.0, 0, 1.5])
+
+
+def test_the_registry_says_which_families_the_simulator_replays():
+    """The families registered ``simulable`` are the ones ``simulate`` replays; an exact one's setting can be chosen
+    by simulation, SPRINTER's (approximate) cannot; any other family is refused in one line."""
+    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "sprinter"}
+    assert set(simulated(exact=True)) == set(simulated()) - {"sprinter"}
+    trace = hand_trace([0.5, 1.0], p_draft=[0.9, 0.3])
+    with pytest.raises(ValueError, match="the simulator has no policy 'fuzzy'"):
+        simulate([trace], "fuzzy", T=0.5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
