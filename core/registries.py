@@ -1,7 +1,7 @@
 """The class every registry is built from: name -> class, filled by a decorator; an unknown name's error lists the
 known ones.
 
-Heads (``heads.registry.HEADS``) and decoding policies (``evaluation.policies.registry.POLICIES``) each keep one;
+Heads (``heads.registry.HEADS``) and decoding policies (``decoding.policies.registry.POLICIES``) each keep one;
 adding an entry is one new file plus ``@register("name")``.
 """
 

@@ -40,7 +40,8 @@ class LabelingError(UserError):
 
 
 class LabelingInterrupted(LabelingError):
-    """The run stopped (Ctrl-C) before every batch was written; the same command resumes it."""
+    """The run stopped (Ctrl-C, or a DDP rank whose launcher is gone) before every batch was written; the same
+    command resumes it."""
 
 
 @dataclass
@@ -170,7 +171,8 @@ class ShardWriter(BasePredictionWriter):
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if self._launcher is not None and os.getppid() != self._launcher:
-            raise SystemExit(f"rank {trainer.global_rank}: the process that launched this run is gone; stopping")
+            raise LabelingInterrupted(f"rank {trainer.global_rank}: the process that launched this run is gone; "
+                                      "stopping (the same command resumes the run)")
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         shard = self.out_dir / f"{prediction['key']}.arrow"

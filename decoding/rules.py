@@ -1,4 +1,4 @@
-"""Each decision a decoding policy makes, written once: the decoder's policies (``evaluation.policies``), the
+"""Each decision a decoding policy makes, written once: the decoder's policies (``decoding.policies``), the
 transformers runtime (``decoding.runtimes.hf``) and the trace replay (``decoding.replay``) all call these, and
 ``tests/test_rules_agree.py`` checks that their rounds agree.
 

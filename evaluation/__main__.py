@@ -11,7 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
         from evaluation.config import parse
         from evaluation.results import ResultStore
-        from evaluation.run import RESULTS, load_prompts, run_eval
+        from evaluation.run import load_prompts, run_eval
+        from evaluation.rundir import RunDir
 
         cfg, report_only = parse(argv)
         if report_only:
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
             from evaluation.report import write_report
 
             out = Path(cfg.output_dir)
-            write_report(out, cfg, ResultStore(out / RESULTS).records(), load_prompts(cfg.prompts))
+            write_report(out, cfg, ResultStore(RunDir(out).results).records(), load_prompts(cfg.prompts))
         else:
             out = run_eval(cfg)
     except KeyboardInterrupt:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"report: {out / 'report.md'}")
+    print(f"report: {RunDir(out).report_md}")
     return 0
 
 

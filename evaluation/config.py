@@ -14,14 +14,18 @@ from core.errors import UserError
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
-from evaluation.policies import POLICIES
+from decoding.costs import LatencyFit
+from decoding.policies import POLICIES, head_family
+from evaluation.latency import latency_fits
+from evaluation.rundir import RunDir
 
 HF_FAMILY = "hf_assisted"
 """Runs of Hugging Face's ``target.generate(assistant_model=draft)`` with its own stop rules (the external peer)."""
 HF_TARGET_ONLY = "hf_target_only"
 """Runs of the target's own ``generate()`` with no draft."""
-HF_HEAD_FAMILIES = {"stop": "hf_specdecpp", "verifier": "hf_sprinter"}
-"""Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role."""
+HF_HEAD_FAMILIES = {role: f"hf_{head_family(role)}" for role in ("stop", "verifier")}
+"""Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role: ``hf_`` and the
+family of our decoder that runs that head (``hf_specdecpp``, ``hf_sprinter``)."""
 PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
 """Every run of transformers' ``generate()``: peers, not policies of our decoder."""
 
@@ -70,7 +74,7 @@ class Sweep:
     """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
 
     family: str
-    """A registered policy (``evaluation.policies.POLICIES``); the report lists families in this order."""
+    """A registered policy (``decoding.policies.POLICIES``); the report lists families in this order."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed unchanged, e.g. ``{head: checkpoints/heads/sprinter_lam1.safetensors}``; the
     family's own setting (``k`` of ``sd``) given here runs as a one-point grid (``sd[k=4]``)."""
@@ -236,6 +240,12 @@ class EvalConfig:
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
         }
+
+    def latency_fits(self, records: list[dict]) -> dict[str, LatencyFit | None]:
+        """``evaluation.latency.latency_fits`` of this evaluation: its runs ``records``, the forwards timed into
+        its folder, and its ``timing`` file."""
+        return latency_fits(records, RunDir(self.output_dir).forward_timing, self.timing,
+                            (self.timing_draft, self.timing_target))
 
 
 def parser() -> ArgumentParser:

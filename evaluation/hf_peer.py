@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from core.sampling import Sampling
+from decoding.policies import POLICIES, head_family
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
 
 DEFAULTS = "defaults"
-THRESHOLD_KEYS = {"stop": "h", "verifier": "tau"}
-"""The name of a head's threshold by role, as our decoder's policies (``specdecpp``, ``sprinter``) take it."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def head_runs(peer: HFPeer, our_thresholds: dict[str, float | None] | None = Non
             raise EvalError(f"hf_peer.heads: {head} reads the token's own hidden state; the runtime runs SPRINTER "
                             "with the paper's feature, the previous token's state (name a `prev` head)")
         threshold = peer.thresholds.get(head, (our_thresholds or {}).get(head))
-        key = THRESHOLD_KEYS[meta["role"]]
+        key = POLICIES[head_family(meta["role"])].setting  # the threshold's name, as our decoder takes it
         if threshold is not None and not 0 <= threshold <= 1:
             raise EvalError(f"hf_peer.thresholds: {key} of {head} must be in [0, 1], got {threshold}")
         runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head, key: threshold}, head=head,

@@ -9,16 +9,12 @@ the latency of any run can be predicted from its counts alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from decoding.costs import LatencyFit, timing_fit
-
-FORWARD_TIMING = "forward_timing.json"
-"""The evaluation's timed forwards of its own draft and target on its device (``bench_timing`` JSON layout), in
-its output folder."""
+from decoding.costs import LatencyFit, read_timing
+from decoding.policies import POLICIES
 
 
 def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit:
@@ -48,13 +44,12 @@ def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit
 
 
 def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | None:
-    """Fit on every run whose counts are known (our decoder's, not the HF peer's); None with fewer than 3.
+    """Fit on every run whose counts are known (our decoder's policies', not the HF peer's); None with fewer
+    than 3.
 
     The peers are left out: their counts come from hooks, and transformers' loop has costs of its own that the
     fit would take for the draft's."""
-    from evaluation.config import PEER_FAMILIES
-
-    rows = [r["stats"] for r in records if r.get("family") not in PEER_FAMILIES
+    rows = [r["stats"] for r in records if r.get("family") in POLICIES
             and r["stats"].get("draft_calls") is not None
             and r["stats"].get("target_calls") is not None]
     if len(rows) < 3:
@@ -63,15 +58,16 @@ def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | Non
                        [s["wall_s"] for s in rows], intercept=intercept)
 
 
-def latency_fits(cfg, records: list[dict]) -> dict[str, LatencyFit | None]:
-    """The fits an evaluation (``EvalConfig`` ``cfg``) knows: ``fit``, from its own runs (the peers left out),
-    and ``timing``, from the timing file when it names one."""
+def latency_fits(records: list[dict], forwards: str | Path | None = None, timing: str | Path | None = None,
+                 timing_models: tuple[str, str] = ("draft", "target")) -> dict[str, LatencyFit | None]:
+    """The fits an evaluation knows: ``fit``, from its runs ``records`` (the peers left out); ``forwards``, from
+    the pair's timed forwards (a ``bench_timing`` file, when it exists); and ``timing``, from a timing file of
+    another device when one is named, read for its (draft, target) entries ``timing_models``."""
     fits = {"fit": fit_records(records)}
-    forwards = Path(cfg.output_dir) / FORWARD_TIMING
-    if forwards.exists():
-        fits["forwards"] = timing_fit(json.loads(forwards.read_text()))
-    if cfg.timing:
-        fits["timing"] = timing_fit(json.loads(Path(cfg.timing).read_text()), cfg.timing_draft, cfg.timing_target)
+    if forwards is not None and Path(forwards).exists():
+        fits["forwards"] = read_timing(forwards)
+    if timing:
+        fits["timing"] = read_timing(timing, *timing_models)
     return fits
 
 

@@ -7,9 +7,9 @@ log-likelihood of the tokens a policy produced, log p(y_i | prompt, y_<i) averag
 that drift on every token, where pass@1 gives one bit per prompt.
 
 One target forward over prompt + response per record (temperature 1: the model's own distribution, whatever
-the mode sampled with), untimed, after the runs. The scores live beside ``results.jsonl`` in ``loglik.jsonl``,
-one line per (mode, run, prompt) with the sha256 of the tokens scored, so an interrupted scoring resumes and a
-score never attaches to other tokens than its own.
+the mode sampled with), untimed, after the runs. The scores live beside ``results.jsonl`` in ``loglik.jsonl``, a
+``ResultStore`` of one line per (mode, run, prompt) with the sha256 of the tokens scored, so an interrupted
+scoring resumes and a score never attaches to other tokens than its own.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-LOGLIK_FILE = "loglik.jsonl"
+from evaluation.results import ResultStore, record_key
+from evaluation.rundir import RunDir
 
 
 @torch.no_grad()
@@ -41,53 +42,27 @@ def tokens_sha256(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()
 
 
-def _key(record: dict) -> tuple[str, str, int]:
-    return record["mode"], record["run"], int(record["prompt"])
-
-
-def read_scores(out: Path) -> dict[tuple[str, str, int], dict]:
-    """(mode, run, prompt) → the stored line (``loglik``, ``tokens_sha256``); a torn last line is dropped."""
-    path = Path(out) / LOGLIK_FILE
-    scores = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # the line an interruption cut short
-                continue
-            scores[(row["mode"], row["run"], int(row["prompt"]))] = row
-    return scores
-
-
 def score_records(out: Path, records: list[dict], prompt_ids: dict[int, list[int]],
                   loglik: Callable[[list[int], list[int]], float], quiet: bool = False) -> int:
     """Score every record with tokens that ``loglik.jsonl`` lacks (or holds for other tokens); return how many."""
     from tqdm.auto import tqdm
 
-    scores = read_scores(out)
+    scores = ResultStore(RunDir(out).loglik)
     todo = [r for r in records if r["tokens"] and
-            scores.get(_key(r), {}).get("tokens_sha256") != tokens_sha256(r["tokens"])]
-    if not todo:
-        return 0
-    path = Path(out) / LOGLIK_FILE
-    torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
-    with open(path, "a") as f:
-        if torn:  # an interrupted write left half a line: end it, so the next line stands on its own
-            f.write("\n")
-        for r in tqdm(todo, desc="target log-likelihood", disable=quiet, file=sys.stderr):
-            value = loglik(prompt_ids[int(r["prompt"])], r["tokens"])
-            f.write(json.dumps({"mode": r["mode"], "run": r["run"], "prompt": int(r["prompt"]),
-                                "tokens_sha256": tokens_sha256(r["tokens"]), "loglik": value}) + "\n")
-            f.flush()
+            (scores.get(record_key(r)) or {}).get("tokens_sha256") != tokens_sha256(r["tokens"])]
+    for r in tqdm(todo, desc="target log-likelihood", disable=quiet, file=sys.stderr):
+        value = loglik(prompt_ids[int(r["prompt"])], r["tokens"])
+        scores.add({"mode": r["mode"], "run": r["run"], "prompt": int(r["prompt"]),
+                    "tokens_sha256": tokens_sha256(r["tokens"]), "loglik": value})
     return len(todo)
 
 
 def attach_scores(out: Path, records: list[dict]) -> list[dict]:
     """The records, each with ``target_loglik`` from ``loglik.jsonl`` when it holds a score of its tokens."""
-    scores = read_scores(out)
+    scores = ResultStore(RunDir(out).loglik)
     attached = []
     for r in records:
-        row = scores.get(_key(r))
+        row = scores.get(record_key(r))
         ok = row is not None and r["tokens"] and row["tokens_sha256"] == tokens_sha256(r["tokens"])
         attached.append({**r, "target_loglik": row["loglik"] if ok else None})
     return attached

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from evaluation import quality
 from evaluation.config import EvalConfig
+from evaluation.rundir import RunDir
 
 
 def cell(v, fmt=".2f", none="") -> str:
@@ -77,8 +78,9 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
     metrics = json.loads((train_dir / "metrics.json").read_text())
     lines = []
     if (train_dir / "roc.png").exists():
-        shutil.copy(train_dir / "roc.png", out / "roc.png")
-        lines += ["![ROC curves](roc.png)", ""]
+        roc = RunDir(out).roc_png
+        shutil.copy(train_dir / "roc.png", roc)
+        lines += [f"![ROC curves]({roc.name})", ""]
     lines += [f"Held-out test rows of `{train_dir}` (training's figures, not recomputed here).", "",
               "| head | label | threshold | scorer | AUROC | AP |", "|---|---|---|---|---|---|"]
     for m in metrics:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from decoding.policies import POLICIES
 from evaluation.config import PEER_FAMILIES
-from evaluation.policies import POLICIES
 
 
 def _save(plt, fig, path: Path) -> Path:
@@ -32,7 +32,7 @@ def _families(mode: dict, keep) -> list[str]:
 
 def _pareto_curve(policy: type) -> bool:
     """SpecDec++ Fig. 3's curves: the exact policies swept over a setting, fixed-K SD and the trained stop head."""
-    return bool(policy.exact and policy.setting and (policy.reference or policy.trained))
+    return bool(policy.exact and policy.setting and (policy.reference or policy.head_role is not None))
 
 
 def plot_pareto(summary: dict, path: Path) -> Path:

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import torch
 
+from core.intervals import mean_interval, speedup_interval
+from decoding.policies import POLICIES, head_family
 from evaluation import quality
 from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
-from core.intervals import mean_interval, speedup_interval
-from evaluation.latency import LatencyFit, latency_fits, selection_fit
+from evaluation.latency import LatencyFit, selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
-from evaluation.policies import POLICIES
-from evaluation.summary import (HEAD_THRESHOLDS, SELECTION, Totals, agreement, choose, index, per_prompt_speedup,
-                                preset_runs, spread, sprinter_theorem7, totals)
+from evaluation.rundir import RunDir
+from evaluation.selection import choose, preset_runs
+from evaluation.summary import Totals, agreement, index, per_prompt_speedup, spread, sprinter_theorem7, totals
 
 
 def _device() -> str:
@@ -120,13 +121,13 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     all_ids = [p["prompt"] for p in prompts]
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
     refs = {p["prompt"]: p["reference"] for p in prompts}
-    fits = latency_fits(cfg, records)
+    fits = cfg.latency_fits(records)
     select_fit = selection_fit(fits)
     out = {"device": _device(), "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}
-    selection = Path(cfg.output_dir) / SELECTION
+    selection = RunDir(cfg.output_dir).selection
     out["selection"] = json.loads(selection.read_text())["modes"] \
         if cfg.select_by == "simulated" and selection.exists() else None
     for mode in cfg.modes:
@@ -290,8 +291,8 @@ def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> Non
 
 def _same_head_run(cfg: EvalConfig, mode: str, peer: dict, runs: dict) -> dict | None:
     """Our decoder's run (as a report row, with tokens/s) of the head a peer row ran, at the same threshold."""
-    family = "specdecpp" if peer["family"] == HF_HEAD_FAMILIES["stop"] else "sprinter"
-    threshold = HEAD_THRESHOLDS[family]
+    family = head_family(next(role for role, f in HF_HEAD_FAMILIES.items() if f == peer["family"]))
+    threshold = POLICIES[family].setting
     fixed = next((s.fixed for s in cfg.policies if s.family == family), {})
     for (m, run), by_prompt in runs.items():
         first = next(iter(by_prompt.values()))
@@ -315,15 +316,15 @@ def _drop_interval(sd: dict[int, dict] | None, other: dict[int, dict] | None) ->
 
 def write_report(out: Path, cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict:
     """Write ``report.md``, ``report.json`` and the PNGs under ``out``; return the summary."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    folder = RunDir(out)
+    folder.root.mkdir(parents=True, exist_ok=True)
     s = summarize(cfg, attach_scores(out, records), prompts)
     training, metrics = training_md(Path(cfg.train_dir) if cfg.train_dir else None, out)
     s["training"] = metrics
     if s["modes"]:
-        plot_pareto(s, out / "pareto.png")
-        plot_speedup(s, out / "speedup.png")
-        plot_quality(s, out / "quality.png")
-    (out / "report.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
-    (out / "report.md").write_text(render_md(cfg, s, training))
+        plot_pareto(s, folder.pareto_png)
+        plot_speedup(s, folder.speedup_png)
+        plot_quality(s, folder.quality_png)
+    folder.report_json.write_text(json.dumps(s, indent=2, default=str) + "\n")
+    folder.report_md.write_text(render_md(cfg, s, training))
     return s

@@ -62,6 +62,10 @@ class ResultStore:
     def __len__(self) -> int:
         return len(self._records)
 
+    def get(self, key: tuple[str, str, int]) -> dict | None:
+        """The record of (mode, run, prompt), or None."""
+        return self._records.get(key)
+
     def add(self, record: dict) -> None:
         """Append one record and flush it to disk before returning."""
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Per mode (a sampling setting):
 
 1. every family's settings run on the first ``sweep_prompts`` prompts (a sweep of K, h, τ, …; a family with one
    setting, or one the trace simulator chose, runs just that);
-2. each family's setting is chosen (``evaluation.summary.choose``: lowest latency per token, measured or by
+2. each family's setting is chosen (``evaluation.selection.choose``: lowest latency per token, measured or by
    Eq. 5.1); the one-setting families and the chosen settings then run on every prompt, together with
 3. the peers (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
    threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it, at
@@ -37,9 +37,10 @@ from core.sampling import Sampling, prompt_generator, prompt_seed
 from core.shards import read_json, write_json
 from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
-from evaluation.latency import FORWARD_TIMING, latency_fits, selection_fit
+from evaluation.latency import selection_fit
 from evaluation.results import ResultStore, run_label
-from evaluation.summary import SELECTION, best_k, choose, chosen_head_thresholds, chosen_params
+from evaluation.rundir import RunDir
+from evaluation.selection import best_k, choose, chosen_head_thresholds, chosen_params
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -54,7 +55,7 @@ class Engine:
     make_pair: Callable[[Sampling], Any]
     """A ``ModelPair`` for one sampling setting (has ``.device``)."""
     build_policy: Callable[..., Any]
-    """``evaluation.policies.build_policy``."""
+    """``decoding.policies.build_policy``."""
     hf_generate: Callable[..., tuple[list[int], dict]] | None = None
     """``(prompt_ids, sampling, seed, run: PeerRun) → (tokens, stats)``; None = no peer."""
     check_head: Callable[[str], None] | None = None
@@ -77,11 +78,11 @@ class Engine:
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
-        from evaluation.decoder import HEAD_FEATURES, ModelPair
-        from evaluation.hf_peer import hf_generate
-        from evaluation.policies import build_policy
-        from heads.exported import ExportedHead
+        from decoding.policies import build_policy
         from decoding.runtimes.hf import HeadDecoding
+        from decoding.state import HEAD_FEATURES, ModelPair
+        from evaluation.hf_peer import hf_generate
+        from heads.exported import ExportedHead
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -143,42 +144,27 @@ def load_prompts(cfg: PromptConfig) -> list[dict]:
     return out
 
 
-SETTINGS, RESULTS = "settings.json", "results.jsonl"
-REPORT_FILES = ("report.md", "report.json", "pareto.png", "speedup.png", "quality.png")
-"""What ``evaluation.report.write_report`` writes."""
-
-
-def run_files(out: Path) -> list[Path]:
-    """Every file an evaluation writes into its folder, and nothing else: what ``overwrite`` deletes."""
-    from evaluation.likelihood import LOGLIK_FILE
-    from evaluation.traces import TRACES_DIR
-
-    names = [SETTINGS, RESULTS, LOGLIK_FILE, FORWARD_TIMING, SELECTION, *REPORT_FILES]
-    return [*(p for p in (out / n for n in names) if p.is_file()),
-            *sorted((out / TRACES_DIR).glob("*/*.safetensors"))]
-
-
 def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
     """The settings to record in ``out`` (``_commit_output``), touching nothing: with ``overwrite``, these; else,
     after checking that the results already in ``out`` were made with these settings, inputs and heads, these with
     the folder's other modes. A folder that is not empty and holds no evaluation is refused unless ``overwrite``
     says to write beside what it holds, and so are results whose settings are unknown. Called with the folder
     held."""
-    path = out / SETTINGS
+    path, results = RunDir(out).settings, RunDir(out).results
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
     if cfg.overwrite:
         return settings
-    if not path.exists() and not (out / RESULTS).exists():
+    if not path.exists() and not results.exists():
         others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
         if others:
             raise EvalError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
                             "holds no evaluation; choose another output_dir, or pass --overwrite true to write beside "
                             "what it holds (only an evaluation's own files are ever deleted)")
     elif not path.exists():
-        if len(ResultStore(out / RESULTS)):
-            raise EvalError(f"{out / RESULTS} has no {SETTINGS} beside it, so the settings its results were made with "
+        if len(ResultStore(results)):
+            raise EvalError(f"{results} has no {path.name} beside it, so the settings its results were made with "
                             "are unknown; use another output_dir or overwrite: true")
-    elif len(ResultStore(out / RESULTS)):  # settings without results bind nothing
+    elif len(ResultStore(results)):  # settings without results bind nothing
         old = read_json(path, "use another output_dir or overwrite: true")
         if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
             raise EvalError(f"{path} is not an evaluation's settings; use another output_dir or overwrite: true")
@@ -197,17 +183,16 @@ def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
 
 
 def _commit_output(cfg: EvalConfig, out: Path, settings: dict) -> None:
-    """Start over (deleting only ``run_files``) when asked to, and record ``settings`` (``_check_output``) in
+    """Start over (deleting only ``RunDir.files``) when asked to, and record ``settings`` (``_check_output``) in
     ``settings.json``: the first change to the folder, made once every input is checked."""
-    from evaluation.traces import TRACES_DIR
-
+    folder = RunDir(out)
     if cfg.overwrite:
-        for p in run_files(out):
+        for p in folder.files():
             p.unlink()
-        for d in [*sorted((out / TRACES_DIR).glob("*/")), out / TRACES_DIR]:
+        for d in [*sorted(folder.traces.glob("*/")), folder.traces]:
             with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
                 d.rmdir()
-    write_json(out / SETTINGS, settings)
+    write_json(folder.settings, settings)
 
 
 def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
@@ -329,10 +314,10 @@ def head_files(cfg: EvalConfig) -> list[str]:
 
 
 def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, quiet: bool) -> None:
-    """Time the pair's forwards at this run's shapes (``evaluation.latency.FORWARD_TIMING``), again when a resumed
+    """Time the pair's forwards at this run's shapes (``RunDir.forward_timing``), again when a resumed
     run has other shapes or another machine than the file was timed on, or the file has no table of the target's
     verification lengths (then the simulator may choose other settings, which run on every prompt)."""
-    path = out / FORWARD_TIMING
+    path = RunDir(out).forward_timing
     if engine.time_forwards is None:
         return
     prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
@@ -354,9 +339,10 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     ``selection.json`` with what it was chosen from (labels, costs, grids), and chosen again when that changes."""
     from core.cache import file_sha256
     from core.shards import read_manifest
-    from evaluation.simulate import CHOSEN_BY_SIMULATION, simulated_choice
+    from decoding.policies import simulated
+    from evaluation.simulate import simulated_choice
 
-    path = out / SELECTION
+    path = RunDir(out).selection
     selection = json.loads(path.read_text()) if path.exists() else {}
     selection.setdefault("modes", {})
     selection.setdefault("inputs", {})
@@ -365,11 +351,11 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
             selection["inputs"].pop(mode.name, None)
             write_json(path, selection)
         return {}
-    fit = selection_fit(latency_fits(cfg, []), simulated=True)
+    fit = selection_fit(cfg.latency_fits([]), simulated=True)
     if fit is None:
         raise EvalError("select_by: simulated needs per-forward costs: a `timing` file or a real engine, "
                         "which times the pair's forwards")
-    chosen_here = [s for s in sweeps if s.family in CHOSEN_BY_SIMULATION]
+    chosen_here = [s for s in sweeps if s.family in simulated(exact=True)]
     heads = sorted({str(h) for s in chosen_here for h in [s.fixed.get("head"), *s.grid.get("head", [])] if h})
     inputs = json.loads(json.dumps({
         "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"),
@@ -394,8 +380,8 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     """Run (or resume) the evaluation and write the report; return the output folder. Every input (prompts, head
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
     the folder is held (``core.lock``) from then on."""
+    from decoding.policies import build_policy
     from evaluation.hf_peer import head_runs
-    from evaluation.policies import build_policy
 
     prompts = load_prompts(cfg.prompts)
     heads = head_files(cfg)
@@ -432,7 +418,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, q
     from evaluation.report import write_report
     from evaluation.traces import UNWARPED, record_traces
 
-    store = ResultStore(out / RESULTS)
+    store = ResultStore(RunDir(out).results)
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]
@@ -449,7 +435,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, q
         runner.run(mode, [runner.policy(mode, pair, s.family, s.fixed, params) for s in sweeps
                           for params in settings[s.family]], sweep_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
-                        selection_fit(latency_fits(cfg, store.records())), cfg.max_pass_drop,
+                        selection_fit(cfg.latency_fits(store.records())), cfg.max_pass_drop,
                         preset={f: run_label(f, params) for f, params in simulated.items()})
         # every family that ran on the sweep prompts has a choice, the one-setting families included; a choice can
         # be a run of the store outside this grid (an earlier config's), so it is built from its recorded params

@@ -5,8 +5,8 @@ the latency follows from them and the per-forward times (Eq. 5.1), so the speedu
 c = t_draft / t_target is 1 / (N_target/N + c·N_draft/N).
 
 Traces (``evaluation.traces``: the label shards' ``target`` rows, or the decoder's replay of an evaluation's
-target-only responses) follow a target-sampled response. The replay math (round lengths of each stop rule, exact
-expected counts, the oracle) is ``decoding.replay``; this module runs it over every policy and setting, sets it
+target-only responses) follow a target-sampled response. The replay of one policy (round lengths of its rule, exact
+expected counts, the oracle) is ``decoding.simulate``; this module runs it over every policy and setting, sets it
 against finished evaluations, and prints the table. What it leaves out, and why it is used anyway, is in
 ``evaluation/DESIGN.md`` ("The trace simulator").
 
@@ -17,79 +17,24 @@ each cost model a speedup is given at, and is the ceiling of every stop rule und
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from core.errors import SettingError, UserError
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
-from decoding import rules
-from decoding.replay import (MAX_K, TRACE_SCORES, Counts, RoundCosts, expected_counts, head_round_lengths,
-                             oracle_counts, round_lengths, sd_round_lengths, sprinter_counts, trace_head_logits)
+from decoding.policies import POLICIES, head_family, simulated
+from decoding.replay import RoundCosts
+from decoding.simulate import cached_head, replayable, simulate
 from decoding.traces import Trace, load_label_traces
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
-from heads.export import HeadFileError, check_labels, read_metadata
-from heads.exported import ExportedHead, features_beyond
+from heads.export import HeadFileError, check_labels
 
 
 class SimulationError(UserError):
     """An eval folder without what the simulator needs to check it."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# policies
-
-
-cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, computes=TRACE_SCORES))
-"""An exported head by file, loaded once per process."""
-
-
-def replayable(path: str) -> bool:
-    """Whether the traces hold every feature the head at ``path`` reads (``TRACE_SCORES`` and the hidden states)."""
-    return not features_beyond(read_metadata(path), TRACE_SCORES)
-
-
-def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
-    """The head's logit at every position of the trace (one batched forward, remembered on the trace)."""
-    key = str(head.path)
-    if key not in trace.logits:
-        trace.logits[key] = trace_head_logits(head.module, head.position, trace)
-    return trace.logits[key]
-
-
-def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
-    """Expected counts of one policy (``sd`` k, ``confidence`` threshold, ``svip`` h, ``specdecpp`` head + h,
-    ``sprinter`` head + tau, ``oracle`` costs: a ``RoundCosts``, with no limit on its rounds) summed over the
-    traces."""
-    total = Counts()
-    for tr in traces:
-        if family == "oracle":
-            total += oracle_counts(tr.acceptance, params["costs"])
-            continue
-        if family == "sd":
-            lengths = sd_round_lengths(len(tr), params["k"])
-        elif family == "confidence":
-            lengths = round_lengths(rules.confidence_stops(np.exp(tr.logp_draft), params["threshold"]), False, max_k)
-        elif family == "svip":
-            lengths = round_lengths(rules.entropy_stops(tr.entropy_draft, params["h"]), False, max_k)
-        elif family in ("specdecpp", "sprinter"):
-            head = cached_head(params["head"])
-            logits = head_logits(head, tr)
-            threshold = params.get("h" if family == "specdecpp" else "tau")
-            threshold = head.threshold if threshold is None else threshold
-            if family == "sprinter":
-                total += sprinter_counts(rules.verifier_accepts(logits, threshold))
-                continue
-            lengths = head_round_lengths(rules.log_accept(logits), threshold, head.position == "own", max_k)
-        else:
-            raise ValueError(f"the simulator has no policy {family!r}")
-        total += expected_counts(tr.acceptance, lengths)
-    return total
 
 
 def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
@@ -99,9 +44,8 @@ def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
     grid += [("confidence", {"threshold": t}) for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)]
     grid += [("svip", {"h": h}) for h in (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)]
     for path in heads:
-        role = cached_head(path).role
-        family, name = ("specdecpp", "h") if role == "stop" else ("sprinter", "tau")
-        grid += [(family, {"head": path, name: v}) for v in (None, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)]
+        family = head_family(cached_head(path).role)
+        grid += [(family, {"head": path, POLICIES[family].setting: v}) for v in (None, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)]
     return grid
 
 
@@ -136,10 +80,10 @@ def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float])
 
 
 def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
-    """The fastest setting of each exact family at c (SPRINTER's is chosen by quality, not here)."""
+    """The fastest setting of each exact family at c (an approximate one's is chosen by quality, not here)."""
     best: dict[str, dict] = {}
     for r in rows:
-        if r["family"] in ("oracle", "sprinter"):
+        if r["family"] == "oracle" or not POLICIES[r["family"]].exact:
             continue
         key = r["family"] + (f":{Path(r['params']['head']).stem}" if "head" in r["params"] else "")
         if key not in best or r["counts"].speedup(c) > best[key]["counts"].speedup(c):
@@ -147,18 +91,12 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
     return best
 
 
-SIMULATED = ("sd", "confidence", "svip", "specdecpp", "sprinter")
-CHOSEN_BY_SIMULATION = ("sd", "confidence", "svip", "specdecpp")
-"""The exact families whose setting ``make eval`` can choose by simulation; SPRINTER's trades speed for quality,
-which a replay of the target's responses cannot measure."""
-
-
 def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int) -> dict[str, dict]:
-    """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the exact families of
-    ``CHOSEN_BY_SIMULATION`` with more than one setting) with the highest predicted speedup for ``tokens``-token
+    """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the families of
+    ``decoding.policies.simulated(exact=True)`` with more than one setting) with the highest predicted speedup for ``tokens``-token
     responses, with every setting's prediction: over every labeled prompt, heads over the prompts they did not
     train on (their scores on training prompts are optimistic)."""
-    sweeps = [s for s in sweeps if s.family in CHOSEN_BY_SIMULATION and len(s.settings()) > 1]
+    sweeps = [s for s in sweeps if s.family in simulated(exact=True) and len(s.settings()) > 1]
     if not sweeps:
         return {}
     every, held_out = selection_traces(labels)
@@ -181,7 +119,7 @@ def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
 
 def traces_for(family: str, every: list[Trace], held_out: list[Trace]) -> list[Trace]:
     """The label traces a family is replayed on: heads only on the prompts they did not train on."""
-    return held_out if family in ("specdecpp", "sprinter") else every
+    return held_out if POLICIES[family].head_role is not None else every
 
 
 FIT_WITHOUT_RUN = "fit-out"
@@ -200,14 +138,15 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     from core.cache import file_sha256
     from core.intervals import speedup_interval
     from evaluation.config import parse
-    from evaluation.latency import fit_records, latency_fits, selection_fit
+    from evaluation.latency import fit_records, selection_fit
     from evaluation.results import ResultStore
+    from evaluation.rundir import RunDir
 
     cfg, _ = parse(["--config", config])
-    records = ResultStore(Path(cfg.output_dir) / "results.jsonl").records()
-    settings = Path(cfg.output_dir) / "settings.json"
+    records = ResultStore(RunDir(cfg.output_dir).results).records()
+    settings = RunDir(cfg.output_dir).settings
     recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}
-    fits = {name: f for name, f in latency_fits(cfg, records).items() if f is not None and name != "timing"}
+    fits = {name: f for name, f in cfg.latency_fits(records).items() if f is not None and name != "timing"}
     if not fits:
         raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
@@ -229,7 +168,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
         recs = sorted((r for r in recs if r["prompt"] in baseline and r["prompt"] in recorded),
                       key=lambda r: r["prompt"])
-        if family not in SIMULATED or len(recs) < 2:
+        if family not in simulated() or len(recs) < 2:
             continue
         params = {**fixed.get(family, {}), **recs[0]["params"]}
         if "head" in params and not replayable(params["head"]):
@@ -276,7 +215,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
              + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else ""))
-    costs_of_choice = selection_fit(latency_fits(cfg, records), simulated=True)
+    costs_of_choice = selection_fit(cfg.latency_fits(records), simulated=True)
     return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
 

@@ -1,13 +1,8 @@
-"""From per-run records to per-policy figures: totals, rates, per-prompt speedups, and the choice of K, h, τ.
-
-Shared by the run (which must know the chosen settings to finish them on every prompt) and the report, so both
-choose the same way: lowest latency per generated token over the sweep prompts, measured or predicted by
-Eq. 5.1, with approximate policies limited to settings whose pass@1 stays within ``max_pass_drop`` of SD's.
-"""
+"""From per-run records to per-policy figures: totals, rates, per-prompt speedups, agreement with target-only,
+and SPRINTER's Theorem 7 check. The choice of K, h, τ from them is ``evaluation.selection``."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +11,8 @@ import numpy as np
 
 from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
+from decoding.policies import POLICIES
 from evaluation.latency import LatencyFit
-from evaluation.policies import POLICIES
-
-SELECTION = "selection.json"
-"""The settings the trace simulator chose (``select_by: simulated``): ``modes`` → mode → family → choice, and
-``inputs`` → mode → what the choice was made from; in the output folder."""
-
 
 @dataclass
 class Totals:
@@ -78,8 +68,10 @@ class Totals:
         """N_draft + N_target − N − N_discarded: forwards whose output no token came from. SpecDec++ Lemma 3.1
         makes it 0 for every policy that verifies rounds with the target, except one per generation that ends on
         an accepted EOS candidate (that target call adds no token); a draft forward whose q is thrown away adds
-        one. Not defined for SPRINTER, whose tokens skip the target."""
-        if self.family == "sprinter" or None in (self.draft_calls, self.target_calls, self.discarded):
+        one. Not defined for a policy whose tokens may skip the target (SPRINTER: ``lemma31`` in its
+        registration)."""
+        policy = POLICIES.get(self.family)  # None for a peer's run
+        if (policy is not None and not policy.lemma31) or None in (self.draft_calls, self.target_calls, self.discarded):
             return None
         return self.draft_calls + self.target_calls - self.new_tokens - self.discarded
 
@@ -151,87 +143,6 @@ def agreement(run: dict[int, dict], base: dict[int, dict]) -> dict | None:
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         prefix.append(n / len(b) if b else 1.0)
     return {"identical": same / len(ids), "common_prefix": float(np.mean(prefix)), "n": len(ids)}
-
-
-def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
-    """Seconds per generated token, measured or predicted (falls back to measured without a fit)."""
-    if select_by == "predicted":
-        pred = t.predicted_s_per_token(fit)
-        if pred is not None:
-            return pred
-    return t.s_per_token
-
-
-def preset_runs(out: str | Path, mode: str, select_by: str) -> dict[str, str]:
-    """family → the run the trace simulator chose for it in ``mode`` (``selection.json``); {} when settings are
-    not chosen by simulation or none was."""
-    path = Path(out) / SELECTION
-    if select_by != "simulated" or not path.exists():
-        return {}
-    return {f: c["run"] for f, c in json.loads(path.read_text())["modes"].get(mode, {}).items()}
-
-
-def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[int], select_by: str,
-           fit: LatencyFit | None, max_pass_drop: float, preset: dict[str, str] | None = None) -> dict[str, str]:
-    """family → the run label chosen for it in ``mode`` (SD first: its pass@1 is the approximate policies' floor).
-
-    Only settings finished on every sweep prompt compete; a family in ``preset`` (the simulator's choice) has
-    its run there.
-    """
-    idx = index(records)
-    chosen: dict[str, str] = {}
-    order = sorted(families, key=lambda f: f != "sd")
-    sd_pass = None
-    preset = preset or {}
-    for fam in order:
-        cands = []
-        for (m, run), by_prompt in idx.items():
-            if m != mode or next(iter(by_prompt.values()))["family"] != fam:
-                continue
-            if fam in preset and run != preset[fam]:
-                continue
-            t = totals(by_prompt, sweep_ids)
-            if t is not None:
-                cands.append(t)
-        if not cands:
-            continue
-        if not POLICIES[fam].exact and sd_pass is not None:
-            ok = [t for t in cands if t.pass_at_1 is None or t.pass_at_1 >= sd_pass - max_pass_drop - 1e-12]
-            cands = ok or cands
-        best = min(cands, key=lambda t: (latency(t, select_by, fit), t.run))
-        chosen[fam] = best.run
-        if fam == "sd":
-            sd_pass = best.pass_at_1
-    return chosen
-
-
-HEAD_THRESHOLDS = {"specdecpp": "h", "sprinter": "tau"}
-"""The families of our decoder that run an exported head, and the name of the head's threshold in each."""
-
-
-def chosen_params(chosen: dict[str, str], records: list[dict], mode: str, family: str) -> dict | None:
-    """The swept parameters of ``family``'s chosen run in ``mode``; None when it has none."""
-    run = chosen.get(family)
-    return next((r["params"] for r in records if r["mode"] == mode and r["run"] == run), None)
-
-
-def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None:
-    """K of the chosen fixed-K SD run in ``mode``."""
-    k = (chosen_params(chosen, records, mode, "sd") or {}).get("k")
-    return None if k is None else int(k)
-
-
-def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: str,
-                           fixed: dict[str, dict]) -> dict[str, float | None]:
-    """head file → the threshold (h of SpecDec++, τ of SPRINTER; None: the exported one) of our decoder's chosen run
-    of that head in ``mode``; ``fixed`` is each family's fixed keyword arguments (where a head may be named)."""
-    out = {}
-    for family, key in HEAD_THRESHOLDS.items():
-        params = chosen_params(chosen, records, mode, family)
-        head = None if params is None else params.get("head", fixed.get(family, {}).get("head"))
-        if head is not None:
-            out[str(head)] = params.get(key)
-    return out
 
 
 def label_tv(labels_dir: str | Path) -> dict:

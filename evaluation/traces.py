@@ -23,8 +23,8 @@ import torch
 from core.label_math import acceptance_probability, entropy
 from core.sampling import Sampling, sample_token
 from decoding.traces import Trace
+from evaluation.rundir import RunDir
 
-TRACES_DIR = "traces"
 UNWARPED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 """The sampling a decoder trace is recorded at: p and q as the models give them."""
 
@@ -36,7 +36,7 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
     position; the draft reads the response one token per forward through the decoder's ``CachedLM``, draws a
     candidate from each q (temperature 1, as the labels), and reads the candidate too (its own state), then
     returns to the response token: 2 draft forwards per position."""
-    from evaluation.decoder import CachedLM
+    from decoding.state import CachedLM
 
     if not tokens:
         raise ValueError("no tokens to trace")
@@ -62,10 +62,6 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
                  logp_draft=np.array(rows["logp_draft"]), entropy_draft=np.array(rows["entropy_draft"]),
                  hidden=torch.stack(rows["hidden"]), hidden_prev=torch.stack(rows["hidden_prev"]),
                  candidate=np.array(rows["candidate"], dtype=np.int64))
-
-
-def trace_path(out: str | Path, mode: str, prompt: int) -> Path:
-    return Path(out) / TRACES_DIR / mode / f"{prompt:05d}.safetensors"
 
 
 def write_trace(path: Path, trace: Trace, tokens_sha256: str) -> None:
@@ -99,7 +95,7 @@ def read_recorded(out: str | Path, mode: str) -> list[Trace]:
     from safetensors.torch import load_file
 
     traces = []
-    for path in sorted((Path(out) / TRACES_DIR / mode).glob("*.safetensors")):
+    for path in RunDir(out).recorded_traces(mode):
         x = load_file(str(path))
         traces.append(Trace(prompt_id=int(path.stem), acceptance=x["acceptance"].numpy(),
                             logp_draft=x["logp_draft"].numpy(), entropy_draft=x["entropy_draft"].numpy(),
@@ -117,9 +113,9 @@ def record_traces(out: str | Path, mode: str, records: list[dict], prompt_ids: d
     from evaluation.likelihood import tokens_sha256
 
     todo = [r for r in records if r["mode"] == mode and r["family"] == "target_only" and r["tokens"]
-            and trace_digest(trace_path(out, mode, int(r["prompt"]))) != tokens_sha256(r["tokens"])]
+            and trace_digest(RunDir(out).trace(mode, int(r["prompt"]))) != tokens_sha256(r["tokens"])]
     for r in tqdm(todo, desc=f"decoder traces [{mode}]", disable=quiet or not todo):
         prompt = int(r["prompt"])
         trace = record(prompt_ids[prompt], r["tokens"], generator_of(prompt), prompt)
-        write_trace(trace_path(out, mode, prompt), trace, tokens_sha256(r["tokens"]))
+        write_trace(RunDir(out).trace(mode, prompt), trace, tokens_sha256(r["tokens"]))
     return len(todo)

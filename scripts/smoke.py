@@ -15,7 +15,7 @@ from pathlib import Path
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from data_gen.run import run_labels
-from data_gen.tiny import label_config, make_pair, write_prompts
+from testing.tiny import label_config, make_pair, write_prompts
 
 ROOT = Path("runs/smoke")
 

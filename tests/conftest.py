@@ -8,9 +8,9 @@ import tempfile
 import pytest
 import torch
 
-from data_gen import tiny
 from data_gen.run import LabelConfig
-from data_gen.tiny import make_pair, write_prompts
+from testing import tiny
+from testing.tiny import make_pair, write_prompts
 
 # Tiny models run fastest on one thread, and one thread per test process keeps the suite's time steady when
 # something else (a labeling run) holds the cores. Subprocesses started by tests inherit the setting.

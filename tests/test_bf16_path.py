@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from data_gen import tiny
 from data_gen.run import run_labels
+from testing import tiny
 
 BF16 = "bfloat16"
 
@@ -48,8 +48,8 @@ def test_the_audit_passes_on_bf16_labels(bf16_run, capsys):
 
 
 def test_trained_heads_simulate_and_export(bf16_run, tiny_pair, tmp_path, capsys):
-    from evaluation import simulate
     from decoding.runtimes import hf_export as export_hf
+    from evaluation import simulate
 
     root, labels, heads = bf16_run
     files = sorted(heads.glob("*.safetensors"))

@@ -12,8 +12,8 @@ import pandas as pd
 import torch
 
 from core import shards
-from data_gen import tiny
 from data_gen.run import run_labels
+from testing import tiny
 
 
 def _run(args: list[str], tmp_path) -> subprocess.CompletedProcess:

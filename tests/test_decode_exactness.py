@@ -37,11 +37,11 @@ from torch import nn
 from core import sampling
 from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, tv_distance
 from core.sampling import Sampling
-from evaluation.decoder import DecodeStats, Decoding, ModelPair
-from evaluation.policies import build_policy
 from decoding import rules
-from evaluation.policies.sprinter import Sprinter
+from decoding.policies import build_policy
+from decoding.policies.sprinter import Sprinter
 from decoding.runtimes import hf as runtime
+from decoding.state import DecodeStats, Decoding, ModelPair
 from heads.export import export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from core.errors import UserError
 from core.sampling import Sampling
-from evaluation.decoder import Decoding, ModelPair
-from evaluation.policies import POLICIES, build_policy
+from decoding.policies import POLICIES, build_policy
+from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
 from heads.sprinter import SprinterHead
@@ -196,7 +196,7 @@ def test_no_draft_forward_is_wasted(models, heads, name, kwargs, eos, monkeypatc
 
 def test_the_count_test_catches_a_stop_that_discards_the_heads_forward(models, heads, monkeypatch):
     """A SpecDec++ round that reads y_k's forward for e_k, then stops without drawing y_{k+1} from it."""
-    from evaluation.policies import specdecpp
+    from decoding.policies import specdecpp
 
     original = specdecpp.HeadStop.__call__
 
@@ -225,7 +225,7 @@ def test_specdecpp_that_never_stops_drafts_like_sd(models, heads, head):
 def test_each_head_reads_the_hidden_state_it_was_trained_on(models, heads, monkeypatch):
     """``own``: the draft's state after reading the candidate (SpecDec++ Eq. 4.1); ``prev``: the state that
     produced q for it (SPRINTER §3.2). Checked against plain uncached forwards of the draft."""
-    from evaluation.policies import specdecpp, sprinter
+    from decoding.policies import specdecpp, sprinter
     from heads import exported
 
     seen = []  # (context ending with the candidate, hidden the head got)
@@ -346,8 +346,8 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
     what the labeler stores for a row at that prefix with that round index, as the audit recomputes it with plain
     forwards: the stale target state where the last call sampled, the round and response index, the tapped
     layers at the previous position and the draft's top-2 margin."""
-    from data_gen import audit
     from core.adapter import tap_layers
+    from data_gen import audit
     from heads.features import scores_from_logprobs
 
     pair = pair_with(models, temperature=1.0, max_new_tokens=12)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from core.sampling import Sampling
-from evaluation.decoder import DecodeStats
+from decoding.state import DecodeStats
 from evaluation.run import Engine
 
 T_DRAFT, T_TARGET = 0.01, 0.05

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from core.errors import UserError
+from decoding.costs import timing_fit
 from evaluation import bench_timing
-from evaluation.latency import fit_latency, fit_records, timing_fit
+from evaluation.latency import fit_latency, fit_records
 
 
 def test_fit_recovers_known_times():
@@ -35,9 +36,10 @@ def test_fit_with_noise_has_high_but_not_perfect_r2():
 
 
 def test_fit_records_skips_runs_without_counts():
-    recs = [{"stats": {"draft_calls": d, "target_calls": t, "wall_s": 0.01 * d + 0.05 * t}}
+    recs = [{"family": "sd", "stats": {"draft_calls": d, "target_calls": t, "wall_s": 0.01 * d + 0.05 * t}}
             for d, t in [(0, 10), (10, 0), (20, 5), (7, 3)]]
-    recs.append({"stats": {"draft_calls": None, "target_calls": None, "wall_s": 99.0}})
+    recs.append({"family": "sd", "stats": {"draft_calls": None, "target_calls": None, "wall_s": 99.0}})
+    recs.append({"family": "hf_assisted", "stats": {"draft_calls": 50, "target_calls": 5, "wall_s": 99.0}})  # a peer
     fit = fit_records(recs, intercept=False)
     assert fit.n_runs == 4 and fit.t_target == pytest.approx(0.05)
 

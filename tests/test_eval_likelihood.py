@@ -11,8 +11,9 @@ from test_eval_fakes import fake_engine, fake_loglik
 from test_eval_run import make_cfg
 from transformers import AutoModelForCausalLM
 
-from evaluation.likelihood import LOGLIK_FILE, attach_scores, mean_loglik, score_records
+from evaluation.likelihood import attach_scores, mean_loglik, score_records
 from evaluation.run import run_eval
+from evaluation.rundir import RunDir
 
 
 @torch.no_grad()
@@ -47,7 +48,7 @@ def test_scores_resume_and_never_attach_to_other_tokens(tmp_path):
     prompts = {0: [7], 1: [8]}
     assert score_records(tmp_path, records(), prompts, loglik, quiet=True) == 2  # the empty output is not scored
     assert score_records(tmp_path, records(), prompts, loglik, quiet=True) == 0  # resumed: nothing left
-    with open(tmp_path / LOGLIK_FILE, "a") as f:
+    with open(RunDir(tmp_path).loglik, "a") as f:
         f.write('{"mode": "sample", "run": "a", "pro')  # a line an interruption cut short
     changed = records(tokens_of_b=(4, 5, 6))  # the same run key, other tokens (e.g. a rerun elsewhere)
     by_run = {r["run"]: r["target_loglik"] for r in attach_scores(tmp_path, changed)}
@@ -75,7 +76,7 @@ def test_report_gives_each_runs_loglik_and_its_paired_difference_from_the_exact_
     assert "log p/token [95 %]" in md and "Δ log p vs exact [95 %]" in md
     (tmp_path / "other").mkdir()
     no_scores = run_eval(make_cfg(tmp_path / "other"), fake_engine(), quiet=True)
-    assert not (no_scores / LOGLIK_FILE).exists()
+    assert not RunDir(no_scores).loglik.exists()
     (tmp_path / "off").mkdir()
     switched_off = run_eval(make_cfg(tmp_path / "off", loglik=False), fake_engine(loglik=fake_loglik), quiet=True)
-    assert not (switched_off / LOGLIK_FILE).exists()
+    assert not RunDir(switched_off).loglik.exists()

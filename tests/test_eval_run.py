@@ -377,7 +377,7 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
     from test_eval_latency import timing_file
 
     from data_gen.run import run_labels
-    from evaluation.latency import timing_fit
+    from decoding.costs import timing_fit
     from evaluation.simulate import selection_traces, simulate
 
     labels = label_config(split_fractions=(0.5, 0.25, 0.25))
@@ -440,8 +440,8 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     table of the target's verification lengths (written before the simulator charged each length its own cost)."""
     from types import SimpleNamespace
 
-    from evaluation.latency import FORWARD_TIMING
     from evaluation.run import _time_forwards
+    from evaluation.rundir import RunDir
 
     timed = []
 
@@ -454,7 +454,7 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
     _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
     assert timed == [(2, 8)]
-    path = tmp_path / FORWARD_TIMING
+    path = RunDir(tmp_path).forward_timing
     old = json.loads(path.read_text())
     del old["models"][1]["verify_by_tokens"]
     path.write_text(json.dumps(old))

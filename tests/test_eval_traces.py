@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from evaluation.likelihood import tokens_sha256
-from evaluation.traces import read_recorded, record_trace, trace_digest, trace_path, write_trace
+from evaluation.rundir import RunDir
+from evaluation.traces import read_recorded, record_trace, trace_digest, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_traces_round_trip_with_the_digest_of_their_tokens(models, tmp_path):
     draft, target = models
     tokens = [4, 4, 17]
     trace = record_trace(draft, target, [3, 8], tokens, torch.Generator().manual_seed(0), prompt_id=2)
-    path = trace_path(tmp_path, "sample", 2)
+    path = RunDir(tmp_path).trace("sample", 2)
     assert trace_digest(path) is None
     write_trace(path, trace, tokens_sha256(tokens))
     assert trace_digest(path) == tokens_sha256(tokens) != tokens_sha256([4, 4, 18])

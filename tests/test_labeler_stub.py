@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from stubs import StubLM, shift_table
+from testing.stubs import StubLM, shift_table
 
 from core.label_math import TOKEN_MIXED
 from core.sampling import Sampling

@@ -18,7 +18,7 @@ from core.sampling import Sampling
 from data_gen.__main__ import main as cli_main
 from data_gen.labeler import Labeler, Prompt
 from data_gen.run import run_labels
-from data_gen.tiny import make_tokenizer
+from testing.tiny import make_tokenizer
 
 CATEGORIES = ["original", "draft", "target", "interleaved"]
 

@@ -14,8 +14,8 @@ import pytest
 
 from core import shards
 from core.shards import ShardError, read_manifest
-from data_gen import tiny
 from data_gen.run import LabelingError, run_labels
+from testing import tiny
 
 
 @pytest.fixture
@@ -257,14 +257,14 @@ def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
     import os
     from types import SimpleNamespace
 
-    from data_gen.run import ShardWriter
+    from data_gen.run import LabelingInterrupted, ShardWriter
 
     writer = ShardWriter(tmp_path, {"hidden": 4})
     launcher = os.getppid()
     writer.on_predict_start(SimpleNamespace(global_rank=1), None)
     writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 0)  # the launcher lives: go on
     monkeypatch.setattr(os, "getppid", lambda: launcher + 1)
-    with pytest.raises(SystemExit, match="rank 1: the process that launched this run is gone"):
+    with pytest.raises(LabelingInterrupted, match="rank 1: the process that launched this run is gone"):
         writer.on_predict_batch_start(SimpleNamespace(global_rank=1), None, {}, 1)
     rank0 = ShardWriter(tmp_path, {"hidden": 4})
     rank0.on_predict_start(SimpleNamespace(global_rank=0), None)

@@ -14,9 +14,15 @@ ALLOWED = {
     "data_gen": {"core", "data_gen"},
     "pipeline": {"core", "heads", "decoding", "pipeline"},
     "evaluation": {"core", "heads", "decoding", "pipeline", "evaluation"},
-    "scripts": {"core", "heads", "decoding", "data_gen", "pipeline", "evaluation", "scripts"},
+    "testing": {"core", "data_gen", "testing"},
+    "scripts": {"core", "heads", "decoding", "data_gen", "pipeline", "evaluation", "testing", "scripts"},
 }
 """Per stage (top-level package), the packages its modules may import: the layers below it and itself."""
+
+IMPORTED_ONLY_BY = {"evaluation": {"evaluation", "scripts"}, "testing": {"testing", "scripts"}}
+"""Packages that only some others may import (``tests/`` may import any): the experiment harness, which only the
+scripts that drive it use, so the decoding library a user imports never reaches into it; and the tiny and stub
+models, which only the tests and the smoke run decode with."""
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -61,6 +67,9 @@ def violations(modules: dict[str, Path], sources: dict[str, str]) -> list[str]:
             if target.split(".")[0] not in ALLOWED[stage]:
                 problems.append(f"{name} imports {target}: against the layers "
                                 f"({stage} may import {', '.join(sorted(ALLOWED[stage]))})")
+            importers = IMPORTED_ONLY_BY.get(target.split(".")[0])
+            if importers is not None and stage not in importers:
+                problems.append(f"{name} imports {target}: only {', '.join(sorted(importers))} may")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and target != name:
                 problems.append(f"{name} imports private {', '.join(private)} from {target}")
@@ -110,13 +119,14 @@ def test_project_imports_flow_downward():
 
 def test_checks_can_fail():
     modules = {name: Path(f"{name.replace('.', '/')}.py") for name in
-               ("core.a", "heads.b", "heads.c", "evaluation.d", "data_gen.e")}
+               ("core.a", "heads.b", "heads.c", "evaluation.d", "data_gen.e", "decoding.f")}
     sources = {
         "core.a": "from heads.b import thing\n",  # upward
         "heads.b": "def f():\n    from heads.c import x\n",  # a lazy import still counts
         "heads.c": "from heads.b import y\n",  # ... and closes a cycle
         "evaluation.d": "from data_gen.e import _private\n",  # a stage beside it, and a private name
         "data_gen.e": "from core.a import ok\n",
+        "decoding.f": "from evaluation.d import harness\n",  # the library reaching into the harness
     }
     found = violations(modules, sources)
     assert any(p.startswith("core.a imports heads.b: against the layers") for p in found)
@@ -124,3 +134,4 @@ def test_checks_can_fail():
     assert any(p.startswith("evaluation.d imports data_gen.e: against the layers") for p in found)
     assert "evaluation.d imports private _private from data_gen.e" in found
     assert not any(p.startswith("data_gen.e") for p in found)
+    assert "decoding.f imports evaluation.d: only evaluation, scripts may" in found

@@ -22,10 +22,11 @@ from core.errors import UserError
 from core.lock import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
+from decoding.policies import build_policy
 from evaluation.config import EvalError, HFPeer, Mode, Sweep
-from evaluation.policies import build_policy
 from evaluation.results import ResultStore
-from evaluation.run import run_eval, run_files
+from evaluation.run import run_eval
+from evaluation.rundir import RunDir
 
 QUICK = dict(policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2, 3]})], hf_peer=HFPeer(enabled=False),
              modes=[Mode("sample", 1.0)])
@@ -98,7 +99,7 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
                      fake_engine(), quiet=True)
     assert len(ResultStore(folder / "results.jsonl")) == len(ResultStore(fresh / "results.jsonl")) == len(calls)
     # what overwrite deletes is every file an evaluation writes
-    assert {p.relative_to(fresh).as_posix() for p in run_files(fresh)} == set(_tree(fresh)) - {LOCK_FILE}
+    assert {p.relative_to(fresh).as_posix() for p in RunDir(fresh).files()} == set(_tree(fresh)) - {LOCK_FILE}
     assert set(again) - set(before) - {"traces/notes.txt"} == set(_tree(fresh))
 
 
@@ -303,7 +304,7 @@ def test_eval_resume_refuses_a_draft_swapped_at_the_same_path(tiny_pair, tmp_pat
     out = tmp_path / "eval"
     written = set(_tree(out))
     assert {"forward_timing.json", "report.md"} <= written and any(f.startswith("traces/") for f in written)
-    assert {p.relative_to(out).as_posix() for p in run_files(out)} == written  # overwrite deletes all of it
+    assert {p.relative_to(out).as_posix() for p in RunDir(out).files()} == written  # overwrite deletes all of it
     shutil.copy(tiny_pair[1] / "model.safetensors", draft / "model.safetensors")  # the target's weights
     capsys.readouterr()
     assert main(["--config", config]) == 2

@@ -24,11 +24,11 @@ CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/train/*.yaml"
 @pytest.fixture(scope="module")
 def tiny_labels(tmp_path_factory):
     """A complete labeled dataset written by the labeling stage (d = 32), with rows in train, val and test."""
-    from core.sampling import Sampling
     from core.models import ModelSpec
     from core.prompts import PromptConfig
+    from core.sampling import Sampling
     from data_gen.run import LabelConfig, run_labels
-    from data_gen.tiny import make_pair, write_prompts
+    from testing.tiny import make_pair, write_prompts
 
     root = tmp_path_factory.mktemp("pipeline_labels")
     draft, target = make_pair(root / "models")
@@ -154,9 +154,9 @@ def test_a_manifest_whose_hidden_size_disagrees_with_the_shards_is_refused(tiny_
     (["--trainer.max_epochs", "-5"], "`max_epochs` must be a non-negative integer or -1"),
 ])
 def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path, capsys, extra, message):
-    from data_gen import tiny
     from data_gen.run import run_labels
     from pipeline.cli import main
+    from testing import tiny
 
     if "ORIGINAL_ONLY" in extra:  # labels of `original` prompts only: no rows for the SpecDec++ head
         draft, target = tiny.make_pair(tmp_path / "models")

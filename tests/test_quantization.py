@@ -61,8 +61,8 @@ def test_a_model_entry_loads_quantized_in_float32(tiny_pair):
 
 def test_greedy_sd_with_an_int8_draft_equals_the_target(tiny_pair):
     from core.sampling import Sampling
-    from evaluation.decoder import ModelPair
-    from evaluation.policies import build_policy
+    from decoding.policies import build_policy
+    from decoding.state import ModelPair
 
     draft = q.quantize(tiny_model(tiny_pair[0]), "int8-dynamic")
     pair = ModelPair(draft, tiny_model(tiny_pair[1]), eos_token_ids=[], sampling=Sampling(temperature=0.0,
@@ -140,10 +140,10 @@ def test_int8_labels_do_not_depend_on_the_batch(tiny_pair):
 def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp_path):
     """The quantized draft labels (its identity in the manifest), a head trains on those labels and carries it,
     loads against the same quantized draft, and refuses the float draft with one line (and the reverse)."""
-    from data_gen.run import run_labels
     from core.shards import read_manifest
-    from evaluation.decoder import ModelPair
-    from evaluation.policies import build_policy
+    from data_gen.run import run_labels
+    from decoding.policies import build_policy
+    from decoding.state import ModelPair
     from heads.export import HeadFileError
     from heads.exported import ExportedHead
     from pipeline import train_all
@@ -184,8 +184,8 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
 def test_bench_timing_times_each_precision(tmp_path):
     import json
 
+    from decoding.costs import timing_fit
     from evaluation import bench_timing
-    from evaluation.latency import timing_fit
 
     out = tmp_path / "timing.json"
     bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4",

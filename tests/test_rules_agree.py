@@ -22,10 +22,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from core.label_math import entropy
 from core.sampling import Sampling
 from decoding import replay, rules
+from decoding.policies import build_policy
+from decoding.policies.sprinter import HeadVerifier, Sprinter
 from decoding.runtimes import hf as runtime
-from evaluation.decoder import ModelPair
-from evaluation.policies import build_policy
-from evaluation.policies.sprinter import HeadVerifier, Sprinter
+from decoding.state import ModelPair
 from heads.exported import ExportedHead
 
 VOCAB = 48

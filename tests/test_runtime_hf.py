@@ -30,13 +30,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from core.models import ModelSpec, load_model
 from core.sampling import Sampling
-from evaluation.decoder import Decoding, ModelPair
-from evaluation.policies import build_policy
+from decoding.policies import build_policy
 from decoding.runtimes import hf as runtime
 from decoding.runtimes import hf_export as export_hf
+from decoding.runtimes.hf import HeadCandidateGenerator, HeadDecoding
+from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
-from decoding.runtimes.hf import HeadCandidateGenerator, HeadDecoding
 from heads.sprinter import SprinterHead
 
 PROMPTS = [[1, 10, 11, 12], [1, 30, 5], [1, 7, 8, 9, 20, 21]]

@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import UserError
 from core.shards import read_manifest
 from decoding import rules
-from decoding.replay import first_rejection
+from decoding.policies import simulated
+from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
+                             round_lengths, sd_round_lengths)
+from decoding.simulate import simulate
+from decoding.traces import Trace
 from evaluation import simulate as sim
 
 
@@ -38,7 +43,7 @@ def monte_carlo(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: in
     return out
 
 
-def agrees(counts: sim.Counts, draws: np.ndarray) -> bool:
+def agrees(counts: Counts, draws: np.ndarray) -> bool:
     mean, se = draws.mean(0), draws.std(0) / np.sqrt(len(draws)) + 1e-9
     return bool(np.all(np.abs(np.array([counts.draft, counts.target, counts.discarded]) - mean) < 4 * se))
 
@@ -56,7 +61,7 @@ def broken_expected_counts(acceptance, lengths):
             reach *= acceptance[s + j]
         nxt = min(s + n + 1, length)
         draft[s], target[s], discarded[s] = n + d + reach * draft[nxt], 1 + t + reach * target[nxt], x + reach * discarded[nxt]
-    return sim.Counts(n=length, draft=draft[0], target=target[0], discarded=discarded[0])
+    return Counts(n=length, draft=draft[0], target=target[0], discarded=discarded[0])
 
 
 @pytest.fixture
@@ -68,11 +73,11 @@ def trace_acceptance():
 def test_expectations_match_a_monte_carlo_replay_and_a_broken_recursion_does_not(trace_acceptance, rule):
     a = trace_acceptance
     if rule == "sd3":
-        lengths = sim.sd_round_lengths(len(a), 3)
+        lengths = sd_round_lengths(len(a), 3)
     else:
-        lengths = sim.round_lengths(np.random.default_rng(2).random(len(a)) < 0.3, True, 6)
+        lengths = round_lengths(np.random.default_rng(2).random(len(a)) < 0.3, True, 6)
     draws = monte_carlo(a, lengths, reps=4000)
-    assert agrees(sim.expected_counts(a, lengths), draws)
+    assert agrees(expected_counts(a, lengths), draws)
     assert not agrees(broken_expected_counts(a, lengths), draws)
 
 
@@ -80,46 +85,46 @@ def test_calls_by_verification_length_match_a_monte_carlo_replay(trace_acceptanc
     """What a cost table per verification length needs: the expected target calls of each length m (m − 1
     candidates), which sum to N_target and weight m − 1 to N_draft."""
     a = trace_acceptance
-    lengths = sim.round_lengths(np.random.default_rng(3).random(len(a)) < 0.3, False, 6)
+    lengths = round_lengths(np.random.default_rng(3).random(len(a)) < 0.3, False, 6)
     seen = np.zeros((4000, 8))
     monte_carlo(a, lengths, reps=4000, calls=seen)
-    c = sim.expected_counts(a, lengths)
+    c = expected_counts(a, lengths)
     mean, se = seen.mean(0), seen.std(0) / np.sqrt(len(seen)) + 1e-9
     assert np.all(np.abs(np.pad(c.calls, (0, 8 - len(c.calls))) - mean) < 4 * se)
     assert c.calls.sum() == pytest.approx(c.target)
     assert (c.calls * np.maximum(np.arange(len(c.calls)) - 1, 0)).sum() == pytest.approx(c.draft)
     shifted = np.roll(c.calls, 1)  # each call charged one token too many: the replay tells it apart
     assert not np.all(np.abs(np.pad(shifted, (0, 8 - len(shifted))) - mean) < 4 * se)
-    both = sim.Counts()
+    both = Counts()
     both += c
-    both += sim.expected_counts(a[:10], sim.sd_round_lengths(10, 7))
+    both += expected_counts(a[:10], sd_round_lengths(10, 7))
     assert both.calls.sum() == pytest.approx(both.target)
 
 
 def test_every_position_is_produced_once(trace_acceptance):
     """SpecDec++ §3: N_draft + N_target = N + N_discarded, in expectation too."""
     for k in (1, 4, 9):
-        lengths = sim.sd_round_lengths(len(trace_acceptance), k)
-        c = sim.expected_counts(trace_acceptance, lengths)
+        lengths = sd_round_lengths(len(trace_acceptance), k)
+        c = expected_counts(trace_acceptance, lengths)
         assert c.draft + c.target == pytest.approx(c.n + c.discarded)
-    ones = sim.expected_counts(np.ones(12), sim.sd_round_lengths(12, 3))
+    ones = expected_counts(np.ones(12), sd_round_lengths(12, 3))
     assert ones.target == 3 and ones.discarded == 0  # rounds of 3 + bonus: 12 tokens in 3 calls
 
 
 def test_round_lengths_follow_the_decoders_rounds():
     stops = np.array([False, True, False, False, False, False])
-    assert sim.round_lengths(stops, False, 20).tolist() == [2, 1, 3, 2, 1, 0]  # stop with the candidate
-    assert sim.round_lengths(stops, True, 20).tolist() == [3, 2, 3, 2, 1, 0]  # one more from its forward
-    assert sim.round_lengths(stops, False, 1).tolist() == [1, 1, 1, 1, 1, 0]
+    assert round_lengths(stops, False, 20).tolist() == [2, 1, 3, 2, 1, 0]  # stop with the candidate
+    assert round_lengths(stops, True, 20).tolist() == [3, 2, 3, 2, 1, 0]  # one more from its forward
+    assert round_lengths(stops, False, 1).tolist() == [1, 1, 1, 1, 1, 0]
     # SpecDec++: 1 − ∏ sigmoid > h; log sigmoid = log 0.5 per candidate: two candidates give 0.75
     half = np.full(6, np.log(0.5))
-    assert sim.head_round_lengths(half, 0.7, False, 20).tolist() == [2, 2, 2, 2, 1, 0]
-    assert sim.head_round_lengths(half, 1.0, False, 20).tolist() == [5, 4, 3, 2, 1, 0]  # never stops: like SD
+    assert head_round_lengths(half, 0.7, False, 20).tolist() == [2, 2, 2, 2, 1, 0]
+    assert head_round_lengths(half, 1.0, False, 20).tolist() == [5, 4, 3, 2, 1, 0]  # never stops: like SD
 
 
-def hand_trace(acceptance, p_draft=None, entropy=None) -> sim.Trace:
+def hand_trace(acceptance, p_draft=None, entropy=None) -> Trace:
     n = len(acceptance)
-    return sim.Trace(prompt_id=0, acceptance=np.asarray(acceptance, float),
+    return Trace(prompt_id=0, acceptance=np.asarray(acceptance, float),
                      logp_draft=np.log(np.asarray(p_draft if p_draft is not None else np.full(n, 0.5), float)),
                      entropy_draft=np.asarray(entropy if entropy is not None else np.zeros(n), float),
                      hidden=torch.zeros(n, 1), hidden_prev=torch.zeros(n, 1))
@@ -135,16 +140,16 @@ def test_specdecpp_multiplies_each_candidates_own_probability():
     """A varying P̂ pins which candidate each factor of the running product belongs to: the product over the
     round's candidates s … s+n−1 (a product shifted by one position stops the first round after 3, not 4)."""
     f = np.log(ACCEPT_PROB)
-    assert sim.head_round_lengths(f, 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
+    assert head_round_lengths(f, 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
     # Algorithm 1: a head on the candidate's own state stops after reading it, and submits the next candidate too
-    assert sim.head_round_lengths(f, 0.6, True, 20).tolist() == [5, 4, 3, 2, 3, 2, 1, 0]
-    assert sim.head_round_lengths(f, 0.6, False, 2).tolist() == [2, 2, 2, 1, 2, 2, 1, 0]
+    assert head_round_lengths(f, 0.6, True, 20).tolist() == [5, 4, 3, 2, 3, 2, 1, 0]
+    assert head_round_lengths(f, 0.6, False, 2).tolist() == [2, 2, 2, 1, 2, 2, 1, 0]
     # h bounds the cumulative 1 − ∏ P̂, not one candidate's 1 − P̂: at h = 0.3 the round at 0 stops after two
     # candidates of P̂ 0.9 and 0.5 (0.55), the one at 4 after three of 0.9, 0.9, 0.6 (0.514)
-    assert sim.head_round_lengths(f, 0.3, False, 20).tolist() == [2, 1, 2, 1, 3, 2, 1, 0]
+    assert head_round_lengths(f, 0.3, False, 20).tolist() == [2, 1, 2, 1, 3, 2, 1, 0]
     # through the simulator's own conversion of logits: log sigmoid(logit(P̂)) = log P̂
     logits = np.log(np.array(ACCEPT_PROB) / (1 - np.array(ACCEPT_PROB)))
-    assert sim.head_round_lengths(rules.log_accept(logits), 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
+    assert head_round_lengths(rules.log_accept(logits), 0.6, False, 20).tolist() == [4, 3, 2, 1, 3, 2, 1, 0]
 
 
 def test_training_free_rules_and_fixed_k_on_hand_made_traces():
@@ -160,24 +165,34 @@ def test_training_free_rules_and_fixed_k_on_hand_made_traces():
     svip = hand_trace(acceptance, entropy=[0.04, 0.49, 0.09, 0.36, 0.01, 0.25])
     for family, trace, params in (("confidence", conf, {"threshold": 0.5}), ("svip", svip, {"h": 0.55}),
                                   ("sd", conf, {"k": 3})):
-        got = sim.simulate([trace], family, **params)
-        want = sim.expected_counts(trace.acceptance, np.array(expected[family]))
+        got = simulate([trace], family, **params)
+        want = expected_counts(trace.acceptance, np.array(expected[family]))
         assert (got.draft, got.target, got.discarded) == pytest.approx((want.draft, want.target, want.discarded))
-    assert sim.sd_round_lengths(6, 3).tolist() == expected["sd"]
+    assert sd_round_lengths(6, 3).tolist() == expected["sd"]
     # by hand, K = 2 on acceptance (0.5, 1, 0, 1): the round at 0 (2 candidates, one call of 3 tokens) loses its
     # first candidate with 0.5 (2 discarded, the next round at 1) or keeps both and the bonus (next round at 3);
     # the round at 1 (probability 0.5) keeps its first and loses its second (1 discarded, next round at 3); at 3
     # no room is left: one call of one token
-    c = sim.expected_counts(np.array([0.5, 1.0, 0.0, 1.0]), sim.sd_round_lengths(4, 2))
+    c = expected_counts(np.array([0.5, 1.0, 0.0, 1.0]), sd_round_lengths(4, 2))
     assert (c.draft, c.target, c.discarded) == pytest.approx((3.0, 2.5, 1.5))
     assert c.calls.tolist() == pytest.approx([0, 1.0, 0, 1.5])
+
+
+def test_the_registry_says_which_families_the_simulator_replays():
+    """The families registered ``simulable`` are the ones ``simulate`` replays; an exact one's setting can be chosen
+    by simulation, SPRINTER's (approximate) cannot; any other family is refused in one line."""
+    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "sprinter"}
+    assert set(simulated(exact=True)) == set(simulated()) - {"sprinter"}
+    trace = hand_trace([0.5, 1.0], p_draft=[0.9, 0.3])
+    with pytest.raises(ValueError, match="the simulator has no policy 'fuzzy'"):
+        simulate([trace], "fuzzy", T=0.5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the oracle
 
 
-def brute_force_oracle(a: np.ndarray, costs: sim.RoundCosts) -> float:
+def brute_force_oracle(a: np.ndarray, costs: RoundCosts) -> float:
     """The oracle's expected cost written out plainly: at each round start it knows the first rejection j and
     takes the cheapest number of candidates n, a rejection at j ≤ n ending the round with nothing more known."""
     a = np.asarray(a, float)
@@ -200,15 +215,15 @@ def brute_force_oracle(a: np.ndarray, costs: sim.RoundCosts) -> float:
     return fresh(0)
 
 
-def random_costs(rng, length: int) -> sim.RoundCosts:
+def random_costs(rng, length: int) -> RoundCosts:
     """Eq. 5.1 at a random c, a random monotone table, or a random table of any shape."""
     kind = rng.integers(3)
     if kind == 0:
-        return sim.RoundCosts.eq51(float(rng.uniform(0.01, 1.5)))
+        return RoundCosts.eq51(float(rng.uniform(0.01, 1.5)))
     table = rng.uniform(0.2, 2.0, size=length + 2)
     if kind == 1:
         table = np.sort(table)
-    return sim.RoundCosts(draft=float(rng.uniform(0.0, 0.8)), verify=lambda m: float(table[m]))
+    return RoundCosts(draft=float(rng.uniform(0.0, 0.8)), verify=lambda m: float(table[m]))
 
 
 def random_trace(rng, length: int) -> np.ndarray:
@@ -225,7 +240,7 @@ def test_the_oracle_is_the_dynamic_program_it_claims():
     for _ in range(40):
         length = int(rng.integers(1, 7))
         a, costs = random_trace(rng, length), random_costs(rng, length)
-        oracle = sim.oracle_counts(a, costs)
+        oracle = oracle_counts(a, costs)
         assert costs.cost(oracle) == pytest.approx(brute_force_oracle(a, costs), rel=1e-9, abs=1e-12)
         assert oracle.draft + oracle.target == pytest.approx(oracle.n + oracle.discarded)
 
@@ -239,25 +254,25 @@ def test_the_oracle_is_at_least_every_policy_on_random_traces_and_costs():
     for case in range(150):
         length = int(rng.integers(2, 30))
         a, costs = random_trace(rng, length), random_costs(rng, length)
-        best = costs.cost(sim.oracle_counts(a, costs))
-        policies = [sim.sd_round_lengths(length, k) for k in range(1, 9)]
+        best = costs.cost(oracle_counts(a, costs))
+        policies = [sd_round_lengths(length, k) for k in range(1, 9)]
         for reads in (False, True):
-            policies.append(sim.round_lengths(rng.random(length) < rng.uniform(0.1, 0.6), reads, 20))
+            policies.append(round_lengths(rng.random(length) < rng.uniform(0.1, 0.6), reads, 20))
             logits = rng.normal(1.0, 2.0, size=length)
-            policies += [sim.head_round_lengths(rules.log_accept(logits), h, reads, 20) for h in (0.1, 0.5, 0.9)]
+            policies += [head_round_lengths(rules.log_accept(logits), h, reads, 20) for h in (0.1, 0.5, 0.9)]
         room = np.maximum(length - np.arange(length) - 1, 0)
         policies += [rng.integers(0, room + 1) for _ in range(5)]
         for lengths in policies:
-            assert best <= costs.cost(sim.expected_counts(a, lengths)) * (1 + 1e-12) + 1e-12, case
+            assert best <= costs.cost(expected_counts(a, lengths)) * (1 + 1e-12) + 1e-12, case
     for _ in range(15):  # every policy of a 5-token trace, and the oracle that knows all 2^5 draws
         a, costs = random_trace(rng, 5), random_costs(rng, 5)
-        best = costs.cost(sim.oracle_counts(a, costs))
+        best = costs.cost(oracle_counts(a, costs))
         every = [np.array(n) for n in np.ndindex(5, 4, 3, 2, 1)]
-        assert best <= min(costs.cost(sim.expected_counts(a, n)) for n in every) + 1e-12
+        assert best <= min(costs.cost(expected_counts(a, n)) for n in every) + 1e-12
         assert best >= knows_every_draw(a, costs) - 1e-12
 
 
-def knows_every_draw(a: np.ndarray, costs: sim.RoundCosts) -> float:
+def knows_every_draw(a: np.ndarray, costs: RoundCosts) -> float:
     """The expected cost of the best round lengths for each realisation of the accept/reject draws."""
     length, total = len(a), 0.0
     for bits in np.ndindex(*(2,) * length):
@@ -276,15 +291,15 @@ def test_the_oracle_under_eq51_is_theorem_4_1_with_its_final_verification(trace_
     calls the target at each rejection and once more for the last token (|S| + 1), and discards nothing."""
     a = trace_acceptance
     for c in (0.05, 0.3):
-        oracle = sim.oracle_counts(a, sim.RoundCosts.eq51(c))
+        oracle = oracle_counts(a, RoundCosts.eq51(c))
         assert oracle.target == pytest.approx((1 - a[:-1]).sum() + 1)
         assert oracle.draft == pytest.approx(a[:-1].sum()) and oracle.discarded == pytest.approx(0)
-    ones = sim.oracle_counts(np.ones(64), sim.RoundCosts.eq51(0.1))
+    ones = oracle_counts(np.ones(64), RoundCosts.eq51(0.1))
     assert ones.target == 1 and ones.calls[64] == 1  # one call verifies all 63 candidates and adds the last token
     for k in range(1, 10):
-        counts = sim.expected_counts(a, sim.sd_round_lengths(len(a), k))
+        counts = expected_counts(a, sd_round_lengths(len(a), k))
         for c in (0.01, 0.1, 0.5):
-            assert counts.speedup(c) <= sim.oracle_counts(a, sim.RoundCosts.eq51(c)).speedup(c) + 1e-9
+            assert counts.speedup(c) <= oracle_counts(a, RoundCosts.eq51(c)).speedup(c) + 1e-9
 
 
 def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
@@ -292,17 +307,17 @@ def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
     accepts two candidates and rejects the third, Theorem 4.1's rounds (two candidates, calls of 3 tokens) lose to
     rounds padded with the candidate that will be rejected; the oracle for these costs pads too."""
     table = {1: 0.5, 2: 0.9, 3: 0.978, 4: 0.825}
-    costs = sim.RoundCosts(draft=0.04, verify=lambda m: table.get(m, 0.825 + 0.15 * (m - 4)))
+    costs = RoundCosts(draft=0.04, verify=lambda m: table.get(m, 0.825 + 0.15 * (m - 4)))
     a = np.array([1.0, 1.0, 0.0] * 16)
     theorem = np.zeros(48, dtype=np.int64)
     theorem[0::3] = 2
     padded = theorem.copy()
     padded[0:45:3] = 3
-    thm, pad = sim.expected_counts(a, theorem), sim.expected_counts(a, padded)
+    thm, pad = expected_counts(a, theorem), expected_counts(a, padded)
     assert costs.speedup(pad) > costs.speedup(thm)
-    oracle = sim.oracle_counts(a, costs)
+    oracle = oracle_counts(a, costs)
     assert costs.speedup(oracle) >= costs.speedup(pad) - 1e-12 and oracle.discarded == 15
-    assert sim.oracle_counts(a, sim.RoundCosts.eq51(0.04)).discarded == 0
+    assert oracle_counts(a, RoundCosts.eq51(0.04)).discarded == 0
 
 
 def test_a_fits_round_costs_are_what_it_predicts_with():
@@ -310,7 +325,7 @@ def test_a_fits_round_costs_are_what_it_predicts_with():
     with a table per verification length and with the per-call line."""
     from evaluation.latency import LatencyFit
 
-    counts = sim.expected_counts(np.random.default_rng(4).uniform(0.2, 1, 30), sim.sd_round_lengths(30, 4))
+    counts = expected_counts(np.random.default_rng(4).uniform(0.2, 1, 30), sd_round_lengths(30, 4))
     line = LatencyFit(t_draft=0.03, t_target=0.5, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1)
     table = LatencyFit(t_draft=0.05, t_target=0.6, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1,
                        t_target_step=0.45, verify_s={3: 0.9, 4: 0.8, 8: 1.2}, draft_step=0.04)
@@ -341,7 +356,7 @@ def test_the_oracles_calls_by_length_match_a_replay(trace_acceptance):
         return np.column_stack([c[:, 1:7], c[:, 7:].sum(1)])
 
     mean, se = binned(calls).mean(0), binned(calls).std(0) / np.sqrt(reps)
-    oracle = sim.oracle_counts(trace_acceptance, sim.RoundCosts.eq51(0.1))
+    oracle = oracle_counts(trace_acceptance, RoundCosts.eq51(0.1))
     assert oracle.calls.sum() == pytest.approx(oracle.target)
     assert np.all(np.abs(binned(oracle.calls)[0] - mean) < 4 * se)
     assert not np.all(np.abs(binned(np.roll(oracle.calls, -1))[0] - mean) < 4 * se)
@@ -501,7 +516,7 @@ def test_bad_costs_are_one_line_errors(tmp_path, args, message):
     (tmp_path / "partial").write_text('{"models": [{"name": "draft"}, {"name": "target"}]}')
     args = [a.format(missing=tmp_path / "none.json", garbage=tmp_path / "garbage", other=tmp_path / "other",
                      partial=tmp_path / "partial") for a in args]
-    with pytest.raises(sim.UserError) as raised:
+    with pytest.raises(UserError) as raised:
         sim.main(["--labels", str(tmp_path / "no-labels"), *args])
     assert message in str(raised.value) and "\n" not in str(raised.value)
     if args == ["--c", "0"]:
@@ -538,14 +553,14 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
         assert meta["chosen_by"]["traces"] == len(val)
         if fit is None:
             assert meta["chosen_by"]["cost"] == {"model": "Eq. 5.1", "c": c}
-            speedup = functools.partial(sim.Counts.speedup, c=c)
+            speedup = functools.partial(Counts.speedup, c=c)
         else:
             tokens = meta["chosen_by"]["cost"]["tokens"]
             assert meta["chosen_by"]["cost"]["model"] == "timing file" and tokens == round(np.mean(list(map(len, val))))
-            speedup = functools.partial(sim.Counts.predicted_speedup, fit=fit, tokens=tokens)
-        speedups = [speedup(sim.simulate(val, "specdecpp", head=path, h=h)) for h in STOP_H_GRID]
+            speedup = functools.partial(Counts.predicted_speedup, fit=fit, tokens=tokens)
+        speedups = [speedup(simulate(val, "specdecpp", head=path, h=h)) for h in STOP_H_GRID]
         assert meta["value"] == STOP_H_GRID[int(np.argmax(speedups))]
-        assert speedup(sim.simulate(val, "specdecpp", head=path)) == pytest.approx(max(speedups))  # the default
+        assert speedup(simulate(val, "specdecpp", head=path)) == pytest.approx(max(speedups))  # the default
         return meta["value"]
 
     config = str(Path(__file__).parents[1] / "configs" / "train" / "specdecpp_d3_w6.yaml")

@@ -6,9 +6,9 @@ import torch
 
 from core.label_math import entropy
 from decoding import rules
-from evaluation.decoder import Decoding, DraftStep, ModelPair
-from evaluation.policies.registry import register
-from evaluation.policies.speculative import SpeculativePolicy
+from decoding.policies.registry import register
+from decoding.policies.speculative import SpeculativePolicy
+from decoding.state import Decoding, DraftStep, ModelPair
 
 
 class StatelessStop:
@@ -43,7 +43,7 @@ class EntropyStop(StatelessStop):
         return bool(rules.entropy_stops(entropy(confidence).item(), self.h))
 
 
-@register("confidence", setting="threshold")
+@register("confidence", setting="threshold", simulable=True)
 class Confidence(SpeculativePolicy):
     """Stop drafting on low draft confidence (as transformers' ``assistant_confidence_threshold``), ≤ max_k."""
 
@@ -59,7 +59,7 @@ class Confidence(SpeculativePolicy):
         return ConfidenceStop(self.threshold)
 
 
-@register("svip", setting="h")
+@register("svip", setting="h", simulable=True)
 class SVIP(SpeculativePolicy):
     """SVIP's entropy stop rule (Zhang et al.), at most max_k candidates per round."""
 

@@ -27,8 +27,8 @@ from typing import Protocol
 import torch
 
 from decoding import rules
-from evaluation.decoder import HEAD_FEATURES, DecodeResult, Decoding, ModelPair
-from evaluation.policies.registry import register
+from decoding.policies.registry import register
+from decoding.state import HEAD_FEATURES, DecodeResult, Decoding, ModelPair
 from heads.exported import ExportedHead
 
 
@@ -54,7 +54,7 @@ class HeadVerifier:
         return bool(rules.verifier_accepts(self.head.logit(hidden, confidence, ids[-1], context), self.tau))
 
 
-@register("sprinter", exact=False, setting="tau", trained=True)
+@register("sprinter", exact=False, setting="tau", head_role="verifier", simulable=True, lemma31=False)
 class Sprinter:
     def __init__(self, head: str | Path | None = None, tau: float | None = None, verifier: Verifier | None = None):
         """

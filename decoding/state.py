@@ -3,7 +3,7 @@
 A policy is one class with ``name`` and ``generate(pair, prompt_ids, generator)``; it drives a ``Decoding``,
 which owns the sequence, both models' caches and the bookkeeping, and offers the steps every policy is made of:
 the draft's next distribution, a round of drafting under a stop rule, and the target's verification of a round
-(exact speculative sampling, or a policy's own acceptance rule). See ``evaluation/DESIGN.md``.
+(exact speculative sampling, or a policy's own acceptance rule). See ``decoding/DESIGN.md``.
 
 Counting (SpecDec++ §3, Eq. 5.1): every forward pass of a model is one call (a prefill too). A round drafts
 candidates and ends with one target call, which keeps the accepted prefix of the candidates and adds one target

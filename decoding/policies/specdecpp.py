@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from evaluation.decoder import HEAD_FEATURES, Decoding, DraftStep, ModelPair
-from evaluation.policies.registry import register
-from evaluation.policies.speculative import SpeculativePolicy
 from decoding import rules
+from decoding.policies.registry import register
+from decoding.policies.speculative import SpeculativePolicy
+from decoding.state import HEAD_FEATURES, Decoding, DraftStep, ModelPair
 from heads.exported import ExportedHead
 
 
@@ -43,7 +43,7 @@ class HeadStop:
         return self.rule(rules.log_accept(logit))
 
 
-@register("specdecpp", setting="h", trained=True)
+@register("specdecpp", setting="h", head_role="stop", simulable=True)
 class SpecDecPP(SpeculativePolicy):
     def __init__(self, head: str | Path | ExportedHead, h: float | None = None, max_k: int = 20):
         """

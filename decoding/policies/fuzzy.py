@@ -18,8 +18,8 @@ import torch
 
 from core.label_math import js_divergence
 from decoding import rules
-from evaluation.decoder import DecodeResult, Decoding, ModelPair
-from evaluation.policies.registry import register
+from decoding.policies.registry import register
+from decoding.state import DecodeResult, Decoding, ModelPair
 
 
 @register("fuzzy", exact=False, setting="T")

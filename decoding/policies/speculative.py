@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair, StopRule
-from evaluation.policies.registry import register
+from decoding.policies.registry import register
+from decoding.state import DecodeResult, Decoding, ModelPair, StopRule
 
 
 class SpeculativePolicy:
@@ -43,7 +43,7 @@ class SpeculativePolicy:
         return dec.result()
 
 
-@register("sd", setting="k", reference=True)
+@register("sd", setting="k", reference=True, simulable=True)
 class FixedK(SpeculativePolicy):
     """Speculative sampling with K candidates per round (SpecDec++ sweeps K = 2, 4, …, 14)."""
 

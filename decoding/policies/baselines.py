@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.decoder import DecodeResult, Decoding, ModelPair
-from evaluation.policies.registry import register
+from decoding.policies.registry import register
+from decoding.state import DecodeResult, Decoding, ModelPair
 
 
 @register("target_only", reference=True)

@@ -1,0 +1,26 @@
+"""Every decoding policy, one small class each; importing this package registers them all."""
+
+from decoding.policies import baselines, fuzzy, specdecpp, speculative, sprinter, training_free  # noqa: F401
+from decoding.policies.registry import POLICIES
+
+
+def build_policy(name: str, **kwargs):
+    """Build a registered policy, e.g. ``build_policy("sd", k=4)``; an unknown name lists the known ones."""
+    return POLICIES.get_class(name)(**kwargs)
+
+
+def head_family(role: str) -> str:
+    """The family that runs an exported head of ``role`` (``"stop"``: SpecDec++, ``"verifier"``: SPRINTER)."""
+    return next(name for name, cls in POLICIES.items() if cls.head_role == role)
+
+
+def head_thresholds() -> dict[str, str]:
+    """family → the name of its head's threshold (its ``setting``), for the families that run an exported head."""
+    return {name: cls.setting for name, cls in POLICIES.items() if cls.head_role is not None}
+
+
+def simulated(exact: bool = False) -> list[str]:
+    """The families the trace simulator replays; ``exact``: only the exact ones, whose setting an evaluation can
+    choose by simulation (an approximate one trades speed for quality, which a replay of the target's responses
+    cannot measure)."""
+    return [name for name, cls in POLICIES.items() if cls.simulable and (cls.exact or not exact)]

@@ -1,0 +1,69 @@
+"""Expected counts of a policy replayed over acceptance traces, without decoding: each family's stop or acceptance
+rule (``decoding.rules``) turned into round lengths over a trace (``decoding.replay``), and those into the exact
+expected counts of its draws. ``evaluation.simulate`` runs it over every policy and setting and sets it against
+finished evaluations; what it leaves out, and why it is used anyway, is in ``evaluation/DESIGN.md`` ("The trace
+simulator")."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from decoding import rules
+from decoding.policies import POLICIES
+from decoding.replay import (MAX_K, TRACE_SCORES, Counts, expected_counts, head_round_lengths, oracle_counts,
+                             round_lengths, sd_round_lengths, sprinter_counts, trace_head_logits)
+from decoding.traces import Trace
+from heads.export import read_metadata
+from heads.exported import ExportedHead, features_beyond
+
+cached_head = functools.lru_cache(maxsize=None)(lambda path: ExportedHead(path, computes=TRACE_SCORES))
+"""An exported head by file, loaded once per process."""
+
+
+def replayable(path: str) -> bool:
+    """Whether the traces hold every feature the head at ``path`` reads (``TRACE_SCORES`` and the hidden states)."""
+    return not features_beyond(read_metadata(path), TRACE_SCORES)
+
+
+def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
+    """The head's logit at every position of the trace (one batched forward, remembered on the trace)."""
+    key = str(head.path)
+    if key not in trace.logits:
+        trace.logits[key] = trace_head_logits(head.module, head.position, trace)
+    return trace.logits[key]
+
+
+def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
+    """Expected counts of one policy summed over the traces: a simulable family of ``POLICIES`` with its keyword
+    arguments (``sd`` k, ``confidence`` threshold, ``svip`` h, a head family's ``head`` file and threshold: its
+    ``setting``, None for the file's own), or ``oracle`` with ``costs`` (a ``RoundCosts``; no limit on its
+    rounds)."""
+    if family != "oracle" and not POLICIES.get_class(family).simulable:
+        raise ValueError(f"the simulator has no policy {family!r}")
+    total = Counts()
+    for tr in traces:
+        if family == "oracle":
+            total += oracle_counts(tr.acceptance, params["costs"])
+            continue
+        role = POLICIES[family].head_role
+        if role is not None:
+            head = cached_head(params["head"])
+            logits = head_logits(head, tr)
+            threshold = params.get(POLICIES[family].setting)
+            threshold = head.threshold if threshold is None else threshold
+            if role == "verifier":
+                total += sprinter_counts(rules.verifier_accepts(logits, threshold))
+                continue
+            lengths = head_round_lengths(rules.log_accept(logits), threshold, head.position == "own", max_k)
+        elif family == "sd":
+            lengths = sd_round_lengths(len(tr), params["k"])
+        elif family == "confidence":
+            lengths = round_lengths(rules.confidence_stops(np.exp(tr.logp_draft), params["threshold"]), False, max_k)
+        elif family == "svip":
+            lengths = round_lengths(rules.entropy_stops(tr.entropy_draft, params["h"]), False, max_k)
+        else:
+            raise ValueError(f"{family} is marked simulable, but the simulator has no replay of its rule")
+        total += expected_counts(tr.acceptance, lengths)
+    return total
