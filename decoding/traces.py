@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core.errors import UserError
-from core.shards import load_split, read_manifest
+from core.shards import load_sequences, load_split, prompt_digests, read_manifest
 
 TRACE_CATEGORY = "target"
 
@@ -41,6 +41,9 @@ class Trace:
     """(L, d) the state that produced q for it (``prev``)."""
     candidate: np.ndarray | None = None
     """The candidate's token id at each position (decoder traces only)."""
+    prompt_digest: str | None = None
+    """``core.identity.prompt_digest`` of the prompt (label traces of a folder that stores its sequences), which a
+    head's record of the prompts it has seen is compared with."""
     logits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Each replayed head's logits on this trace, by head file (computed once, whatever the threshold)."""
 
@@ -63,6 +66,7 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
         if prompts is not None:
             keep &= np.isin(meta["prompt_id"], list(prompts))
         rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
+        digests = prompt_digests(folder, split) if load_sequences(folder, split) is not None else {}
         for pid in np.unique(rows["prompt_id"]):
             idx = np.flatnonzero(rows["prompt_id"] == pid)
             idx = idx[np.argsort(rows["position"][idx])]
@@ -71,7 +75,12 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
                 logp_draft=rows["logp_draft"][idx].astype(np.float64),
                 entropy_draft=rows["entropy_draft"][idx].astype(np.float64),
                 hidden=torch.from_numpy(np.stack(rows["hidden"][idx])),
-                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx]))))
+                hidden_prev=torch.from_numpy(np.stack(rows["hidden_prev"][idx])), prompt_digest=digests.get(int(pid))))
     if not traces and prompts is None:
         raise TraceError(f"{folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
     return traces
+
+
+def unseen(traces: list[Trace], seen: set[str]) -> list[Trace]:
+    """The traces of prompts outside ``seen`` (a head's ``heads.export.seen_prompts``)."""
+    return [t for t in traces if t.prompt_digest is None or t.prompt_digest not in seen]

@@ -31,10 +31,10 @@ from core.errors import SettingError, UserError
 from core.shards import prompt_digests
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import STOP_H_GRID, Counts, RoundCosts
+from decoding.simulate import simulate
 from decoding.traces import Trace, load_label_traces
 from heads.export import check_unseen, read_metadata
 from pipeline.train_all import RunResult, train_one
-from evaluation.simulate import simulate
 
 SHARES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 CONFIGS = ("configs/train/specdecpp_d3_w6_scores.yaml", "configs/train/specdecpp_d3_w6.yaml",

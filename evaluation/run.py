@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from core.lock import LOCK_FILE, folder_lock
+from core.identity import prompt_digest
 from core.models import resolve_device, resolve_dtype
 from core.prompts import PromptConfig, input_digests, load_prompt_table, tokenize_prompt
 from core.sampling import Sampling, prompt_generator, prompt_seed
@@ -41,6 +42,7 @@ from evaluation.latency import selection_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.rundir import RunDir
 from evaluation.selection import best_k, choose, chosen_head_thresholds, chosen_params
+from heads.export import read_metadata, seen_prompts
 
 HEAD_KWARGS = ("head",)
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
@@ -142,6 +144,23 @@ def load_prompts(cfg: PromptConfig) -> list[dict]:
         out.append({"prompt": i, "task_id": problem["task_id"] if problem else str(i), "text": row["text"],
                     "reference": row["response"], "problem": problem})
     return out
+
+
+def unseen_prompts(prompts: list[dict], heads: list[str], tokenizer, chat_template: bool) -> list[dict]:
+    """The prompts no head of ``heads`` has seen (trained on, or had its threshold chosen on: the prompts its file
+    records, ``heads.export.seen_prompts``); every policy decodes only these, so that ratios stay paired by prompt
+    and no head is timed on prompts it learned. The others are named in one line."""
+    seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
+    kept = [p for p in prompts if prompt_digest(tokenize_prompt(tokenizer, p["text"], chat_template)) not in seen]
+    left = [p["prompt"] for p in prompts if p not in kept]
+    if left:
+        shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
+        print(f"left out {len(left)} of {len(prompts)} prompts that a head trained on or had its threshold chosen "
+              f"on (prompts {shown})", file=sys.stderr)
+    if not kept:
+        raise EvalError("a head has seen every prompt of this eval (trained on them or chose its threshold on "
+                        "them); decode held-out prompts, or heads trained on other labels")
+    return kept
 
 
 def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
@@ -406,6 +425,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
             for path in heads:
                 engine.check_head(path)
+        prompts = unseen_prompts(prompts, heads, engine.tokenizer, cfg.prompts.chat_template)
         _commit_output(cfg, out, settings)
         _evaluate(cfg, engine, prompts, out, quiet)
     return out

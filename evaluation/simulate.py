@@ -27,10 +27,10 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding.replay import RoundCosts
 from decoding.simulate import cached_head, replayable, simulate
-from decoding.traces import Trace, load_label_traces
+from decoding.traces import Trace, load_label_traces, unseen
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
-from heads.export import HeadFileError, check_labels
+from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
 
 
 class SimulationError(UserError):
@@ -102,11 +102,13 @@ def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: 
     every, held_out = selection_traces(labels)
     out = {}
     for s in sweeps:
-        traces = traces_for(s.family, every, held_out)
-        scored = [(simulate(traces, s.family, **{**s.fixed, **params}).predicted_speedup(fit, tokens), i, params)
-                  for i, params in enumerate(s.settings())]
+        def traces(params):  # a head's own: the prompts it has not seen
+            return traces_for(s.family, every, held_out, {**s.fixed, **params}.get("head"))
+
+        scored = [(simulate(traces(params), s.family, **{**s.fixed, **params}).predicted_speedup(fit, tokens), i,
+                   params) for i, params in enumerate(s.settings())]
         best = max(scored, key=lambda x: (x[0], -x[1]))
-        out[s.family] = {"params": best[2], "predicted_speedup": best[0], "traces": len(traces),
+        out[s.family] = {"params": best[2], "predicted_speedup": best[0], "traces": len(traces(best[2])),
                          "grid": [{"params": params, "predicted_speedup": v} for v, _, params in scored]}
     return out
 
@@ -117,9 +119,13 @@ def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
     return load_label_traces(labels, ("train",)) + held_out, held_out
 
 
-def traces_for(family: str, every: list[Trace], held_out: list[Trace]) -> list[Trace]:
-    """The label traces a family is replayed on: heads only on the prompts they did not train on."""
-    return held_out if POLICIES[family].head_role is not None else every
+def traces_for(family: str, every: list[Trace], held_out: list[Trace], head: str | None = None) -> list[Trace]:
+    """The label traces a family is replayed on: a head's only on the prompts it has not seen (those its file
+    records, ``heads.export.seen_prompts``; the labels' val and test prompts for a head without that record)."""
+    if POLICIES[family].head_role is None:
+        return every
+    meta = read_metadata(head) if head is not None else {}
+    return unseen(every, seen_prompts(meta)) if "trained_on" in meta else held_out
 
 
 FIT_WITHOUT_RUN = "fit-out"
@@ -179,7 +185,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
             lines.append(f"{(mode + ' ' + run)[:43]:<44}not replayed: its head file {why}")
             continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in recs) / len(recs))
-        counts = {"label": simulate(traces_for(family, every, held_out), family, **params),
+        counts = {"label": simulate(traces_for(family, every, held_out, params.get("head")), family, **params),
                   "decod": simulate([recorded[r["prompt"]] for r in recs], family, **params)}
         n = sum(r["stats"]["new_tokens"] for r in recs)
         iv = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
@@ -304,6 +310,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for head in heads:  # a head replayed over labels of another draft would predict nothing about either
             check_labels(head, manifest, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
+    seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
+    kept = unseen(traces, seen)
+    if len(kept) < len(traces):  # a head's speed on prompts it saw is optimistic: no policy is replayed on them
+        print(f"left out {len(traces) - len(kept)} of {len(traces)} traces: prompts a head trained on or had its "
+              f"threshold chosen on", file=sys.stderr)
+    if not kept:
+        raise SimulationError(f"every trace of {a.labels} ({', '.join(a.splits)}) is of a prompt a head has seen; "
+                              "replay held-out labels (--labels) or name other heads (--heads)")
+    traces = kept
     checks = None
     if a.eval:
         checks, _, measured_c = validate(a.labels, a.eval)

@@ -462,3 +462,32 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     assert timed == [(2, 8), (2, 8)] and "verify_by_tokens" in json.loads(path.read_text())["models"][1]
     _time_forwards(SimpleNamespace(max_new_tokens=16), engine, runner, tmp_path, quiet=True)  # other shapes
     assert len(timed) == 3
+
+
+def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
+    """A head's record of the prompts it trained on keeps every policy off them (one line names them); a head that
+    saw every prompt is refused."""
+    from core.identity import prompt_digest
+    from core.prompts import tokenize_prompt
+    from evaluation.run import unseen_prompts
+    from heads.export import export_head
+    from heads.sprinter import SprinterHead
+    from testing.tiny import WORDS, make_tokenizer
+
+    tok = make_tokenizer()
+    prompts = [{"prompt": i, "text": " ".join(WORDS[: i + 2])} for i in range(5)]
+
+    def head(name, seen):
+        digests = [prompt_digest(tokenize_prompt(tok, prompts[i]["text"], False)) for i in seen]
+        return str(export_head(SprinterHead(hidden_size=2), tmp_path / f"{name}.safetensors", draft=FAKE_DRAFT,
+                               vocab_size=16, label={"kind": "sprinter", "lam": 1.5}, role="verifier",
+                               threshold={"name": "tau", "value": 0.5}, metrics={},
+                               trained_on={"labels": "x", "splits": ["train"], "prompts": len(digests),
+                                           "digests": "".join(sorted(digests))}))
+
+    kept = unseen_prompts(prompts, [head("a", [1]), head("b", [3])], tok, False)
+    assert [p["prompt"] for p in kept] == [0, 2, 4]
+    assert "left out 2 of 5 prompts that a head trained on" in capsys.readouterr().err
+    assert unseen_prompts(prompts, [], tok, False) == prompts
+    with pytest.raises(EvalError, match="a head has seen every prompt"):
+        unseen_prompts(prompts, [head("all", range(5))], tok, False)

@@ -595,3 +595,44 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
         train_all.main(["--labels", str(labels.output_dir), "--stop-c", "0"])
     with pytest.raises(train_all.UserError, match="not a bench_timing JSON file"):
         train_all.main(["--labels", str(labels.output_dir), "--timing", str(Path(__file__))])
+
+
+def test_traces_a_head_has_seen_are_left_out_and_all_seen_is_one_line(label_config, tmp_path, capsys):
+    """A head's record of the prompts it trained on (``trained_on``) keeps the simulator off those traces, for every
+    policy (ratios stay paired); when a head has seen every trace, the command says so in one line."""
+    import subprocess
+    import sys
+
+    from core.shards import prompt_digests
+    from data_gen.run import run_labels
+    from evaluation.simulate import traces_for
+    from decoding.traces import load_label_traces
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    labels = str(cfg.output_dir)
+    train = prompt_digests(labels, "train")
+
+    def head(name, digests):
+        return str(export_head(ResNetHead(hidden_size=32, depth=1), tmp_path / f"{name}.safetensors",
+                               draft=read_manifest(labels)["models"]["draft"], vocab_size=57, label={"kind": "test"},
+                               role="stop", threshold={"name": "h", "value": 0.5}, metrics={},
+                               trained_on={"labels": labels, "splits": ["train"], "prompts": len(digests),
+                                           "digests": "".join(sorted(digests))}))
+
+    trained = head("trained", train.values())
+    every = load_label_traces(labels, ("train", "val", "test"))
+    kept = traces_for("specdecpp", every, [], trained)
+    assert {t.prompt_digest for t in kept} == {t.prompt_digest for t in every} - set(train.values())
+    assert 0 < len(kept) < len(every) and traces_for("sd", every, [], trained) == every
+    rows = sim.main(["--labels", labels, "--splits", "train", "val", "test", "--heads", trained, "--c", "0.1"])
+    assert f"left out {len(every) - len(kept)} of {len(every)} traces" in capsys.readouterr().err
+    assert rows[0]["counts"].n == sum(map(len, kept))  # the oracle too: every policy on the same traces
+    everything = head("everything", [t.prompt_digest for t in every])
+    done = subprocess.run([sys.executable, "-m", "evaluation.simulate", "--labels", labels, "--splits", "train",
+                           "val", "test", "--heads", everything], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1])
+    err = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and len(err) == 1 and "a prompt a head has seen" in err[0]
