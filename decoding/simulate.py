@@ -13,7 +13,7 @@ import numpy as np
 from decoding import rules
 from decoding.policies import POLICIES
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, expected_counts, head_round_lengths, oracle_counts,
-                             round_lengths, sd_round_lengths, sprinter_counts, trace_head_logits)
+                             sprinter_counts, trace_head_logits)
 from decoding.traces import Trace
 from heads.export import read_metadata
 from heads.exported import ExportedHead, features_beyond
@@ -57,13 +57,7 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
                 total += sprinter_counts(rules.verifier_accepts(logits, threshold))
                 continue
             lengths = head_round_lengths(rules.log_accept(logits), threshold, head.position == "own", max_k)
-        elif family == "sd":
-            lengths = sd_round_lengths(len(tr), params["k"])
-        elif family == "confidence":
-            lengths = round_lengths(rules.confidence_stops(np.exp(tr.logp_draft), params["threshold"]), False, max_k)
-        elif family == "svip":
-            lengths = round_lengths(rules.entropy_stops(tr.entropy_draft, params["h"]), False, max_k)
-        else:
-            raise ValueError(f"{family} is marked simulable, but the simulator has no replay of its rule")
+        else:  # a rule on the draft's own scores: the policy replays it over the trace
+            lengths = POLICIES.get_class(family).replay_lengths(tr, max_k, **params)
         total += expected_counts(tr.acceptance, lengths)
     return total

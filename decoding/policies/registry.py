@@ -19,7 +19,8 @@ def register(name: str, *, exact: bool = True, setting: str | None = None, refer
       head's threshold;
     - ``reference``: a point of comparison shown beside every policy (the target alone, the draft alone, fixed-K SD);
     - ``head_role``: the role of the exported head it reads (``"stop"``, ``"verifier"``; ``None``: no head);
-    - ``simulable``: the trace simulator (``decoding.simulate``) replays it;
+    - ``simulable``: the trace simulator (``decoding.simulate``) replays it: by its head's role, or a rule on the
+      draft's own scores by the class's ``replay_lengths(trace, max_k, **setting)`` (round lengths per position);
     - ``lemma31``: every round that drafts ends with a target call, so SpecDec++ Lemma 3.1 holds and
       N_draft + N_target − N − N_discarded counts the forwards no token came from (SPRINTER's accepted tokens skip
       the target, so it does not).

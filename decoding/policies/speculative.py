@@ -7,10 +7,13 @@ rejection, a bonus token from p when all are kept) makes the output distributed 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decoding.policies.registry import register
+from decoding.replay import sd_round_lengths
 from decoding.state import DecodeResult, Decoding, ModelPair, StopRule
+from decoding.traces import Trace
 
 
 class SpeculativePolicy:
@@ -54,6 +57,11 @@ class FixedK(SpeculativePolicy):
 
     def round_length(self) -> int:
         return self.k
+
+    @staticmethod
+    def replay_lengths(trace: Trace, max_k: int, k: int) -> np.ndarray:
+        """The rule's round length at every position of an acceptance trace (``decoding.simulate``)."""
+        return sd_round_lengths(len(trace), k)
 
 
 @register("hf_heuristic")

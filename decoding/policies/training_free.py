@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from core.label_math import entropy
 from decoding import rules
 from decoding.policies.registry import register
+from decoding.replay import round_lengths
+from decoding.traces import Trace
 from decoding.policies.speculative import SpeculativePolicy
 from decoding.state import Decoding, DraftStep, ModelPair
 
@@ -58,6 +61,11 @@ class Confidence(SpeculativePolicy):
     def stop_rule(self, pair: ModelPair) -> ConfidenceStop:
         return ConfidenceStop(self.threshold)
 
+    @staticmethod
+    def replay_lengths(trace: Trace, max_k: int, threshold: float) -> np.ndarray:
+        """The rule's round length at every position of an acceptance trace (``decoding.simulate``)."""
+        return round_lengths(rules.confidence_stops(np.exp(trace.logp_draft), threshold), False, max_k)
+
 
 @register("svip", setting="h", simulable=True)
 class SVIP(SpeculativePolicy):
@@ -73,3 +81,8 @@ class SVIP(SpeculativePolicy):
 
     def stop_rule(self, pair: ModelPair) -> EntropyStop:
         return EntropyStop(self.h)
+
+    @staticmethod
+    def replay_lengths(trace: Trace, max_k: int, h: float) -> np.ndarray:
+        """The rule's round length at every position of an acceptance trace (``decoding.simulate``)."""
+        return round_lengths(rules.entropy_stops(trace.entropy_draft, h), False, max_k)
