@@ -64,6 +64,26 @@ def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, 
     return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
 
 
+def goodput_rule(costs: RoundCosts, rate: float, max_k: int, future: float | None = None,
+                 reads_candidate: bool = False) -> rules.GoodputStop:
+    """``decoding.rules.GoodputStop`` at long-run rate ``rate`` (tokens per unit of ``costs``) for rounds of at most
+    ``max_k`` candidates under ``costs``."""
+    return rules.GoodputStop(rate, costs.draft, costs.verify_table(max_k + 1), max_k, future, reads_candidate)
+
+
+def goodput_round_lengths(log_accept: np.ndarray, costs: RoundCosts, rate: float, reads_candidate: bool,
+                          max_k: int, future: float | None = None) -> np.ndarray:
+    """n(s) for the goodput stop from the log acceptance estimate log â at every position (``rules.log_accept`` of
+    a stop head's logit, or any source of ``decoding.estimates``)."""
+    stop = goodput_rule(costs, rate, max_k, future, reads_candidate)
+
+    def new_round() -> Callable[[int], bool]:
+        stop.reset()
+        return lambda i: stop(log_accept[i])
+
+    return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
+
+
 def sd_round_lengths(length: int, k: int) -> np.ndarray:
     """n(s) of fixed-K SD: K candidates, fewer where the round's target token would not fit."""
     return np.minimum(k, np.maximum(length - np.arange(length) - 1, 0))
@@ -259,6 +279,31 @@ def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarr
     for a, f in zip(acceptance, logits):
         total += expected_counts(a, head_round_lengths(rules.log_accept(f), h, reads_candidate, max_k))
     return total
+
+
+def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+                   rate: float, reads_candidate: bool, max_k: int = MAX_K, future: float | None = None) -> Counts:
+    """Expected counts of the goodput stop at rate λ over traces (their acceptance and the estimates log â)."""
+    total = Counts()
+    for a, log_a in zip(acceptance, log_accepts):
+        total += expected_counts(a, goodput_round_lengths(log_a, costs, rate, reads_candidate, max_k, future))
+    return total
+
+
+def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+                 reads_candidate: bool, max_k: int = MAX_K, future: float | None = None, tol: float = 1e-4,
+                 max_iter: int = 50) -> dict:
+    """The rate λ at which the goodput stop achieves λ over the traces (``decoding/DESIGN.md``): from target-only's
+    1 / verify(1), λ ← tokens / cost of the stop's replay at λ, until λ moves by at most ``tol`` × λ. Returns the
+    rate the stop achieves at the last λ tried, whether it converged within ``max_iter`` steps, every λ (tried, then
+    achieved) and the counts behind the rate."""
+    history = [1.0 / float(costs.verify(1))]
+    for _ in range(max_iter):
+        counts = goodput_counts(acceptance, log_accepts, costs, history[-1], reads_candidate, max_k, future)
+        history.append(counts.n / costs.cost(counts))
+        if abs(history[-1] - history[-2]) <= tol * history[-2]:
+            return {"rate": history[-1], "converged": True, "history": history, "counts": counts}
+    return {"rate": history[-1], "converged": False, "history": history, "counts": counts}
 
 
 def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,

@@ -1,0 +1,118 @@
+"""The goodput stop (``decoding.rules.GoodputStop``, ``decoding/DESIGN.md``): under a flat verification cost it is
+SpecDec++'s threshold with h from the costs; a dearer long verification stops earlier; at its fixed-point rate it
+beats every SpecDec++ threshold and fixed K under a non-monotone table, and stays under the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from decoding import replay, rules
+from decoding.replay import RoundCosts
+
+MAX_K = 12
+# a verification's seconds by tokens, shaped like the 1.5B target's on 2 CPU cores: two tokens cost twice one,
+# and 4 and 8 tokens are cheaper than 3 and 6
+CPU_VERIFY = {1: 0.50, 2: 1.07, 3: 1.34, 4: 1.25, 5: 1.45, 6: 1.60, 7: 1.55, 8: 1.50, 9: 1.70, 10: 1.84, 11: 1.95,
+              12: 2.00, 13: 2.05}
+CPU = RoundCosts(draft=0.1, verify=lambda m: CPU_VERIFY[m], name="cpu")
+FLAT = RoundCosts(draft=0.1, verify=lambda m: 1.0, name="flat")
+
+
+def random_traces(seed: int, noise: float, count: int = 8, length: int = 60):
+    """(acceptance, log â) of ``count`` traces: acceptance drifts along a trace, some candidates match the
+    target's token for sure, and the estimate is the acceptance's logit plus Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    acceptance, log_accepts = [], []
+    for _ in range(count):
+        z = 0.3 * np.cumsum(rng.normal(0, 0.6, length)) + rng.normal(1.5, 1.5, length)
+        a = 1 / (1 + np.exp(-z))
+        a[rng.random(length) < 0.15] = 1.0
+        acceptance.append(a)
+        log_accepts.append(rules.log_accept(z + rng.normal(0, noise, length)))
+    return acceptance, log_accepts
+
+
+def rate(counts: replay.Counts, costs: RoundCosts) -> float:
+    return counts.n / costs.cost(counts)
+
+
+@pytest.mark.parametrize("reads_candidate", [False, True])
+def test_a_flat_cost_is_specdecpp_with_h_from_the_costs(reads_candidate):
+    """Flat T, future acceptance ā: stop iff s_k·ā^(1+e) ≤ λ·t_draft, i.e. h = 1 − λ·t_draft / ā^(1+e)."""
+    future, lam = 0.8, 2.5
+    h = 1 - lam * FLAT.draft / future ** (1 + reads_candidate)
+    _, log_accepts = random_traces(0, 0.0)
+    for log_a in log_accepts:
+        got = replay.goodput_round_lengths(log_a, FLAT, lam, reads_candidate, MAX_K, future)
+        assert got.tolist() == replay.head_round_lengths(log_a, h, reads_candidate, MAX_K).tolist()
+    # the rule decides at every h the grid holds, not only at one
+    lengths = {replay.goodput_round_lengths(log_accepts[0], FLAT, lam, reads_candidate, MAX_K, future).mean()
+               for lam in (0.5, 1.5, 2.5, 4.0, 7.0)}
+    assert len(lengths) == 5
+
+
+def test_a_dearer_long_verification_stops_earlier():
+    steep = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.3 * (m - 1))
+    _, log_accepts = random_traces(1, 0.5)
+    for log_a in log_accepts:
+        flat = replay.goodput_round_lengths(log_a, FLAT, 2.0, False, MAX_K)
+        dear = replay.goodput_round_lengths(log_a, steep, 2.0, False, MAX_K)
+        assert np.all(dear <= flat) and dear.mean() < flat.mean()
+
+
+def test_the_round_looks_past_the_next_candidate_to_a_cheaper_longer_verification():
+    """T = 1 s at every length but 3 tokens (1.2 s), λ = 3 tokens/s, a draft step 0.1 s, future candidates kept
+    with probability 0.5. After one sure candidate the next adds 0.5 tokens for 0.3 s (0.9 tokens' worth), but
+    the next two add 0.75 for 0.2 s (0.6): only a rule that looks past the next candidate drafts on. After a second
+    candidate at â = 0.5 the next adds 0.25 tokens: worth less than its 0.1 s draft step under the flat cost (0.3),
+    worth more than the −0.1 s it costs when it makes the verification the cheaper 4 tokens."""
+    inverted = {**{m: 1.0 for m in range(1, MAX_K + 2)}, 3: 1.2}
+    flat = rules.GoodputStop(3.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K, future=0.5)
+    dip = rules.GoodputStop(3.0, 0.1, RoundCosts(0.1, inverted.__getitem__).verify_table(MAX_K + 1), MAX_K,
+                            future=0.5)
+    assert [flat(0.0), flat(np.log(0.5))] == [False, True]
+    assert [dip(0.0), dip(np.log(0.5))] == [False, False]
+    dip.reset()
+    assert dip(np.log(0.01))  # a round the estimates doom stops whatever the table
+
+
+def test_every_round_stops_at_the_cap():
+    stop = rules.GoodputStop(1e-9, 0.1, FLAT.verify_table(4), 3)
+    assert [stop(0.0) for _ in range(3)] == [False, False, True]
+    with pytest.raises(ValueError):
+        rules.GoodputStop(1.0, 0.1, FLAT.verify_table(3), 3)
+
+
+@pytest.mark.parametrize("reads_candidate", [False, True])
+@pytest.mark.parametrize("predictor", ["last", "mean"])
+def test_at_its_fixed_point_the_rule_beats_every_threshold_and_fixed_k_and_not_the_oracle(reads_candidate, predictor):
+    """Under the CPU table and estimates of moderate noise (a trained head's, not an exact one), on three sets of
+    random traces."""
+    for seed in range(3):
+        acceptance, log_accepts = random_traces(seed, 0.5)
+        future = None if predictor == "last" else float(np.mean(np.concatenate(acceptance)))
+        found = replay.goodput_rate(acceptance, log_accepts, CPU, reads_candidate, MAX_K, future)
+        assert found["converged"] and len(found["history"]) < 10
+        lam = found["history"][-2]
+        assert found["rate"] == pytest.approx(lam, rel=1e-4)
+        assert rate(replay.goodput_counts(acceptance, log_accepts, CPU, lam, reads_candidate, MAX_K, future),
+                    CPU) == pytest.approx(found["rate"])
+        logits = [f - np.log1p(-np.exp(f)) for f in log_accepts]  # log â back to the head's logit
+        for h in replay.STOP_H_GRID:
+            assert found["rate"] >= rate(replay.stop_head_counts(acceptance, logits, h, reads_candidate, MAX_K), CPU)
+        for k in range(1, MAX_K + 1):
+            fixed = replay.Counts()
+            for a in acceptance:
+                fixed += replay.expected_counts(a, replay.sd_round_lengths(len(a), k))
+            assert found["rate"] >= rate(fixed, CPU)
+        oracle = replay.Counts()
+        for a in acceptance:
+            oracle += replay.oracle_counts(a, CPU, MAX_K)
+        assert found["rate"] < rate(oracle, CPU)
+
+
+def test_the_fixed_point_reports_when_it_does_not_converge():
+    acceptance, log_accepts = random_traces(0, 0.5, count=2)
+    found = replay.goodput_rate(acceptance, log_accepts, CPU, False, MAX_K, max_iter=1, tol=0.0)
+    assert not found["converged"] and len(found["history"]) == 2
