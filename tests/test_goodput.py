@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoding import replay, rules
+from decoding import estimates, replay, rules
 from decoding.replay import RoundCosts
 
 MAX_K = 12
@@ -116,3 +116,75 @@ def test_the_fixed_point_reports_when_it_does_not_converge():
     acceptance, log_accepts = random_traces(0, 0.5, count=2)
     found = replay.goodput_rate(acceptance, log_accepts, CPU, False, MAX_K, max_iter=1, tol=0.0)
     assert not found["converged"] and len(found["history"]) == 2
+
+
+def test_the_online_estimate_converges_to_the_acceptance_rate():
+    rng = np.random.default_rng(0)
+    exact, recent = estimates.OnlineEstimate(), estimates.OnlineEstimate(decay=0.99)
+    for kept in rng.random(4000) < 0.7:
+        exact.observe(np.log(0.5), 0.0, float(kept))
+        recent.observe(np.log(0.5), 0.0, float(kept))
+    assert np.exp(exact.log_accept(np.log(0.5))) == pytest.approx(0.7, abs=0.02)
+    assert np.exp(recent.log_accept(np.log(0.5))) == pytest.approx(0.7, abs=0.1)
+    for kept in rng.random(500) < 0.3:  # the rate drops: the forgetting estimate follows, the exact one lags
+        exact.observe(np.log(0.5), 0.0, float(kept))
+        recent.observe(np.log(0.5), 0.0, float(kept))
+    assert np.exp(recent.log_accept(np.log(0.5))) == pytest.approx(0.3, abs=0.1)
+    assert np.exp(exact.log_accept(np.log(0.5))) > 0.6
+
+
+def test_the_online_estimate_keeps_a_rate_per_confidence_bin():
+    online = estimates.OnlineEstimate(edges=(0.5,))
+    for _ in range(200):
+        online.observe(np.log(0.9), 0.0, 1.0)
+        online.observe(np.log(0.2), 0.0, 0.0)
+    assert np.exp(online.log_accept(np.log([0.2, 0.9]))) == pytest.approx([0.0, 1.0], abs=0.01)
+
+
+def test_calibrated_confidence_lowers_the_ece_of_raw_confidence(tmp_path):
+    """Rows whose acceptance is a known monotone function of q (q², with noise): raw q is off by q − q²; the
+    isotonic map fitted on other rows is calibrated, and survives a save and load."""
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        q = rng.uniform(0.05, 1.0, n)
+        return np.log(q), np.clip(q ** 2 + rng.normal(0, 0.1, n), 0.0, 1.0)
+
+    fitted = estimates.CalibratedConfidence.fit(*rows(5000))
+    logq, acceptance = rows(5000)
+    raw = estimates.calibration_error(np.exp(logq), acceptance)
+    calibrated = estimates.calibration_error(np.exp(fitted.log_accept(logq)), acceptance)
+    assert raw > 0.1 and calibrated < 0.02
+    fitted.save(tmp_path / "calibration.json")
+    loaded = estimates.CalibratedConfidence.load(tmp_path / "calibration.json")
+    assert np.array_equal(loaded.log_accept(logq), fitted.log_accept(logq)) and loaded.rows == 5000
+    (tmp_path / "other.json").write_text('{"estimate": "head"}')
+    with pytest.raises(estimates.EstimateFileError):
+        estimates.CalibratedConfidence.load(tmp_path / "other.json")
+
+
+def test_the_ece_sees_a_miscalibration_in_one_bin_only():
+    acceptance = np.full(100, 0.5)
+    assert estimates.calibration_error(np.full(100, 0.5), acceptance) == 0.0
+    estimate = np.where(np.arange(100) < 25, 0.9, 0.5)  # a quarter of the rows 0.4 too high
+    assert estimates.calibration_error(estimate, acceptance) == pytest.approx(0.1)
+    # gaps of opposite sign in different bins do not cancel
+    assert estimates.calibration_error(np.where(np.arange(100) < 50, 0.9, 0.1), acceptance) == pytest.approx(0.4)
+
+
+def test_every_source_answers_the_same_interface():
+    logits = np.array([-1.0, 0.0, 2.0])
+    logq, entropy = np.log([0.2, 0.5, 0.9]), np.zeros(3)
+    assert np.allclose(estimates.HeadEstimate().log_accept(logq, entropy, logits), rules.log_accept(logits))
+    with pytest.raises(ValueError):
+        estimates.HeadEstimate().log_accept(logq, entropy)
+    fitted = estimates.CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.0, 1.0]))
+    sources = [estimates.HeadEstimate(), fitted, estimates.OnlineEstimate()]
+    for source in sources:
+        source.observe(logq[0], 0.0, 1.0)
+        log_a = source.log_accept(logq, entropy, logits)
+        assert log_a.shape == (3,) and np.all(log_a <= 0)
+        # one candidate at a time into the goodput stop, as a decoder would
+        stop = rules.GoodputStop(1.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K)
+        assert isinstance(stop(float(source.log_accept(logq[2], entropy[2], logits[2]))), bool)
+    assert np.allclose(np.exp(fitted.log_accept(logq)), [0.2, 0.5, 0.9])
