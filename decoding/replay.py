@@ -293,17 +293,28 @@ def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.nd
 def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
                  reads_candidate: bool, max_k: int = MAX_K, future: float | None = None, tol: float = 1e-4,
                  max_iter: int = 50) -> dict:
-    """The rate λ at which the goodput stop achieves λ over the traces (``decoding/DESIGN.md``): from target-only's
-    1 / verify(1), λ ← tokens / cost of the stop's replay at λ, until λ moves by at most ``tol`` × λ. Returns the
-    rate the stop achieves at the last λ tried, whether it converged within ``max_iter`` steps, every λ (tried, then
-    achieved) and the counts behind the rate."""
-    history = [1.0 / float(costs.verify(1))]
+    """The rate λ at which to run the goodput stop over the traces (``decoding/DESIGN.md``, "Finding λ"): from
+    target-only's 1 / verify(1), λ ← the rate (tokens / cost) of the stop's replay at λ, until λ moves by at most
+    ``tol`` × λ (``"fixed point"``), the rate repeats one achieved before (``"cycle"``: round lengths change in steps,
+    so the iteration can alternate between two rates) or ``max_iter`` replays. Returns the λ tried whose replay
+    achieved the highest rate (``at``), that rate and its counts, why it stopped, and every λ tried with the rate
+    each achieved."""
+    tried, achieved, counts = [], [], []
+    rate, stopped = 1.0 / float(costs.verify(1)), "max_iter"
     for _ in range(max_iter):
-        counts = goodput_counts(acceptance, log_accepts, costs, history[-1], reads_candidate, max_k, future)
-        history.append(counts.n / costs.cost(counts))
-        if abs(history[-1] - history[-2]) <= tol * history[-2]:
-            return {"rate": history[-1], "converged": True, "history": history, "counts": counts}
-    return {"rate": history[-1], "converged": False, "history": history, "counts": counts}
+        tried.append(rate)
+        counts.append(goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k, future))
+        rate = counts[-1].n / costs.cost(counts[-1])
+        if abs(rate - tried[-1]) <= tol * tried[-1]:
+            stopped = "fixed point"
+        elif np.any(np.abs(np.array(achieved) - rate) <= tol * rate):
+            stopped = "cycle"
+        achieved.append(rate)
+        if stopped != "max_iter":
+            break
+    best = int(np.argmax(achieved))
+    return {"at": tried[best], "rate": achieved[best], "counts": counts[best], "stopped": stopped,
+            "tried": tried, "achieved": achieved}
 
 
 def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,

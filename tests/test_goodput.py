@@ -1,6 +1,7 @@
 """The goodput stop (``decoding.rules.GoodputStop``, ``decoding/DESIGN.md``): under a flat verification cost it is
 SpecDec++'s threshold with h from the costs; a dearer long verification stops earlier; at its fixed-point rate it
-beats every SpecDec++ threshold and fixed K under a non-monotone table, and stays under the oracle."""
+beats every SpecDec++ threshold under a non-monotone table, and stays under the oracle. The three sources of
+acceptance estimates (``decoding.estimates``) and their ECE."""
 
 from __future__ import annotations
 
@@ -86,36 +87,39 @@ def test_every_round_stops_at_the_cap():
 
 @pytest.mark.parametrize("reads_candidate", [False, True])
 @pytest.mark.parametrize("predictor", ["last", "mean"])
-def test_at_its_fixed_point_the_rule_beats_every_threshold_and_fixed_k_and_not_the_oracle(reads_candidate, predictor):
+def test_at_its_fixed_point_the_rule_beats_every_threshold_and_not_the_oracle(reads_candidate, predictor):
     """Under the CPU table and estimates of moderate noise (a trained head's, not an exact one), on three sets of
-    random traces."""
+    random traces. (Against the best fixed K it wins on most trace sets, not all: ``decoding/DESIGN.md``.)"""
     for seed in range(3):
         acceptance, log_accepts = random_traces(seed, 0.5)
         future = None if predictor == "last" else float(np.mean(np.concatenate(acceptance)))
         found = replay.goodput_rate(acceptance, log_accepts, CPU, reads_candidate, MAX_K, future)
-        assert found["converged"] and len(found["history"]) < 10
-        lam = found["history"][-2]
-        assert found["rate"] == pytest.approx(lam, rel=1e-4)
-        assert rate(replay.goodput_counts(acceptance, log_accepts, CPU, lam, reads_candidate, MAX_K, future),
-                    CPU) == pytest.approx(found["rate"])
+        assert found["stopped"] == "fixed point" and len(found["tried"]) < 10
+        assert found["achieved"][-1] == pytest.approx(found["tried"][-1], rel=1e-4)
+        assert found["rate"] == max(found["achieved"])
+        fixed = found["achieved"][-1]  # the rule at its fixed point, before keeping the best λ tried
+        assert rate(replay.goodput_counts(acceptance, log_accepts, CPU, found["at"], reads_candidate, MAX_K, future),
+                    CPU) == found["rate"]
         logits = [f - np.log1p(-np.exp(f)) for f in log_accepts]  # log â back to the head's logit
         for h in replay.STOP_H_GRID:
-            assert found["rate"] >= rate(replay.stop_head_counts(acceptance, logits, h, reads_candidate, MAX_K), CPU)
-        for k in range(1, MAX_K + 1):
-            fixed = replay.Counts()
-            for a in acceptance:
-                fixed += replay.expected_counts(a, replay.sd_round_lengths(len(a), k))
-            assert found["rate"] >= rate(fixed, CPU)
+            assert fixed >= rate(replay.stop_head_counts(acceptance, logits, h, reads_candidate, MAX_K), CPU)
         oracle = replay.Counts()
         for a in acceptance:
             oracle += replay.oracle_counts(a, CPU, MAX_K)
         assert found["rate"] < rate(oracle, CPU)
 
 
-def test_the_fixed_point_reports_when_it_does_not_converge():
-    acceptance, log_accepts = random_traces(0, 0.5, count=2)
-    found = replay.goodput_rate(acceptance, log_accepts, CPU, False, MAX_K, max_iter=1, tol=0.0)
-    assert not found["converged"] and len(found["history"]) == 2
+def test_the_iteration_stops_on_a_cycle_or_its_cap_and_keeps_the_best_rate_it_saw():
+    """Round lengths change in steps as λ moves, so λ ← rate(λ) can alternate between two rates (these traces do):
+    the search stops there and keeps the λ whose replay did best."""
+    acceptance, log_accepts = random_traces(2, 0.5, count=3)
+    found = replay.goodput_rate(acceptance, log_accepts, CPU, True, MAX_K)
+    assert found["stopped"] == "cycle" and found["rate"] == max(found["achieved"])
+    assert found["rate"] > min(found["achieved"][1:])  # the two rates of the cycle differ
+    at = replay.goodput_counts(acceptance, log_accepts, CPU, found["at"], True, MAX_K)
+    assert rate(at, CPU) == found["rate"]
+    capped = replay.goodput_rate(acceptance, log_accepts, CPU, True, MAX_K, max_iter=1)
+    assert capped["stopped"] == "max_iter" and capped["tried"] == [1 / CPU.verify(1)]
 
 
 def test_the_online_estimate_converges_to_the_acceptance_rate():
