@@ -64,6 +64,26 @@ def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, 
     return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
 
 
+def goodput_rule(costs: RoundCosts, rate: float, max_k: int, future: float | None = None,
+                 reads_candidate: bool = False) -> rules.GoodputStop:
+    """``decoding.rules.GoodputStop`` at long-run rate ``rate`` (tokens per unit of ``costs``) for rounds of at most
+    ``max_k`` candidates under ``costs``."""
+    return rules.GoodputStop(rate, costs.draft, costs.verify_table(max_k + 1), max_k, future, reads_candidate)
+
+
+def goodput_round_lengths(log_accept: np.ndarray, costs: RoundCosts, rate: float, reads_candidate: bool,
+                          max_k: int, future: float | None = None) -> np.ndarray:
+    """n(s) for the goodput stop from the log acceptance estimate log â at every position (``rules.log_accept`` of
+    a stop head's logit, or any source of ``decoding.estimates``)."""
+    stop = goodput_rule(costs, rate, max_k, future, reads_candidate)
+
+    def new_round() -> Callable[[int], bool]:
+        stop.reset()
+        return lambda i: stop(log_accept[i])
+
+    return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
+
+
 def sd_round_lengths(length: int, k: int) -> np.ndarray:
     """n(s) of fixed-K SD: K candidates, fewer where the round's target token would not fit."""
     return np.minimum(k, np.maximum(length - np.arange(length) - 1, 0))
@@ -259,6 +279,42 @@ def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarr
     for a, f in zip(acceptance, logits):
         total += expected_counts(a, head_round_lengths(rules.log_accept(f), h, reads_candidate, max_k))
     return total
+
+
+def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+                   rate: float, reads_candidate: bool, max_k: int = MAX_K, future: float | None = None) -> Counts:
+    """Expected counts of the goodput stop at rate λ over traces (their acceptance and the estimates log â)."""
+    total = Counts()
+    for a, log_a in zip(acceptance, log_accepts):
+        total += expected_counts(a, goodput_round_lengths(log_a, costs, rate, reads_candidate, max_k, future))
+    return total
+
+
+def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+                 reads_candidate: bool, max_k: int = MAX_K, future: float | None = None, tol: float = 1e-4,
+                 max_iter: int = 50) -> dict:
+    """The rate λ at which to run the goodput stop over the traces (``decoding/DESIGN.md``, "Finding λ"): from
+    target-only's 1 / verify(1), λ ← the rate (tokens / cost) of the stop's replay at λ, until λ moves by at most
+    ``tol`` × λ (``"fixed point"``), the rate repeats one achieved before (``"cycle"``: round lengths change in steps,
+    so the iteration can alternate between two rates) or ``max_iter`` replays. Returns the λ tried whose replay
+    achieved the highest rate (``at``), that rate and its counts, why it stopped, and every λ tried with the rate
+    each achieved."""
+    tried, achieved, counts = [], [], []
+    rate, stopped = 1.0 / float(costs.verify(1)), "max_iter"
+    for _ in range(max_iter):
+        tried.append(rate)
+        counts.append(goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k, future))
+        rate = counts[-1].n / costs.cost(counts[-1])
+        if abs(rate - tried[-1]) <= tol * tried[-1]:
+            stopped = "fixed point"
+        elif np.any(np.abs(np.array(achieved) - rate) <= tol * rate):
+            stopped = "cycle"
+        achieved.append(rate)
+        if stopped != "max_iter":
+            break
+    best = int(np.argmax(achieved))
+    return {"at": tried[best], "rate": achieved[best], "counts": counts[best], "stopped": stopped,
+            "tried": tried, "achieved": achieved}
 
 
 def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,

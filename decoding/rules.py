@@ -56,6 +56,47 @@ class HeadStop:
         return 1.0 - math.exp(self.log_all_accepted) > self.h
 
 
+class GoodputStop:
+    """The stop that maximises expected tokens per second when each verification length has its own cost
+    (``decoding/DESIGN.md``, "A stop rule for length-dependent verification cost"): after the k-th candidate,
+    with survival s_k = ∏ â_i over the round's estimates, stop iff no longer round n ≤ ``cap`` gains more
+    expected tokens than ``rate`` × its extra seconds, the candidates beyond k predicted to be accepted with
+    probability ``future`` each (None: the last candidate's â_k).
+
+    ``rate``: λ, the long-run tokens per second the decoding achieves; ``draft``: seconds of a draft step;
+    ``verify[m]``: seconds of a target forward of m tokens, for m up to ``cap`` + 1 (index 0 unused);
+    ``extra_candidate``: the caller adds one more candidate after the stop (Algorithm 1, ``round_length``'s
+    ``reads_candidate``), so stopping after k verifies k + 1."""
+
+    def __init__(self, rate: float, draft: float, verify, cap: int, future: float | None = None,
+                 extra_candidate: bool = False):
+        verify = np.asarray(verify, float)
+        if len(verify) < cap + 2:
+            raise ValueError(f"verify costs go to {len(verify) - 1} tokens; a round of {cap} verifies {cap + 1}")
+        self.rate, self.cap, self.future, self.extra = rate, cap, future, int(extra_candidate)
+        n = np.arange(cap + 1)
+        self.round_seconds = draft * n + verify[n + 1]  # by candidates n
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a round."""
+        self.k = 0
+        self.log_all_accepted = 0.0
+
+    def __call__(self, log_accepted: float) -> bool:
+        """Add one candidate, given as its log â (e.g. ``log_accept`` of a stop head's logit); stop the round?"""
+        self.k += 1
+        self.log_all_accepted += log_accepted
+        now = min(self.k + self.extra, self.cap)  # the round's candidates if it stops here
+        if now >= self.cap:
+            return True
+        a = math.exp(log_accepted) if self.future is None else self.future
+        more = np.arange(now + 1, self.cap + 1)  # the longer rounds still open
+        # expected tokens a round of n candidates adds beyond one of `now`: s_k (a^(now−k+1) + … + a^(n−k))
+        gain = math.exp(self.log_all_accepted) * np.cumsum(a ** (more - self.k))
+        return not np.any(gain > self.rate * (self.round_seconds[more] - self.round_seconds[now]))
+
+
 def round_length(stops: Callable[[int], bool], cap: int, reads_candidate: bool) -> int:
     """How many candidates a round drafts when ``stops(j)`` says whether it stops after its j-th (0-based)
     candidate: at most ``cap``; a rule that read the candidate's own forward (``reads_candidate``) has q for the

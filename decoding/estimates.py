@@ -1,0 +1,134 @@
+"""Estimates â of the probability that a draft candidate is accepted (min(1, p/q) in expectation), from three
+sources behind one interface, for the goodput stop (``decoding.rules.GoodputStop``) and its replay: a trained stop
+head's sigmoid (``HeadEstimate``), the draft's own confidence q(Y_i) calibrated on label rows
+(``CalibratedConfidence``), and a rate learned while decoding from the candidates verified so far
+(``OnlineEstimate``). ``calibration_error`` measures any of them against min(1, p/q) on rows.
+
+Every estimate answers ``log_accept(logp_draft, entropy_draft, head_logit)`` (log â, elementwise over numpy arrays
+or one candidate's numbers; each source reads what it needs) and takes ``observe(logp_draft, entropy_draft,
+acceptance)`` after a verification, which only the online estimate learns from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+from core.errors import UserError
+from decoding import rules
+
+FLOOR = 1e-12
+"""The least â an estimate reports, so that log â is finite."""
+
+
+class EstimateFileError(UserError):
+    """A file that does not hold a saved ``CalibratedConfidence``."""
+
+
+class AcceptanceEstimate(Protocol):
+    def log_accept(self, logp_draft, entropy_draft, head_logit=None) -> np.ndarray:
+        """log â of each candidate from its draft log-probability log q(Y_i), the draft's entropy H(q) where it
+        was drawn, and a stop head's logit for it (None where no head runs)."""
+
+    def observe(self, logp_draft: float, entropy_draft: float, acceptance: float) -> None:
+        """What the verification showed for one candidate it checked: whether it was kept (0 or 1), or its
+        min(1, p/q) where the decoder computed it (lower variance, the same mean)."""
+
+
+class HeadEstimate:
+    """A trained stop head's estimate: sigmoid of its logit (``rules.log_accept``)."""
+
+    def log_accept(self, logp_draft, entropy_draft, head_logit=None) -> np.ndarray:
+        if head_logit is None:
+            raise ValueError("a head's estimate needs the head's logit")
+        return rules.log_accept(head_logit)
+
+    def observe(self, logp_draft, entropy_draft, acceptance) -> None:
+        pass
+
+
+@dataclass
+class CalibratedConfidence:
+    """The draft's confidence q(Y_i) mapped to acceptance by isotonic regression of min(1, p/q) on q over label
+    rows: â is the piecewise-linear map through ``q``, ``acceptance`` (clipped beyond them), which is what sklearn's
+    ``IsotonicRegression.predict`` computes, so the saved knots are the whole model. The entropy H(q) is not read;
+    a fit that needs it (logistic on [log q, H]) would take the same interface."""
+
+    q: np.ndarray
+    acceptance: np.ndarray
+    rows: int = 0
+    """The label rows it was fitted on."""
+
+    @classmethod
+    def fit(cls, logp_draft: np.ndarray, acceptance: np.ndarray) -> "CalibratedConfidence":
+        """Fit on rows: each candidate's log q(Y_i) and its min(1, p/q)."""
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing="auto", out_of_bounds="clip")
+        iso.fit(np.exp(logp_draft), acceptance)
+        return cls(q=iso.X_thresholds_, acceptance=iso.y_thresholds_, rows=len(acceptance))
+
+    def log_accept(self, logp_draft, entropy_draft=None, head_logit=None) -> np.ndarray:
+        return np.log(np.maximum(np.interp(np.exp(logp_draft), self.q, self.acceptance), FLOOR))
+
+    def observe(self, logp_draft, entropy_draft, acceptance) -> None:
+        pass
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"estimate": "calibrated_confidence", "rows": self.rows,
+                                          "q": self.q.tolist(), "acceptance": self.acceptance.tolist()}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibratedConfidence":
+        try:
+            saved = json.loads(Path(path).read_text())
+            if saved.get("estimate") != "calibrated_confidence":
+                raise ValueError(f"it holds {saved.get('estimate')!r}")
+            return cls(q=np.array(saved["q"], float), acceptance=np.array(saved["acceptance"], float),
+                       rows=int(saved["rows"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise EstimateFileError(f"{path}: not a saved calibrated confidence ({e})") from None
+
+
+@dataclass
+class OnlineEstimate:
+    """The acceptance rate learned during decoding, per bin of the draft's confidence q(Y_i) (cut at ``edges``; none:
+    one rate): a Beta posterior whose counts of kept and lost candidates are multiplied by ``decay`` before each
+    observation, so it follows a rate that drifts (1: the exact posterior; d < 1 weighs about the last 1 / (1 − d)
+    candidates, an exponential moving average). transformers re-tunes its confidence threshold online the same
+    way, from the candidates each verification checked."""
+
+    edges: tuple[float, ...] = ()
+    prior: tuple[float, float] = (1.0, 1.0)
+    """Beta(kept, lost) pseudo-counts each bin starts from."""
+    decay: float = 1.0
+    kept: np.ndarray = field(init=False)
+    lost: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.kept = np.full(len(self.edges) + 1, float(self.prior[0]))
+        self.lost = np.full(len(self.edges) + 1, float(self.prior[1]))
+
+    def bins(self, logp_draft):
+        return np.searchsorted(self.edges, np.exp(logp_draft), side="right")
+
+    def log_accept(self, logp_draft, entropy_draft=None, head_logit=None) -> np.ndarray:
+        b = self.bins(logp_draft)
+        return np.log(np.maximum(self.kept[b] / (self.kept[b] + self.lost[b]), FLOOR))
+
+    def observe(self, logp_draft: float, entropy_draft: float, acceptance: float) -> None:
+        b = self.bins(logp_draft)
+        self.kept[b] = self.decay * self.kept[b] + acceptance
+        self.lost[b] = self.decay * self.lost[b] + 1.0 - acceptance
+
+
+def calibration_error(estimate: np.ndarray, acceptance: np.ndarray, bins: int = 15) -> float:
+    """Expected calibration error of estimates â against rows' min(1, p/q): the share-weighted |mean â − mean
+    min(1, p/q)| over equal-width bins of â. The target is a probability, not a 0/1 label, so the binary ECE of
+    torchmetrics does not apply; a bin's gap is the sum of its rows' â − min(1, p/q) over the rows."""
+    estimate, acceptance = np.asarray(estimate, float), np.asarray(acceptance, float)
+    which = np.minimum((estimate * bins).astype(int), bins - 1)
+    return float(np.abs(np.bincount(which, weights=estimate - acceptance, minlength=bins)).sum() / len(estimate))
