@@ -54,7 +54,8 @@ def stage_eval(root: Path) -> None:
     cfg = EvalConfig(
         draft=ModelSpec(path=str(root / "models" / "draft"), name="tiny-draft"),
         target=ModelSpec(path=str(root / "models" / "target"), name="tiny-target"),
-        prompts=PromptConfig(source=str(root / "prompts.jsonl"), response_field="answer", limit=3),
+        # prompts no head trained on (the eval would leave out the ones they saw)
+        prompts=PromptConfig(source=str(write_prompts(root / "heldout.jsonl", n=3, seed=1)), response_field="answer"),
         modes=[Mode("sample", 1.0), Mode("greedy", 0.0, families=["target_only", "sd", "hf_assisted"])],
         policies=[
             Sweep("target_only"), Sweep("draft_only"), Sweep("sd", grid={"k": [2, 4]}),

@@ -81,7 +81,8 @@ def test_the_evaluation_runs_in_bf16(bf16_run, tiny_pair):
     cfg = EvalConfig(
         draft=ModelSpec(path=str(tiny_pair[0]), name="tiny-draft"),
         target=ModelSpec(path=str(tiny_pair[1]), name="tiny-target"),
-        prompts=PromptConfig(source=str(root / "prompts.jsonl"), response_field="answer", limit=2),
+        prompts=PromptConfig(source=str(tiny.write_prompts(root / "heldout.jsonl", n=2, seed=1)),
+                             response_field="answer"),  # prompts no head trained on
         modes=[Mode("sample", 1.0)],
         policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]}),
                   Sweep("specdecpp", fixed={"head": str(stop)}), Sweep("sprinter", fixed={"head": str(verifier)})],
