@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from core.errors import UserError
 from core.sampling import Sampling
 from decoding.policies import POLICIES, build_policy
+from decoding.replay import RoundCosts
 from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
@@ -70,6 +71,7 @@ def example_kwargs(heads) -> dict[str, dict]:
         "target_only": {}, "draft_only": {}, "sd": {"k": 3}, "hf_heuristic": {}, "confidence": {},
         "svip": {"h": 0.5}, "specdecpp": {"head": heads["stop"]}, "fuzzy": {"T": 0.5},
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
+        "goodput": {"head": heads["stop"], "costs": RoundCosts(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
     }
 
 
@@ -79,7 +81,7 @@ def generate(policy, pair, prompt, seed=0):
 
 @pytest.mark.parametrize("name, kwargs", [("sd", {"k": 1}), ("sd", {"k": 4}), ("sd", {"k": 9}), ("hf_heuristic", {}),
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
-                                          ("fuzzy", {"T": 0.5}), ("sprinter", None)])
+                                          ("goodput", None), ("fuzzy", {"T": 0.5}), ("sprinter", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs

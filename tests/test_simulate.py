@@ -181,7 +181,7 @@ def test_training_free_rules_and_fixed_k_on_hand_made_traces():
 def test_the_registry_says_which_families_the_simulator_replays():
     """The families registered ``simulable`` are the ones ``simulate`` replays; an exact one's setting can be chosen
     by simulation, SPRINTER's (approximate) cannot; any other family is refused in one line."""
-    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "sprinter"}
+    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "goodput", "sprinter"}
     assert set(simulated(exact=True)) == set(simulated()) - {"sprinter"}
     trace = hand_trace([0.5, 1.0], p_draft=[0.9, 0.3])
     with pytest.raises(ValueError, match="the simulator has no policy 'fuzzy'"):
