@@ -91,6 +91,27 @@ def test_greedy_equals_target_greedy(models, heads, name, kwargs):
         assert result.tokens == reference
 
 
+def test_goodput_reads_its_costs_from_a_timing_file_and_can_follow_its_rate_online(models, heads, tmp_path):
+    """λ starts at target-only's rate, 1 / T(1) of the timing file; online, after the generation it is the tokens
+    made over the seconds taken."""
+    import json
+
+    from test_eval_latency import timing_file
+
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps(timing_file(t_step=0.5)))
+    with pytest.raises(ValueError, match="exactly one of timing"):
+        build_policy("goodput", head=heads["stop"])
+    policy = build_policy("goodput", head=heads["stop"], timing=path, online=True)
+    assert policy.lam == pytest.approx(2.0)
+    result = generate(policy, pair_with(models, max_new_tokens=12), PROMPTS[0])
+    assert policy.tokens == result.stats.new_tokens == 12
+    assert policy.stop.rule.rate == pytest.approx(12 / result.stats.wall_s, rel=0.5)  # timed from its own start
+    fixed = build_policy("goodput", head=heads["stop"], timing=path)
+    generate(fixed, pair_with(models, max_new_tokens=12), PROMPTS[0])
+    assert fixed.stop.rule.rate == 2.0
+
+
 def test_fuzzy_threshold_is_in_bits():
     """p = (1, 0), q = (½, ½): JS = ½·ln(4/3) + ¼·ln(2/3) + ¼·ln 2 = 0.2158 nats = 0.3113 bits."""
     logp, logq = torch.tensor([0.0, -math.inf]), torch.tensor([0.5, 0.5]).log()
