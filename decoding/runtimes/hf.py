@@ -324,6 +324,27 @@ def load_bundled_head() -> ExportedHead:
     return head
 
 
+class TableCosts:
+    """Seconds of a draft step (``draft``) and of a target forward of m tokens (``verify[m]``, index 0 unused): the
+    costs the goodput stop prices a round with, as a folder carries them."""
+
+    def __init__(self, draft: float, verify: list[float]):
+        self.draft, self.verify = draft, verify
+
+    def verify_table(self, max_tokens: int) -> list[float]:
+        return self.verify[:max_tokens + 1]
+
+
+def load_bundled_costs() -> TableCosts | None:
+    """The costs a folder exported with ``--timing`` carries (``custom_generate/bundled_costs.py``, a Python module
+    for the reason ``bundled_head`` is one); None outside a folder, or for one exported without them."""
+    try:
+        from .bundled_costs import DRAFT_S, VERIFY_S
+    except ImportError:
+        return None
+    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S)
+
+
 def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
              threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | None = None, **kwargs):
     """The entry point transformers calls for ``generate(custom_generate=<folder>, trust_remote_code=True)``, with
@@ -332,11 +353,15 @@ def generate(model, *args, assistant_model=None, streamer=None, head: str | Path
 
     Args:
         head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k, costs, rate: as there.
+            A folder exported with a timing file runs a stop head by the goodput stop under its costs unless given
+            a threshold.
     """
     if assistant_model is None:
         raise ValueError("speculative decoding with a head needs the draft it was trained on: "
                          "generate(..., assistant_model=draft)")
     loaded = load_bundled_head() if head is None else ExportedHead(head)
+    if costs is None and threshold is None and loaded.role == "stop":
+        costs = load_bundled_costs()
     decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer,
                             costs=costs, rate=rate)
     return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,
