@@ -68,7 +68,7 @@ def goodput_rule(costs: RoundCosts, rate: float, max_k: int, future: float | Non
                  reads_candidate: bool = False) -> rules.GoodputStop:
     """``decoding.rules.GoodputStop`` at long-run rate ``rate`` (tokens per unit of ``costs``) for rounds of at most
     ``max_k`` candidates under ``costs``."""
-    return rules.GoodputStop(rate, costs.draft, costs.verify_table(max_k + 1), max_k, future, reads_candidate)
+    return rules.GoodputStop.priced(costs, rate, max_k, future, reads_candidate)
 
 
 def goodput_round_lengths(log_accept: np.ndarray, costs: RoundCosts, rate: float, reads_candidate: bool,

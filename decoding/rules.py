@@ -78,6 +78,13 @@ class GoodputStop:
         self.round_seconds = draft * n + verify[n + 1]  # by candidates n
         self.reset()
 
+    @classmethod
+    def priced(cls, costs, rate: float, cap: int, future: float | None = None,
+               extra_candidate: bool = False) -> "GoodputStop":
+        """The stop under ``costs`` (``decoding.replay.RoundCosts``, or anything with its ``draft`` seconds and
+        ``verify_table(m)``), built the same way by every loop that runs it."""
+        return cls(rate, costs.draft, costs.verify_table(cap + 1), cap, future, extra_candidate)
+
     def reset(self) -> None:
         """Start a round."""
         self.k = 0

@@ -12,7 +12,7 @@ import numpy as np
 
 from decoding import rules
 from decoding.policies import POLICIES
-from decoding.replay import (MAX_K, TRACE_SCORES, Counts, expected_counts, head_round_lengths, oracle_counts,
+from decoding.replay import (MAX_K, TRACE_SCORES, Counts, expected_counts, oracle_counts,
                              sprinter_counts, trace_head_logits)
 from decoding.traces import Trace
 from heads.export import read_metadata
@@ -38,8 +38,8 @@ def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
 def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
     """Expected counts of one policy summed over the traces: a simulable family of ``POLICIES`` with its keyword
     arguments (``sd`` k, ``confidence`` threshold, ``svip`` h, a head family's ``head`` file and threshold: its
-    ``setting``, None for the file's own), or ``oracle`` with ``costs`` (a ``RoundCosts``; no limit on its
-    rounds)."""
+    ``setting``, None for the file's own; ``goodput``'s ``head``, ``costs`` (a ``RoundCosts``) and ``lam``), or
+    ``oracle`` with ``costs`` (no limit on its rounds)."""
     if family != "oracle" and not POLICIES.get_class(family).simulable:
         raise ValueError(f"the simulator has no policy {family!r}")
     total = Counts()
@@ -47,17 +47,19 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
         if family == "oracle":
             total += oracle_counts(tr.acceptance, params["costs"])
             continue
-        role = POLICIES[family].head_role
-        if role is not None:
+        policy = POLICIES.get_class(family)
+        if policy.head_role == "verifier":
             head = cached_head(params["head"])
-            logits = head_logits(head, tr)
-            threshold = params.get(POLICIES[family].setting)
-            threshold = head.threshold if threshold is None else threshold
-            if role == "verifier":
-                total += sprinter_counts(rules.verifier_accepts(logits, threshold))
-                continue
-            lengths = head_round_lengths(rules.log_accept(logits), threshold, head.position == "own", max_k)
+            tau = params.get(policy.setting)
+            total += sprinter_counts(rules.verifier_accepts(head_logits(head, tr), head.threshold if tau is None
+                                                            else tau))
+            continue
+        if policy.head_role == "stop":  # the policy replays its rule over the head's estimates
+            head = cached_head(params["head"])
+            setting = {k: v for k, v in params.items() if k != "head"}
+            lengths = policy.replay_lengths(tr, max_k, head=head, log_accept=rules.log_accept(head_logits(head, tr)),
+                                            **setting)
         else:  # a rule on the draft's own scores: the policy replays it over the trace
-            lengths = POLICIES.get_class(family).replay_lengths(tr, max_k, **params)
+            lengths = policy.replay_lengths(tr, max_k, **params)
         total += expected_counts(tr.acceptance, lengths)
     return total

@@ -25,8 +25,9 @@ from core.errors import SettingError, UserError
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
-from decoding.replay import RoundCosts
-from decoding.simulate import cached_head, replayable, simulate
+from decoding import rules
+from decoding.replay import RoundCosts, goodput_rate
+from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, load_label_traces, unseen
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
@@ -49,32 +50,63 @@ def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
     return grid
 
 
+def goodput_grid(traces: list[Trace], heads: list[str], costs: RoundCosts) -> list[tuple[str, dict]]:
+    """The goodput stop of each stop head among ``heads`` under ``costs``, at the rate λ whose replay over the
+    traces does best (``decoding.replay.goodput_rate``: the fixed point of λ ← the rate the rule achieves at λ)."""
+    grid = []
+    for path in heads:
+        head = cached_head(path)
+        if head.role == "stop":
+            log_accepts = [rules.log_accept(head_logits(head, t)) for t in traces]
+            lam = goodput_rate([t.acceptance for t in traces], log_accepts, costs, head.position == "own")["at"]
+            grid.append(("goodput", {"head": path, "costs": costs, "lam": lam}))
+    return grid
+
+
 def describe(family: str, params: dict) -> str:
-    shown = {k: (Path(v).stem if k == "head" else ("file" if v is None else f"{v:g}")) for k, v in params.items()}
+    def show(key, value) -> str:
+        if key == "head":
+            return Path(value).stem
+        if key == "costs":
+            return value.name
+        return "file" if value is None else f"{value:g}"
+
+    shown = {k: show(k, v) for k, v in params.items()}
     return family + (f"[{','.join(f'{k}={v}' for k, v in shown.items())}]" if shown else "")
 
 
-def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float]) -> tuple[str, list[dict]]:
-    """Every policy of ``grid`` at every cost ratio of ``costs``, beside the oracle for that ratio. Rows: each
-    policy's counts; the oracle's row holds its counts at each c (``oracles``, by c) and, under ``counts``, at the
-    first c."""
+def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float],
+          priced: RoundCosts | None = None) -> tuple[str, list[dict]]:
+    """Every policy of ``grid`` at every cost ratio of ``costs``, beside the oracle for that ratio, and under
+    ``priced`` (a timing file's costs by verification length, the goodput stop's own model) beside the oracle for
+    it. Rows: each policy's counts; the oracle's row holds its counts at each c (``oracles``, by c; ``priced``: for
+    ``priced``) and, under ``counts``, at the first c."""
     oracles = {c: simulate(traces, "oracle", costs=RoundCosts.eq51(c)) for c in costs}
     oracle = oracles[costs[0]]
     rows = [{"policy": "oracle (Thm 4.1)", "family": "oracle", "params": {}, "counts": oracle, "oracles": oracles}]
+    if priced is not None:
+        rows[0]["priced"] = simulate(traces, "oracle", costs=priced)
     for family, params in grid:
         rows.append({"policy": describe(family, params), "family": family, "params": params,
                      "counts": simulate(traces, family, **params)})
     head = f"{'policy':<52}{'N_t/N':>7}{'N_d/N':>7}{'N_x/N':>7}" + "".join(
-        f"{f'c={c:.3g}':>9}{'share':>7}" for c in costs)
-    lines = [f"{len(traces)} traces, {int(oracle.n)} positions; speedup over target-only at each c, and its share "
-             f"of the oracle's gain (speedup − 1)/(oracle − 1), the oracle at that c (its rates: at the first c); "
-             f"SPRINTER is approximate", head, "-" * len(head)]
+        f"{f'c={c:.3g}':>9}{'share':>7}" for c in costs) + (f"{priced.name[:8]:>9}{'share':>7}" if priced else "")
+    lines = [f"{len(traces)} traces, {int(oracle.n)} positions; speedup over target-only at each c (and under the "
+             f"timing's costs by length, where given), and its share of the oracle's gain (speedup − 1)/(oracle − 1), "
+             f"the oracle for those costs (its rates: at the first c); SPRINTER is approximate", head, "-" * len(head)]
+
+    def shown(speedup: float, best: float) -> str:
+        return f"{speedup:>9.3f}{(speedup - 1) / (best - 1) if best > 1 else float('nan'):>7.2f}"
+
     for r in rows:
         k = r["counts"]
         line = f"{r['policy'][:51]:<52}{k.target / k.n:>7.3f}{k.draft / k.n:>7.3f}{k.discarded / k.n:>7.3f}"
         for c in costs:
-            s, best = (oracles[c] if r["family"] == "oracle" else k).speedup(c), oracles[c].speedup(c)
-            line += f"{s:>9.3f}{(s - 1) / (best - 1) if best > 1 else float('nan'):>7.2f}"
+            line += shown((oracles[c] if r["family"] == "oracle" else k).speedup(c), oracles[c].speedup(c))
+        if priced is not None:
+            counts = rows[0]["priced"] if r["family"] == "oracle" else k
+            # SPRINTER's counts have no verification lengths to price
+            line += "" if counts.calls is None else shown(priced.speedup(counts), priced.speedup(rows[0]["priced"]))
         lines.append(line)
     return "\n".join(lines), rows
 
@@ -267,7 +299,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="exported heads to replay (default: every checkpoints/heads/*.safetensors)")
     p.add_argument("--c", type=float, nargs="+", default=[0.1, 0.2],
                    help="cost ratios t_draft / t_target to predict at")
-    p.add_argument("--timing", default=None, help="a bench_timing JSON: adds its c (--timing-draft / --timing-target)")
+    p.add_argument("--timing", default=None,
+                   help="a bench_timing JSON: adds its c (--timing-draft / --timing-target), a column priced by its "
+                        "costs by verification length, and the goodput stop of each stop head under them")
     p.add_argument("--timing-draft", default="draft")
     p.add_argument("--timing-target", default="target")
     p.add_argument("--eval", default=None, metavar="CONFIG",
@@ -290,9 +324,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if bad:
         raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
     costs = list(a.c)
+    priced = None
     if a.timing:
         fit = read_timing(a.timing, a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
+        priced = fit.round_costs()
     manifest = read_manifest(a.labels)
     if a.heads is None:  # every exported head the traces can replay, trained for the labels' draft
         found = sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
@@ -323,7 +359,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.eval:
         checks, _, measured_c = validate(a.labels, a.eval)
         costs.append(measured_c)
-    text, rows = table(traces, default_grid(heads), costs)
+    grid = default_grid(heads) + (goodput_grid(traces, heads, priced) if priced is not None else [])
+    text, rows = table(traces, grid, costs, priced)
     print(text)
     if checks:
         print(checks)

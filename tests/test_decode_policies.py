@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from core.errors import UserError
 from core.sampling import Sampling
 from decoding.policies import POLICIES, build_policy
+from decoding.replay import RoundCosts
 from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
@@ -70,6 +71,7 @@ def example_kwargs(heads) -> dict[str, dict]:
         "target_only": {}, "draft_only": {}, "sd": {"k": 3}, "hf_heuristic": {}, "confidence": {},
         "svip": {"h": 0.5}, "specdecpp": {"head": heads["stop"]}, "fuzzy": {"T": 0.5},
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
+        "goodput": {"head": heads["stop"], "costs": RoundCosts(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
     }
 
 
@@ -79,7 +81,7 @@ def generate(policy, pair, prompt, seed=0):
 
 @pytest.mark.parametrize("name, kwargs", [("sd", {"k": 1}), ("sd", {"k": 4}), ("sd", {"k": 9}), ("hf_heuristic", {}),
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
-                                          ("fuzzy", {"T": 0.5}), ("sprinter", None)])
+                                          ("goodput", None), ("fuzzy", {"T": 0.5}), ("sprinter", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs
@@ -87,6 +89,27 @@ def test_greedy_equals_target_greedy(models, heads, name, kwargs):
         reference = generate(build_policy("target_only"), pair, prompt).tokens
         result = generate(build_policy(name, **kwargs), pair, prompt)
         assert result.tokens == reference
+
+
+def test_goodput_reads_its_costs_from_a_timing_file_and_can_follow_its_rate_online(models, heads, tmp_path):
+    """λ starts at target-only's rate, 1 / T(1) of the timing file; online, after the generation it is the tokens
+    made over the seconds taken."""
+    import json
+
+    from test_eval_latency import timing_file
+
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps(timing_file(t_step=0.5)))
+    with pytest.raises(ValueError, match="exactly one of timing"):
+        build_policy("goodput", head=heads["stop"])
+    policy = build_policy("goodput", head=heads["stop"], timing=path, online=True)
+    assert policy.lam == pytest.approx(2.0)
+    result = generate(policy, pair_with(models, max_new_tokens=12), PROMPTS[0])
+    assert policy.tokens == result.stats.new_tokens == 12
+    assert policy.stop.rule.rate == pytest.approx(12 / result.stats.wall_s, rel=0.5)  # timed from its own start
+    fixed = build_policy("goodput", head=heads["stop"], timing=path)
+    generate(fixed, pair_with(models, max_new_tokens=12), PROMPTS[0])
+    assert fixed.stop.rule.rate == 2.0
 
 
 def test_fuzzy_threshold_is_in_bits():

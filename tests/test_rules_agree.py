@@ -113,9 +113,10 @@ def test_specdecpp_rounds_agree(model, position, h):
         assert runtime_rounds(model, head, h, prompt, length, max_k) == decoded
 
 
-def runtime_rounds(model, head: TableHead, threshold: float, prompt: list[int], length: int, max_k: int):
+def runtime_rounds(model, head: TableHead, threshold: float | None, prompt: list[int], length: int, max_k: int,
+                   **goodput):
     """(start, candidates) of each round of the transformers runtime (a verifier's: the tokens it accepted and
-    whether it rejected one)."""
+    whether it rejected one); ``goodput``: the goodput stop's ``costs`` and ``rate`` in place of h."""
     seen = []
     original = runtime.HeadCandidateGenerator.get_candidates
 
@@ -127,13 +128,35 @@ def runtime_rounds(model, head: TableHead, threshold: float, prompt: list[int], 
 
     runtime.HeadCandidateGenerator.get_candidates = recording
     try:
-        decoding = runtime.HeadDecoding(head, model[0], threshold=threshold, max_k=max_k)
+        decoding = runtime.HeadDecoding(head, model[0], threshold=threshold, max_k=max_k, **goodput)
         out = model[1].generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=False,
                                 max_new_tokens=length)
     finally:
         runtime.HeadCandidateGenerator.get_candidates = original
     assert out.shape[1] == len(prompt) + length
     return [(s, n) for s, n, _ in seen] if head.role == "stop" else seen
+
+
+@pytest.mark.parametrize("position", ["prev", "own"])
+def test_goodput_rounds_agree(model, position):
+    """The goodput stop under a random verification table that is not monotone in the length (a longer round can
+    verify cheaper), at a random λ: the decoder, the runtime and the replay make the same rounds."""
+    lengths = set()
+    for table, prompt, length, max_k, rng in trials():
+        verify = np.concatenate(([0.0], 0.5 + np.cumsum(rng.uniform(-0.15, 0.3, max_k + 1))))
+        assert np.any(np.diff(verify[1:]) < 0)
+        costs = replay.RoundCosts(draft=float(rng.uniform(0.02, 0.2)), verify=verify.__getitem__, name="random")
+        lam = float(rng.uniform(0.5, 4.0)) / verify[1]
+        head = TableHead(table, "stop", position)
+        result = decoder_run(model, build_policy("goodput", head=head, costs=costs, lam=lam, max_k=max_k), prompt,
+                             length)
+        expected = replay.goodput_round_lengths(rules.log_accept(table[result.tokens]), costs, lam,
+                                                position == "own", max_k)
+        decoded = rounds_from_starts(result.stats.accepted_lengths)
+        assert decoded == [(s, int(expected[s])) for s, _ in decoded]
+        assert runtime_rounds(model, head, None, prompt, length, max_k, costs=costs, rate=lam) == decoded
+        lengths |= {(n, max_k) for _, n in decoded}
+    assert any(n < max_k for n, max_k in lengths) and any(1 < n for n, _ in lengths)  # stops early and goes on
 
 
 @pytest.mark.parametrize("rule", ["confidence", "svip"])

@@ -313,6 +313,24 @@ def test_export_hf_folder(models, heads, tmp_path):
     for path in code.glob("*.py"):
         assert export_hf._project_imports(path.read_text(), str(path)) == []  # nothing of the project is imported
     assert (code / "generate.py").read_text() == export_hf.flatten(Path(runtime.__file__).read_text())
+    assert "DRAFT_S = None" in (code / "bundled_costs.py").read_text()  # no timing: the head's h runs
+
+
+def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
+    from test_eval_latency import timing_file
+
+    from decoding.costs import read_timing
+
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps(timing_file()))
+    out = export_hf.write_folder(heads["stop"], tmp_path / "goodput", timing)
+    carried = {}
+    exec((out / "custom_generate" / "bundled_costs.py").read_text(), carried)
+    costs = read_timing(timing).round_costs()
+    assert carried["DRAFT_S"] == costs.draft
+    assert carried["VERIFY_S"] == costs.verify_table(runtime.MAX_K + 1).tolist()
+    with pytest.raises(export_hf.ExportError, match="--timing is for a stop head"):
+        export_hf.write_folder(heads["reject"], tmp_path / "verifier", timing)
 
 
 def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_path):
@@ -323,6 +341,9 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     folders = {}
     for name in ("stop", "reject", "accept"):
         folders[name] = str(export_hf.write_folder(heads[name], tmp_path / f"hf_{name}"))
+    from test_eval_latency import timing_file
+    (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
+    folders["goodput"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_goodput", tmp_path / "timing.json"))
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util, json, sys
@@ -355,7 +376,7 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     draft, target = models
     prompt = PROMPTS[0]
     expected = prompt + target_greedy(target, prompt, 12)
-    assert out["stop"] == expected and out["reject"] == expected
+    assert out["stop"] == expected and out["reject"] == expected and out["goodput"] == expected
     assert out["accept"] == draft.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0].tolist()
     assert len(out["sampled"]) == len(prompt) + 12 or out["sampled"][-1] == 2
 

@@ -181,7 +181,7 @@ def test_training_free_rules_and_fixed_k_on_hand_made_traces():
 def test_the_registry_says_which_families_the_simulator_replays():
     """The families registered ``simulable`` are the ones ``simulate`` replays; an exact one's setting can be chosen
     by simulation, SPRINTER's (approximate) cannot; any other family is refused in one line."""
-    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "sprinter"}
+    assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "goodput", "sprinter"}
     assert set(simulated(exact=True)) == set(simulated()) - {"sprinter"}
     trace = hand_trace([0.5, 1.0], p_draft=[0.9, 0.3])
     with pytest.raises(ValueError, match="the simulator has no policy 'fuzzy'"):
@@ -386,6 +386,42 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     for c, oracle in rows[0]["oracles"].items():
         assert all(r["counts"].speedup(c) <= oracle.speedup(c) + 1e-9 for r in rows[1:] if r["family"] != "sprinter")
     assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
+
+
+def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp_path, capsys):
+    """With ``--timing`` each stop head also runs the goodput stop under the file's costs by verification length,
+    at the λ its replay settles at, and every row is priced by those costs beside their oracle."""
+    from test_eval_latency import timing_file
+
+    from data_gen.run import run_labels
+    from decoding.costs import read_timing
+    from decoding.replay import goodput_rate
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    head = str(export_head(ResNetHead(hidden_size=32, depth=1), tmp_path / "stop.safetensors",
+                           draft=read_manifest(cfg.output_dir)["models"]["draft"], vocab_size=57,
+                           label={"kind": "test"}, role="stop", threshold={"name": "h", "value": 0.5}, metrics={}))
+    timing = timing_file()
+    timing["models"][1]["verify_by_tokens"] = {"2": {"median_s": 1.07}, "3": {"median_s": 1.34},
+                                               "4": {"median_s": 1.25}}  # 4 tokens cheaper than 3, as on a CPU
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps(timing))
+    rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--heads", head,
+                     "--c", "0.1", "--timing", str(path)])
+    out = capsys.readouterr().out
+    assert "goodput[head=stop,costs=by length,lam=" in out
+    costs = read_timing(path).round_costs()
+    (row,) = [r for r in rows if r["family"] == "goodput"]
+    traces, loaded = sim.load_label_traces(cfg.output_dir, ("train", "val", "test")), sim.cached_head(head)
+    logits = [sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces]
+    best = goodput_rate([t.acceptance for t in traces], logits, costs, loaded.position == "own")
+    assert row["params"]["lam"] == best["at"]
+    assert costs.speedup(row["counts"]) == pytest.approx(best["rate"] * costs.verify(1))
+    assert all(costs.speedup(r["counts"]) <= costs.speedup(rows[0]["priced"]) + 1e-9 for r in rows[1:]
+               if r["counts"].calls is not None)
 
 
 def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_config, tmp_path, capsys, monkeypatch):

@@ -1,6 +1,7 @@
 """Every decoding policy, one small class each; importing this package registers them all."""
 
-from decoding.policies import baselines, fuzzy, specdecpp, speculative, sprinter, training_free  # noqa: F401
+# goodput imports specdecpp, so specdecpp registers first: the first family of a head role runs an exported head of it
+from decoding.policies import baselines, fuzzy, goodput, specdecpp, speculative, sprinter, training_free  # noqa: F401
 from decoding.policies.registry import POLICIES
 
 
@@ -15,8 +16,10 @@ def head_family(role: str) -> str:
 
 
 def head_thresholds() -> dict[str, str]:
-    """family → the name of its head's threshold (its ``setting``), for the families that run an exported head."""
-    return {name: cls.setting for name, cls in POLICIES.items() if cls.head_role is not None}
+    """family → the name of its head's threshold (its ``setting``), for the families that run an exported head at
+    its threshold (not goodput, whose setting is a rate)."""
+    return {name: POLICIES[name].setting for name in dict.fromkeys(head_family(cls.head_role) for cls in POLICIES.values()
+                                                                if cls.head_role is not None)}
 
 
 def simulated(exact: bool = False) -> list[str]:

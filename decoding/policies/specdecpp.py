@@ -13,22 +13,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from decoding import rules
 from decoding.policies.registry import register
 from decoding.policies.speculative import SpeculativePolicy
+from decoding.replay import head_round_lengths
 from decoding.state import HEAD_FEATURES, Decoding, DraftStep, ModelPair
+from decoding.traces import Trace
 from heads.exported import ExportedHead
 
 
-class HeadStop:
-    """SpecDec++'s stop rule (``decoding.rules.HeadStop``) on the decoder's candidates: the head's logit for each."""
+def load_stop_head(head: str | Path | ExportedHead) -> ExportedHead:
+    """An exported stop head file, loaded for the decoder's features; one already loaded as it is."""
+    return head if isinstance(head, ExportedHead) else ExportedHead(head, role="stop", computes=HEAD_FEATURES)
 
-    def __init__(self, head: ExportedHead, h: float):
-        self.head, self.h = head, h
+
+class HeadStop:
+    """A stop rule of ``decoding.rules`` that reads a head's acceptance estimate (SpecDec++'s ``rules.HeadStop``,
+    the goodput ``rules.GoodputStop``) on the decoder's candidates: the head's logit for each."""
+
+    def __init__(self, head: ExportedHead, rule: rules.HeadStop | rules.GoodputStop):
+        self.head, self.rule = head, rule
         self.reads_candidate = head.position == "own"
-        self.rule = rules.HeadStop(h)
 
     def reset(self) -> None:
         self.rule.reset()
@@ -52,8 +60,7 @@ class SpecDecPP(SpeculativePolicy):
             h: the stop threshold; None takes the one chosen at export.
             max_k: most candidates per round.
         """
-        self.head = head if isinstance(head, ExportedHead) else ExportedHead(head, role="stop",
-                                                                            computes=HEAD_FEATURES)
+        self.head = load_stop_head(head)
         self.h = self.head.threshold if h is None else float(h)
         if not 0 <= self.h <= 1 or max_k < 1:
             raise ValueError(f"need 0 <= h <= 1 and max_k >= 1, got {self.h}, {max_k}")
@@ -67,4 +74,12 @@ class SpecDecPP(SpeculativePolicy):
 
     def stop_rule(self, pair: ModelPair) -> HeadStop:
         self.head.check(pair.draft, pair.target)
-        return HeadStop(self.head, self.h)
+        return HeadStop(self.head, rules.HeadStop(self.h))
+
+    @staticmethod
+    def replay_lengths(trace: Trace, max_k: int, head: ExportedHead, log_accept: np.ndarray,
+                       h: float | None = None) -> np.ndarray:
+        """The rule's round length at every position of an acceptance trace (``decoding.simulate``) from the head's
+        log â there; h None: the head file's own."""
+        h = head.threshold if h is None else h
+        return head_round_lengths(log_accept, h, head.position == "own", max_k)

@@ -39,7 +39,7 @@ from transformers.generation import (
 )
 
 from core.sampling import sample_token, uniform
-from decoding.rules import HeadStop, check_token, log_accept, verifier_accepts
+from decoding.rules import GoodputStop, HeadStop, check_token, log_accept, verifier_accepts
 from heads.export import HeadFileError
 from heads.exported import ExportedHead
 
@@ -74,18 +74,19 @@ class HeadRule(StoppingCriteria):
     ``prev`` feature and y_{j-1}'s ``own`` one (SpecDec++'s e_{j-1}, read at y_{j-1}'s position). So a head on
     ``prev`` decides on y_j; a head on ``own`` decides on y_{j-1}, after y_j was drawn from the same forward.
 
-    - role ``stop`` (SpecDec++ Eq. 4.1): stop when 1 − ∏ sigmoid(f) over the round's decided candidates exceeds h;
-      an ``own`` head thereby submits y_j, drawn from the forward that read y_{j-1} (Algorithm 1), a ``prev`` head
-      stops with y_j;
+    - role ``stop`` (SpecDec++ Eq. 4.1): stop when 1 − ∏ sigmoid(f) over the round's decided candidates exceeds h
+      (or when ``stop``, another rule on those sigmoids such as the goodput stop, says so); an ``own`` head thereby
+      submits y_j, drawn from the forward that read y_{j-1} (Algorithm 1), a ``prev`` head stops with y_j;
     - role ``verifier`` (SPRINTER): stop at the first token with sigmoid(f) < τ (``rejected`` is then set).
 
     The draft scores a head may read are those of its token, from ``softmax(logits / temperature)`` of the forward
     that token was drawn from (before top-k/top-p; temperature 1 under greedy decoding), as in ``evaluation``.
     """
 
-    def __init__(self, head: ExportedHead, threshold: float, tap: DraftTap, temperature: float):
+    def __init__(self, head: ExportedHead, threshold: float | None, tap: DraftTap, temperature: float,
+                 stop: HeadStop | GoodputStop | None = None):
         self.head, self.threshold, self.tap, self.temperature = head, threshold, tap, temperature
-        self.stop = HeadStop(threshold)
+        self.stop = HeadStop(threshold) if stop is None else stop
         self.reset()
 
     def reset(self) -> None:
@@ -187,7 +188,8 @@ class HeadDecoding:
     """
 
     def __init__(self, head: str | Path | ExportedHead, draft, *, threshold: float | None = None,
-                 max_k: int = MAX_K, streamer=None):
+                 max_k: int = MAX_K, streamer=None, costs=None, rate: float | None = None,
+                 future: float | None = None):
         """
         Args:
             head: an exported head file (``make train``), or one already loaded.
@@ -195,16 +197,27 @@ class HeadDecoding:
             threshold: h of a stop head, τ of a verifier; None takes the one chosen at export.
             max_k: most candidates per SpecDec++ round.
             streamer: gets the generated tokens, as ``generate(streamer=…)``.
+            costs: a stop head stops by the goodput rule (``decoding.rules.GoodputStop``) instead of h, under these
+                seconds of a draft step (``draft``) and of a verification of m tokens (``verify_table(m)``), as
+                ``decoding.replay.RoundCosts`` or ``decoding.costs.LatencyFit.round_costs()`` give them.
+            rate: the goodput rule's λ in tokens per second; None: target-only's, 1 / (a verification of one token).
+            future: the goodput rule's predicted acceptance of candidates not yet drafted; None: the last estimate.
         """
         self.head = head if isinstance(head, ExportedHead) else ExportedHead(head)
         self.head.check(draft)
         if self.head.role == "verifier" and self.head.position != "prev":
             raise ValueError(f"{self.head.path}: this verifier reads the token's own hidden state; the runtime runs "
                              "SPRINTER with the paper's feature, the previous token's state (export a `prev` head)")
-        self.threshold = self.head.threshold if threshold is None else float(threshold)
-        if not 0 <= self.threshold <= 1 or max_k < 1:
+        if costs is not None and (self.head.role != "stop" or threshold is not None):
+            raise ValueError("costs run the goodput stop of a stop head, in place of its threshold h: give a stop head "
+                             "and no threshold")
+        # the goodput stop takes the place of h, so no threshold is read
+        self.threshold = None if costs is not None else self.head.threshold if threshold is None else float(threshold)
+        if self.threshold is not None and not 0 <= self.threshold <= 1 or max_k < 1:
             raise ValueError(f"need 0 <= threshold <= 1 and max_k >= 1, got {self.threshold}, {max_k}")
         self.draft, self.max_k, self.streamer = draft, int(max_k), streamer
+        self.costs, self.future = costs, future
+        self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate is None else float(rate)
 
     @torch.no_grad()
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
@@ -213,7 +226,9 @@ class HeadDecoding:
         streamer = streamer if streamer is not None else self.streamer
         temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
         tap = DraftTap(self.draft)
-        rule = HeadRule(self.head, self.threshold, tap, temperature)
+        goodput = None if self.costs is None else GoodputStop.priced(self.costs, self.rate, self.max_k, self.future,
+                                                                     self.head.position == "own")
+        rule = HeadRule(self.head, self.threshold, tap, temperature, goodput)
         saved_k = self.draft.generation_config.num_assistant_tokens  # transformers writes its schedule's K back
 
         def candidates(generation_config, input_ids, logits_processor, model_kwargs, **_):
@@ -309,19 +324,45 @@ def load_bundled_head() -> ExportedHead:
     return head
 
 
+class TableCosts:
+    """Seconds of a draft step (``draft``) and of a target forward of m tokens (``verify[m]``, index 0 unused): the
+    costs the goodput stop prices a round with, as a folder carries them."""
+
+    def __init__(self, draft: float, verify: list[float]):
+        self.draft, self.verify = draft, verify
+
+    def verify_table(self, max_tokens: int) -> list[float]:
+        return self.verify[:max_tokens + 1]
+
+
+def load_bundled_costs() -> TableCosts | None:
+    """The costs a folder exported with ``--timing`` carries (``custom_generate/bundled_costs.py``, a Python module
+    for the reason ``bundled_head`` is one); None outside a folder, or for one exported without them."""
+    try:
+        from .bundled_costs import DRAFT_S, VERIFY_S
+    except ImportError:
+        return None
+    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S)
+
+
 def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
-             threshold: float | None = None, max_k: int = MAX_K, **kwargs):
+             threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | None = None, **kwargs):
     """The entry point transformers calls for ``generate(custom_generate=<folder>, trust_remote_code=True)``, with
     every argument of that ``generate()`` call: ``assistant_model`` (the draft; required) and ``streamer`` go to
     ``HeadDecoding``, everything else back to ``model.generate`` with it as the decoding method.
 
     Args:
-        head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k: as there.
+        head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k, costs, rate: as there.
+            A folder exported with a timing file runs a stop head by the goodput stop under its costs unless given
+            a threshold.
     """
     if assistant_model is None:
         raise ValueError("speculative decoding with a head needs the draft it was trained on: "
                          "generate(..., assistant_model=draft)")
     loaded = load_bundled_head() if head is None else ExportedHead(head)
-    decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer)
+    if costs is None and threshold is None and loaded.role == "stop":
+        costs = load_bundled_costs()
+    decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer,
+                            costs=costs, rate=rate)
     return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,
                           **kwargs)

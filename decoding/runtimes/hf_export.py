@@ -10,6 +10,8 @@
                                         head's module, ``core/label_math.py``, …
       custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
                                         into its module cache, and tells its ``generate`` no path)
+      custom_generate/bundled_costs.py  with ``--timing FILE``, the seconds of a draft step and of a verification
+                                        of each length, so a stop head runs the goodput stop (else None)
       custom_generate/requirements.txt  torch, transformers, safetensors
       .specheads-export.json            the files above: what a later export into OUT may replace
 
@@ -36,6 +38,8 @@ import transformers
 
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
+from decoding.costs import read_timing
+from decoding.runtimes.hf import MAX_K
 from heads.export import load_head
 from heads.registry import HEADS
 
@@ -121,11 +125,15 @@ def previous_export(out: Path) -> list[Path]:
     return [out / f for f in files]
 
 
-def write_folder(head: str | Path, out: str | Path) -> Path:
+def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None) -> Path:
     """Write the folder for the exported head file ``head`` into ``out`` (a new or empty folder, or an earlier
-    export, whose files are replaced); everything is checked before anything is written."""
+    export, whose files are replaced); everything is checked before anything is written. ``timing``: a
+    ``make bench-timing`` JSON whose costs the folder carries, so that a stop head runs the goodput stop."""
     head, out = Path(head), Path(out)
     _, meta = load_head(head)  # the validating loader: digests and finite weights, before anything is written
+    costs = None if timing is None else read_timing(timing).round_costs()
+    if costs is not None and meta["role"] != "stop":
+        raise ExportError(f"{head}: a {meta['role']} head has no stop to price; --timing is for a stop head")
     previous = previous_export(out)
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
@@ -138,6 +146,13 @@ def write_folder(head: str | Path, out: str | Path) -> Path:
             f"DATA = {base64.b64encode(data).decode()!r}\n"
         ),
     }
+    # written whatever the timing: transformers copies every module generate.py imports, and refuses one missing
+    generated["bundled_costs.py"] = (
+        '"""Seconds of a draft step and of a target forward of m tokens (index m), from '
+        + (f"{Path(timing).name}" if costs is not None else "no timing file (None: the head's threshold runs)")
+        + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
+        + f"DRAFT_S = {None if costs is None else float(costs.draft)!r}\n"
+        + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n")
     modules = module_closure(generated)
     files = {f"custom_generate/{name}": flatten(text)
              for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items()}
@@ -213,9 +228,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
     parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
     parser.add_argument("out", help="the folder to write")
+    parser.add_argument("--timing", default=None,
+                        help="a bench_timing JSON: the folder runs a stop head by the goodput stop under its costs")
     args = parser.parse_args(argv)
     try:
-        print(write_folder(args.head, args.out))
+        print(write_folder(args.head, args.out, args.timing))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

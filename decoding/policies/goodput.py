@@ -1,0 +1,80 @@
+"""The goodput stop (``decoding/DESIGN.md``, "A stop rule for length-dependent verification cost"): SpecDec++'s
+head-driven drafting (``decoding.policies.specdecpp``), but a round stops when no longer round up to ``max_k`` gains
+more expected tokens than λ × its extra seconds under the device's per-length verification costs
+(``decoding.rules.GoodputStop``), the stop head's sigmoid being the acceptance estimate. Exact: only the round's
+length differs from SD.
+
+λ is the long-run tokens per second the decoding achieves: given (``lam``, e.g. ``decoding.replay.goodput_rate``
+over traces), or followed online, the tokens this generation produced over the seconds it has taken so far.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from decoding.costs import read_timing
+from decoding.policies.registry import register
+from decoding.policies.specdecpp import HeadStop, load_stop_head
+from decoding.policies.speculative import SpeculativePolicy
+from decoding.replay import RoundCosts, goodput_round_lengths, goodput_rule
+from decoding.state import ModelPair
+from decoding.traces import Trace
+from heads.exported import ExportedHead
+
+
+@register("goodput", setting="lam", head_role="stop", simulable=True)
+class Goodput(SpeculativePolicy):
+    def __init__(self, head: str | Path | ExportedHead, timing: str | Path | None = None,
+                 costs: RoundCosts | None = None, lam: float | None = None, online: bool = False,
+                 future: float | None = None, max_k: int = 20):
+        """
+        Args:
+            head: an exported stop head file, or one already loaded: its sigmoid is each candidate's acceptance
+                estimate.
+            timing: a ``make bench-timing`` JSON of the device (its ``draft`` and ``target`` entries); or
+            costs: the costs themselves (seconds of a draft step, of a verification of m tokens).
+            lam: λ in tokens per second; None: target-only's rate 1 / verify(1), where ``goodput_rate`` starts.
+            online: after each round, λ = the tokens generated so far / the seconds taken so far (wall clock).
+            future: the acceptance predicted for candidates not yet drafted; None: the last candidate's estimate.
+            max_k: most candidates per round (the rule's horizon).
+        """
+        if (timing is None) == (costs is None):
+            raise ValueError("give exactly one of timing (a bench_timing file) and costs")
+        self.head = load_stop_head(head)
+        self.costs = read_timing(timing).round_costs() if costs is None else costs
+        self.lam = 1.0 / float(self.costs.verify(1)) if lam is None else float(lam)
+        if not self.lam > 0 or max_k < 1 or future is not None and not 0 < future <= 1:
+            raise ValueError(f"need lam > 0, max_k >= 1 and 0 < future <= 1, got {self.lam}, {max_k}, {future}")
+        self.online, self.future, self.max_k = online, future, max_k
+
+    def round_length(self) -> int:
+        return self.max_k
+
+    def draft_layers(self) -> tuple[int, ...]:
+        return self.head.draft_layers
+
+    def stop_rule(self, pair: ModelPair) -> HeadStop:
+        self.head.check(pair.draft, pair.target)
+        self.stop = HeadStop(self.head, goodput_rule(self.costs, self.lam, self.max_k, self.future,
+                                                     self.head.position == "own"))
+        return self.stop
+
+    def start(self) -> None:
+        self.tokens, self.started = 0, time.perf_counter()
+
+    def observe(self, kept: int, drafted: int) -> None:
+        if self.online:  # a running ratio over this generation: the round's kept candidates and its target token
+            self.tokens += kept + 1
+            self.stop.rule.rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    @staticmethod
+    def replay_lengths(trace: Trace, max_k: int, head: ExportedHead, log_accept: np.ndarray, costs: RoundCosts,
+                       lam: float | None = None, future: float | None = None) -> np.ndarray:
+        """The rule's round length at every position of an acceptance trace (``decoding.simulate``) from the head's
+        log â there, at a fixed λ (None: 1 / verify(1), as decoding starts; an online λ enters a replay as the rate
+        it settles at, ``decoding.replay.goodput_rate``)."""
+        lam = 1.0 / float(costs.verify(1)) if lam is None else lam
+        return goodput_round_lengths(log_accept, costs, lam, head.position == "own", max_k, future)
