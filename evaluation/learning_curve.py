@@ -30,6 +30,7 @@ import numpy as np
 from core.errors import SettingError, UserError
 from core.shards import prompt_digests
 from decoding.costs import LatencyFit, read_timing
+from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.replay import STOP_H_GRID, Counts, RoundCosts
 from decoding.simulate import simulate
 from decoding.traces import Trace, load_label_traces
@@ -88,6 +89,20 @@ def head_speedup(head: str, val: list[Trace], held_out: list[Trace], cost: Cost)
     """SpecDec++ with ``head`` at the h of ``STOP_H_GRID`` fastest on ``val`` under ``cost``, on ``held_out``."""
     h = max(STOP_H_GRID, key=lambda v: cost.speedup(simulate(val, "specdecpp", head=head, h=v)))
     return {"h": h, "speedup": cost.speedup(simulate(held_out, "specdecpp", head=head, h=h))}
+
+
+def estimate_calibration(labels: str, held_out: list[Trace]) -> dict[str, float]:
+    """ECE against min(1, p/q) on the held-out traces' rows of the training-free acceptance estimates
+    (``decoding.estimates``): the draft's own q(Y_i), and q(Y_i) calibrated by isotonic regression on the training
+    labels' train traces."""
+    def rows(traces, column):
+        return np.concatenate([getattr(t, column) for t in traces])
+
+    train = load_label_traces(labels, ("train",))
+    calibrated = CalibratedConfidence.fit(rows(train, "logp_draft"), rows(train, "acceptance"))
+    logq, acceptance = rows(held_out, "logp_draft"), rows(held_out, "acceptance")
+    return {"q(Y_i)": calibration_error(np.exp(logq), acceptance),
+            "isotonic q(Y_i)": calibration_error(np.exp(calibrated.log_accept(logq)), acceptance)}
 
 
 def run(labels: str, test_labels: str, out: Path, configs: list[str], shares: list[float], costs: list[Cost],
@@ -207,22 +222,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[Point]:
     a = parse_args(argv)
     costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
+    held_out = load_label_traces(a.test_labels, ("test",))
     if a.timing:
-        held_out = load_label_traces(a.test_labels, ("test",))
         tokens = round(sum(map(len, held_out)) / len(held_out))
         costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
     out = Path(a.out)
     extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
     points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, extra, a.quiet)
-    text = table(points, costs)
+    ece = estimate_calibration(a.labels, held_out)
+    text = table(points, costs) + "\nECE against min(1, p/q) on the held-out traces' rows, training-free estimates: " \
+        + ", ".join(f"{k} {v:.3f}" for k, v in ece.items())
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.txt").write_text(text + "\n")
-    (out / "curve.json").write_text(json.dumps(
-        [{"name": p.run.name, "share": p.share, "train_prompts": p.run.train_prompts, "train_rows": p.run.train_rows,
-          "test": p.run.test, "intervals": {k: vars(v) for k, v in p.run.intervals.items()},
-          "threshold": p.run.threshold, "speedups": p.speedups, "export": str(p.run.export)} for p in points],
-        indent=2, default=float) + "\n")
+    records = [{"name": p.run.name, "share": p.share, "train_prompts": p.run.train_prompts,
+                "train_rows": p.run.train_rows, "test": p.run.test,
+                "intervals": {k: vars(v) for k, v in p.run.intervals.items()}, "threshold": p.run.threshold,
+                "speedups": p.speedups, "export": str(p.run.export)} for p in points]
+    (out / "curve.json").write_text(json.dumps({"estimate_ece": ece, "points": records}, indent=2, default=float)
+                                    + "\n")
     print(f"table: {out / 'curve.txt'}; plot: {plot(points, costs, out / 'curve.png')}")
     return points
 

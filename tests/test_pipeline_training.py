@@ -336,7 +336,8 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
     stop = points[0].speedups["c=0.1"]
     assert set(stop) >= {"specdecpp", "confidence", "svip", "sd", "oracle_share"} and 0 < stop["oracle_share"] <= 1
     assert not points[1].speedups  # a verifier has no stop rule to simulate
-    assert (tmp_path / "c" / "curve.png").stat().st_size > 0 and "ΔAUROC" in (tmp_path / "c" / "curve.txt").read_text()
+    text = (tmp_path / "c" / "curve.txt").read_text()
+    assert (tmp_path / "c" / "curve.png").stat().st_size > 0 and "ΔAUROC" in text and "isotonic q(Y_i)" in text
     from core.shards import prompt_digests
 
     seen = prompt_digests(tiny_labels, "val")
