@@ -146,7 +146,7 @@ def write_sequences(path: Path, seqs: dict[str, list]) -> int:
 
 
 def prompt_digests(out_dir: str | Path, split: str) -> dict[int, str]:
-    """``{prompt_id: core.prompts.prompt_digest}`` of a split's prompts, from the stored token sequences."""
+    """``{prompt_id: core.identity.prompt_digest}`` of a split's prompts, from the stored token sequences."""
     seqs = load_sequences(out_dir, split)
     if seqs is None:
         raise ShardError(f"{out_dir} stores no token sequences (labeled by an older version); label it again")

@@ -82,5 +82,6 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
 
 
 def unseen(traces: list[Trace], seen: set[str]) -> list[Trace]:
-    """The traces of prompts outside ``seen`` (a head's ``heads.export.seen_prompts``)."""
+    """The traces of prompts outside ``seen`` (a head's ``heads.export.seen_prompts``); a trace without a digest
+    (labels stored without their sequences) cannot be told apart and is kept."""
     return [t for t in traces if t.prompt_digest is None or t.prompt_digest not in seen]

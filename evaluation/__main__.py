@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
             from evaluation.report import write_report
 
             out = Path(cfg.output_dir)
-            write_report(out, cfg, ResultStore(RunDir(out).results).records(), load_prompts(cfg.prompts))
+            records = ResultStore(RunDir(out).results).records()
+            decoded = {r["prompt"] for r in records}  # without the prompts a head had seen (``unseen_prompts``)
+            write_report(out, cfg, records, [p for p in load_prompts(cfg.prompts) if p["prompt"] in decoded])
         else:
             out = run_eval(cfg)
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ held-out labels' test rows (``--test-labels``):
 
 - AUROC and its difference from the best training-free score (q(Y_i), H(q), margin), with 95 % bootstrap intervals
   over prompts, and ECE of P̂ against the head's training target (min(1, p/q) for a stop head);
-- a stop head's simulated SpecDec++ speedup over the held-out traces against the confidence stop, SVIP and the best
+- a stop head's simulated SpecDec++ speedup (a head reading features the traces do not hold has none) over the held-out traces against the confidence stop, SVIP and the best
   fixed K, each at the setting that is fastest on the training labels' val traces at that cost (no setting is chosen
   on the held-out prompts), and the share of the oracle's gain, at each cost ratio c of Eq. 5.1 and, with
   ``--timing``, at this device's timed costs.
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import SettingError, UserError
-from core.shards import prompt_digests
+from core.shards import load_split, prompt_digests
 from decoding.costs import LatencyFit, read_timing
 from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.replay import STOP_H_GRID, Counts, RoundCosts
-from decoding.simulate import simulate
-from decoding.traces import Trace, load_label_traces
+from decoding.simulate import replayable, simulate
+from decoding.traces import TRACE_CATEGORY, Trace, load_label_traces
 from heads.export import check_unseen, read_metadata
 from pipeline.train_all import RunResult, train_one
 
@@ -98,18 +98,20 @@ def estimate_calibration(labels: str, held_out: list[Trace]) -> dict[str, float]
     def rows(traces, column):
         return np.concatenate([getattr(t, column) for t in traces])
 
-    train = load_label_traces(labels, ("train",))
-    calibrated = CalibratedConfidence.fit(rows(train, "logp_draft"), rows(train, "acceptance"))
+    train = load_split(labels, "train").select_columns(["category", "loss_mask", "logp_draft", "acceptance"])
+    train = train.with_format("numpy")[:]
+    keep = (train["category"] == TRACE_CATEGORY) & train["loss_mask"]  # the traces' rows, without their features
+    calibrated = CalibratedConfidence.fit(train["logp_draft"][keep], train["acceptance"][keep])
     logq, acceptance = rows(held_out, "logp_draft"), rows(held_out, "acceptance")
     return {"q(Y_i)": calibration_error(np.exp(logq), acceptance),
             "isotonic q(Y_i)": calibration_error(np.exp(calibrated.log_accept(logq)), acceptance)}
 
 
 def run(labels: str, test_labels: str, out: Path, configs: list[str], shares: list[float], costs: list[Cost],
-        extra: list[str] = (), quiet: bool = False) -> list[Point]:
-    """Train every config on every share and judge it (module docstring)."""
+        held_out: list[Trace], extra: list[str] = (), quiet: bool = False) -> list[Point]:
+    """Train every config on every share and judge it on ``held_out``, the test traces of ``test_labels`` (module
+    docstring)."""
     val = load_label_traces(labels, ("val",))
-    held_out = load_label_traces(test_labels, ("test",))
     digests = prompt_digests(test_labels, "test")
     baselines = {cost.name: chosen_settings(val, held_out, cost) for cost in costs}
     oracles = {cost.name: cost.speedup(cost.oracle(held_out)) for cost in costs}
@@ -122,14 +124,14 @@ def run(labels: str, test_labels: str, out: Path, configs: list[str], shares: li
                                quiet=quiet)
             check_unseen(read_metadata(result.export), digests, f"the test split of {test_labels}", result.export)
             point = Point(share, result)
-            if result.label["kind"] == "soft":
+            if result.label["kind"] == "soft" and replayable(str(result.export)):
                 for cost in costs:
                     head = head_speedup(str(result.export), val, held_out, cost)
                     free = baselines[cost.name]
                     point.speedups[cost.name] = {
                         "specdecpp": head["speedup"], "h": head["h"], **{f: b["speedup"] for f, b in free.items()},
                         "oracle": oracles[cost.name],
-                        "oracle_share": (head["speedup"] - 1) / (oracles[cost.name] - 1)}
+                        "oracle_share": (head["speedup"] - 1) / max(oracles[cost.name] - 1, 1e-12)}
             points.append(point)
     return points
 
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
     out = Path(a.out)
     extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
-    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, extra, a.quiet)
+    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
     ece = estimate_calibration(a.labels, held_out)
     text = table(points, costs) + "\nECE against min(1, p/q) on the held-out traces' rows, training-free estimates: " \
         + ", ".join(f"{k} {v:.3f}" for k, v in ece.items())

@@ -157,7 +157,8 @@ def traces_for(family: str, every: list[Trace], held_out: list[Trace], head: str
     if POLICIES[family].head_role is None:
         return every
     meta = read_metadata(head) if head is not None else {}
-    return unseen(every, seen_prompts(meta)) if "trained_on" in meta else held_out
+    known = all(t.prompt_digest is not None for t in every)  # labels without sequences cannot be compared
+    return unseen(every, seen_prompts(meta)) if "trained_on" in meta and known else held_out
 
 
 FIT_WITHOUT_RUN = "fit-out"

@@ -16,7 +16,7 @@ under ``specheads_sha256``::
                 simulator's method, split, cost and grid: ``pipeline.train_all.stop_threshold``)
     metrics:    validation (and test) metrics of the exported weights
     trained_on: the prompts whose rows trained the head or chose its threshold (train and val): ``labels`` (the
-                folder), ``splits``, ``prompts`` (their count) and ``digests`` (``core.prompts.prompt_digest`` of
+                folder), ``splits``, ``prompts`` (their count) and ``digests`` (``core.identity.prompt_digest`` of
                 each, concatenated): the evaluation refuses to count a prompt the head has seen (``seen_prompts``)
     weights_sha256: digest of the tensors (``weights_digest``); a file without it, or whose weights no longer match
                 it, is refused, and so are non-finite weights
@@ -220,8 +220,9 @@ def seen_prompts(meta: dict) -> set[str]:
 
 def check_unseen(meta: dict, digests: dict[int, str], where: str, path="head file") -> None:
     """Refuse to evaluate a head on prompts it trained or had its threshold chosen on (``digests``: prompt id →
-    ``core.prompts.prompt_digest`` of the prompts at hand, ``where`` names them): its scores there are optimistic."""
-    seen = sorted(i for i, d in digests.items() if d in seen_prompts(meta))
+    ``core.identity.prompt_digest`` of the prompts at hand, ``where`` names them): its scores there are optimistic."""
+    known = seen_prompts(meta)
+    seen = sorted(i for i, d in digests.items() if d in known)
     if seen:
         shown = ", ".join(map(str, seen[:5])) + (", …" if len(seen) > 5 else "")
         raise HeadFileError(f"{path} trained on {len(seen)} of the {len(digests)} prompts of {where} (prompt ids "

@@ -121,7 +121,7 @@ def first_prompts(prompt_ids: np.ndarray, share: float, seed: int) -> np.ndarray
     """The first ``share`` of ``prompt_ids`` (at least one) in an order fixed by the seed and each id alone, so the
     prompts of a smaller share are among those of every larger one (nested subsets for a learning curve)."""
     order = np.argsort([hashlib.sha256(f"{seed}:{int(p)}".encode()).digest() for p in prompt_ids], kind="stable")
-    return prompt_ids[order[: max(1, math.ceil(share * len(prompt_ids)))]]
+    return prompt_ids[order[: max(1, math.ceil(share * len(prompt_ids) - 1e-9))]]  # 0.1 * 30 is 3.0000000000000004
 
 
 def _chunk_views(column: pa.ChunkedArray) -> list[np.ndarray]:

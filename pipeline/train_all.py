@@ -139,6 +139,9 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         cli = HeadCLI(args=args, run=False)
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
+    if heads_dir is not None:  # an exported head records its prompts (``trained_on``): they must be readable
+        for split in ("train", "val"):
+            prompt_digests(labels, split)
     trainer.fit(model, datamodule=dm)
     if trainer.global_rank != 0:
         return None
@@ -183,18 +186,16 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
             tapped_layers=dm.manifest["feature"].get("tapped_layers"),
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
-            trained_on=trained_on(labels, dm.rows("train").prompt_ids, dm.rows("val").prompt_ids),
+            trained_on=trained_on(labels, dm.rows("train").prompt_ids),
         )
     return result
 
 
-def trained_on(labels: str, train_prompts, val_prompts) -> dict:
+def trained_on(labels: str, train_prompts) -> dict:
     """What a head records of the prompts it has seen (``heads.export``): the train prompts whose rows it trained
-    on (all of them, or a share) and the val prompts its early stopping and threshold were chosen on."""
-    digests = []
-    for split, ids in (("train", train_prompts), ("val", val_prompts)):
-        of_split = prompt_digests(labels, split)
-        digests += [of_split[int(i)] for i in ids]
+    on (all of them, or a share) and every val prompt (its early stopping, and its threshold on the val traces)."""
+    train = prompt_digests(labels, "train")
+    digests = [train[int(i)] for i in train_prompts] + list(prompt_digests(labels, "val").values())
     return {"labels": str(labels), "splits": ["train", "val"], "prompts": len(digests),
             "digests": "".join(sorted(digests))}
 

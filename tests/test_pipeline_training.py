@@ -316,9 +316,9 @@ def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
                for s in ("train", "val", "test")}
     seen = seen_prompts(meta)
     dm = LabelDataModule(str(tiny_labels), label="soft", train_share=0.5)
-    trained, validated = dm.rows("train").prompt_ids, dm.rows("val").prompt_ids  # the prompts of its rows
-    assert seen == {digests["train"][int(p)] for p in trained} | {digests["val"][int(p)] for p in validated}
-    assert len(seen) == meta["trained_on"]["prompts"] == len(trained) + len(validated)
+    trained = dm.rows("train").prompt_ids  # the prompts of its rows; and every val prompt (its threshold's traces)
+    assert seen == {digests["train"][int(p)] for p in trained} | set(digests["val"].values())
+    assert len(seen) == meta["trained_on"]["prompts"] == len(trained) + len(digests["val"])
     assert not set(digests["test"].values()) & seen
 
 

@@ -71,10 +71,12 @@ class Goodput(SpeculativePolicy):
             self.stop.rule.rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
 
     @staticmethod
-    def replay_lengths(trace: Trace, max_k: int, head: ExportedHead, log_accept: np.ndarray, costs: RoundCosts,
-                       lam: float | None = None, future: float | None = None) -> np.ndarray:
+    def replay_lengths(trace: Trace, max_k: int, head: ExportedHead, log_accept: np.ndarray,
+                       costs: RoundCosts | None = None, lam: float | None = None, future: float | None = None,
+                       timing: str | None = None, online: bool = False) -> np.ndarray:
         """The rule's round length at every position of an acceptance trace (``decoding.simulate``) from the head's
         log â there, at a fixed λ (None: 1 / verify(1), as decoding starts; an online λ enters a replay as the rate
         it settles at, ``decoding.replay.goodput_rate``)."""
+        costs = read_timing(timing).round_costs() if costs is None else costs  # as an eval config names them
         lam = 1.0 / float(costs.verify(1)) if lam is None else lam
         return goodput_round_lengths(log_accept, costs, lam, head.position == "own", max_k, future)
