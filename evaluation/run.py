@@ -151,7 +151,13 @@ def unseen_prompts(prompts: list[dict], heads: list[str], tokenizer, chat_templa
     records, ``heads.export.seen_prompts``); every policy decodes only these, so that ratios stay paired by prompt
     and no head is timed on prompts it learned. The others are named in one line."""
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
-    kept = [p for p in prompts if prompt_digest(tokenize_prompt(tokenizer, p["text"], chat_template)) not in seen]
+
+    templates = [chat_template] + ([not chat_template] if getattr(tokenizer, "chat_template", None) else [])
+
+    def digests(text):  # with and without the chat template: the labels may have read the text either way
+        return {prompt_digest(tokenize_prompt(tokenizer, text, template)) for template in templates}
+
+    kept = [p for p in prompts if not digests(p["text"]) & seen]
     left = [p["prompt"] for p in prompts if p not in kept]
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
