@@ -60,7 +60,7 @@ train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=
 	$(PY) -m pipeline.train_all --configs $(TRAIN_CONFIGS) $(ARGS)
 
 curve: $(STAMP) ## learning curve: heads on 1/16 … all of runs/labels/corpus, judged on runs/labels/humaneval-heldout (AUROC, ECE, simulated speedups, plot) into runs/curve
-	$(PY) -m evaluation.learning_curve $(ARGS)
+	$(PY) -m pipeline.learning_curve $(ARGS)
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached 896-d fp16 rows vs a plain in-memory tensor pass
 	$(PY) -m pipeline.bench $(ARGS)

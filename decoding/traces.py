@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core.errors import UserError
-from core.shards import load_sequences, load_split, prompt_digests, read_manifest
+from core.shards import ShardError, load_split, prompt_digests, read_manifest
 
 TRACE_CATEGORY = "target"
 
@@ -66,7 +66,10 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
         if prompts is not None:
             keep &= np.isin(meta["prompt_id"], list(prompts))
         rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
-        digests = prompt_digests(folder, split) if load_sequences(folder, split) is not None else {}
+        try:
+            digests = prompt_digests(folder, split)
+        except ShardError:  # labeled without its sequences: its traces cannot be matched to a head's prompts
+            digests = {}
         for pid in np.unique(rows["prompt_id"]):
             idx = np.flatnonzero(rows["prompt_id"] == pid)
             idx = idx[np.argsort(rows["position"][idx])]

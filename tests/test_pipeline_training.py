@@ -325,7 +325,7 @@ def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
 def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels, tmp_path):
     """Every config at every share (shares: test_train_share_takes_nested_prompt_subsets), judged on the test split (prompts no head saw); a stop head's speedups beside
     the training-free rules' at each cost; the plot is written. A head that saw a test prompt is refused."""
-    from evaluation import learning_curve
+    from pipeline import learning_curve
     from heads.export import HeadFileError, check_unseen, read_metadata
 
     configs = [str(CONFIGS[0].parent / c) for c in ("specdecpp_d3_w6.yaml", "sprinter_lam1.5.yaml")]

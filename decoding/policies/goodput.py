@@ -17,16 +17,15 @@ import numpy as np
 
 from decoding.costs import read_timing
 from decoding.policies.registry import register
-from decoding.policies.specdecpp import HeadStop, load_stop_head
-from decoding.policies.speculative import SpeculativePolicy
+from decoding.policies.specdecpp import HeadStopPolicy, load_stop_head
 from decoding.replay import RoundCosts, goodput_round_lengths, goodput_rule
-from decoding.state import ModelPair
+from decoding.rules import GoodputStop
 from decoding.traces import Trace
 from heads.exported import ExportedHead
 
 
 @register("goodput", setting="lam", head_role="stop", simulable=True)
-class Goodput(SpeculativePolicy):
+class Goodput(HeadStopPolicy):
     def __init__(self, head: str | Path | ExportedHead, timing: str | Path | None = None,
                  costs: RoundCosts | None = None, lam: float | None = None, online: bool = False,
                  future: float | None = None, max_k: int = 20):
@@ -50,17 +49,8 @@ class Goodput(SpeculativePolicy):
             raise ValueError(f"need lam > 0, max_k >= 1 and 0 < future <= 1, got {self.lam}, {max_k}, {future}")
         self.online, self.future, self.max_k = online, future, max_k
 
-    def round_length(self) -> int:
-        return self.max_k
-
-    def draft_layers(self) -> tuple[int, ...]:
-        return self.head.draft_layers
-
-    def stop_rule(self, pair: ModelPair) -> HeadStop:
-        self.head.check(pair.draft, pair.target)
-        self.stop = HeadStop(self.head, goodput_rule(self.costs, self.lam, self.max_k, self.future,
-                                                     self.head.position == "own"))
-        return self.stop
+    def head_rule(self) -> GoodputStop:
+        return goodput_rule(self.costs, self.lam, self.max_k, self.future, self.head.position == "own")
 
     def start(self) -> None:
         self.tokens, self.started = 0, time.perf_counter()

@@ -51,8 +51,30 @@ class HeadStop:
         return self.rule(rules.log_accept(logit))
 
 
+class HeadStopPolicy(SpeculativePolicy):
+    """Drafting stopped by a rule on a stop head's estimates (``HeadStop``), at most ``max_k`` candidates a round;
+    a subclass gives the rule (``head_rule``) and sets ``head`` and ``max_k``."""
+
+    head: ExportedHead
+    max_k: int
+
+    def head_rule(self) -> rules.HeadStop | rules.GoodputStop:
+        raise NotImplementedError
+
+    def round_length(self) -> int:
+        return self.max_k
+
+    def draft_layers(self) -> tuple[int, ...]:
+        return self.head.draft_layers
+
+    def stop_rule(self, pair: ModelPair) -> HeadStop:
+        self.head.check(pair.draft, pair.target)
+        self.stop = HeadStop(self.head, self.head_rule())
+        return self.stop
+
+
 @register("specdecpp", setting="h", head_role="stop", simulable=True)
-class SpecDecPP(SpeculativePolicy):
+class SpecDecPP(HeadStopPolicy):
     def __init__(self, head: str | Path | ExportedHead, h: float | None = None, max_k: int = 20):
         """
         Args:
@@ -66,15 +88,8 @@ class SpecDecPP(SpeculativePolicy):
             raise ValueError(f"need 0 <= h <= 1 and max_k >= 1, got {self.h}, {max_k}")
         self.max_k = max_k
 
-    def round_length(self) -> int:
-        return self.max_k
-
-    def draft_layers(self) -> tuple[int, ...]:
-        return self.head.draft_layers
-
-    def stop_rule(self, pair: ModelPair) -> HeadStop:
-        self.head.check(pair.draft, pair.target)
-        return HeadStop(self.head, rules.HeadStop(self.h))
+    def head_rule(self) -> rules.HeadStop:
+        return rules.HeadStop(self.h)
 
     @staticmethod
     def replay_lengths(trace: Trace, max_k: int, head: ExportedHead, log_accept: np.ndarray,

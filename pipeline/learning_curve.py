@@ -1,6 +1,6 @@
 """How the heads' edge over the training-free rules moves with data size, judged on prompts no head saw.
 
-    python -m evaluation.learning_curve --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
+    python -m pipeline.learning_curve --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
 
 For each share of the training labels' prompts (nested: 1/16 … all) and each head config, train and export the head
 (``pipeline.train_all.train_one``: early stopping and its threshold on the training labels' val split), then on the
@@ -200,7 +200,7 @@ def plot(points: list[Point], costs: list[Cost], path: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evaluation.learning_curve", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/corpus", help="training labels (train and val splits)")
     p.add_argument("--test-labels", default="runs/labels/humaneval-heldout",
                    help="held-out labels: their test rows and traces judge every head")
