@@ -13,7 +13,7 @@ ALLOWED = {
     "decoding": {"core", "heads", "decoding"},
     "data_gen": {"core", "data_gen"},
     "pipeline": {"core", "heads", "decoding", "pipeline"},
-    "evaluation": {"core", "heads", "decoding", "pipeline", "evaluation"},
+    "evaluation": {"core", "heads", "decoding", "evaluation"},
     "testing": {"core", "data_gen", "testing"},
     "scripts": {"core", "heads", "decoding", "data_gen", "pipeline", "evaluation", "testing", "scripts"},
 }
