@@ -139,9 +139,8 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         cli = HeadCLI(args=args, run=False)
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
-    if heads_dir is not None:  # an exported head records its prompts (``trained_on``): they must be readable
-        for split in ("train", "val"):
-            prompt_digests(labels, split)
+    # what an exported head records of its prompts, read before fitting so that unreadable sequences stop the run now
+    seen = trained_on(labels, dm.rows("train").prompt_ids) if heads_dir is not None else None
     trainer.fit(model, datamodule=dm)
     if trainer.global_rank != 0:
         return None
@@ -186,7 +185,7 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
             tapped_layers=dm.manifest["feature"].get("tapped_layers"),
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
-            trained_on=trained_on(labels, dm.rows("train").prompt_ids),
+            trained_on=seen,
         )
     return result
 
