@@ -4,7 +4,10 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 MODELS  := $(VENV)/.models-installed
-LABELS_CONFIG ?= configs/labels/humaneval.yaml
+LABELS_CONFIG ?= configs/labels/corpus.yaml
+HELDOUT_CONFIG ?= configs/labels/humaneval-heldout.yaml
+TRAIN_LABELS ?= runs/labels/corpus
+TEST_LABELS ?= runs/labels/humaneval-heldout
 EVAL_CONFIG ?= configs/eval/humaneval.yaml
 ARGS    ?=
 
@@ -33,10 +36,14 @@ CORPUS  ?= runs/corpus
 corpus: $(STAMP) ## HumanEval-shaped prompts from installed third-party packages (never the stdlib) into runs/corpus (CORPUS=<folder>)
 	$(PY) -m data_gen.corpus --out $(CORPUS) $(ARGS)
 
-labels: $(MODELS) ## label the real Qwen2.5-Coder pair on HumanEval (ARGS="--sampling.max_new_tokens 32" to override)
-	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
+$(CORPUS)/manifest.json: | $(STAMP)
+	$(PY) -m data_gen.corpus --out $(CORPUS)
 
-LABELS ?= runs/labels/humaneval
+labels: $(MODELS) | $(CORPUS)/manifest.json ## the real pair: stop-head labels on the corpus' first 120 prompts (runs/labels/corpus, ARGS apply here), then all 164 HumanEval prompts as held-out traces (runs/labels/humaneval-heldout)
+	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
+	$(PY) -m data_gen --config $(HELDOUT_CONFIG)
+
+LABELS ?= runs/labels/corpus
 audit: $(MODELS) ## recompute random label rows with plain unbatched forwards and compare every column (LABELS=<folder> ARGS="--rows 50")
 	$(PY) -m data_gen.audit $(LABELS) $(ARGS)
 
@@ -56,8 +63,8 @@ TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.
                  configs/train/sprinter_lam1.5_own.yaml configs/train/sprinter_lam1.5_scores_own.yaml \
                  $(foreach f,runtime draft stale all,configs/train/sprinter_lam1.5_$(f).yaml configs/train/specdecpp_d3_w6_$(f).yaml)
 
-train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6; both also with draft scores and with each feature family; SPRINTER λ=1.5 on both feature positions) on runs/labels/humaneval; table with intervals + ROC PNG
-	$(PY) -m pipeline.train_all --configs $(TRAIN_CONFIGS) $(ARGS)
+train: $(STAMP) ## train + export the heads (SPRINTER λ=1,1.2,1.5; SpecDec++ D=3 w_rej=6; both also with draft scores and with each feature family; SPRINTER λ=1.5 on both feature positions) on runs/labels/corpus, tested on the held-out HumanEval labels; table with intervals + ROC PNG
+	$(PY) -m pipeline.train_all --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) $(ARGS)
 
 curve: $(STAMP) ## learning curve: heads on 1/16 … all of runs/labels/corpus, judged on runs/labels/humaneval-heldout (AUROC, ECE, simulated speedups, plot) into runs/curve
 	$(PY) -m pipeline.learning_curve $(ARGS)

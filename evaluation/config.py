@@ -184,7 +184,7 @@ class EvalConfig:
     other goals)."""
     train_dir: str | None = "runs/train"
     """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
-    labels_dir: str | None = "runs/labels/humaneval"
+    labels_dir: str | None = "runs/labels/humaneval-heldout"
     """The labeled dataset the heads were trained on (``data_gen`` output): the mean TV(p, q) of its test rows
     predicts SPRINTER's rate of kept draft tokens (Theorem 7) in the report (skipped when absent or None)."""
     timing: str | None = None

@@ -146,18 +146,19 @@ def load_prompts(cfg: PromptConfig) -> list[dict]:
     return out
 
 
+def text_digests(text: str, tokenizer, chat_template: bool) -> set[str]:
+    """The digests (``core.identity.prompt_digest``) a prompt's text can have in label files: tokenized with and
+    without the chat template, since labels may have read it either way."""
+    templates = [chat_template] + ([not chat_template] if getattr(tokenizer, "chat_template", None) else [])
+    return {prompt_digest(tokenize_prompt(tokenizer, text, template)) for template in templates}
+
+
 def unseen_prompts(prompts: list[dict], heads: list[str], tokenizer, chat_template: bool) -> list[dict]:
     """The prompts no head of ``heads`` has seen (trained on, or had its threshold chosen on: the prompts its file
     records, ``heads.export.seen_prompts``); every policy decodes only these, so that ratios stay paired by prompt
     and no head is timed on prompts it learned. The others are named in one line."""
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
-
-    templates = [chat_template] + ([not chat_template] if getattr(tokenizer, "chat_template", None) else [])
-
-    def digests(text):  # with and without the chat template: the labels may have read the text either way
-        return {prompt_digest(tokenize_prompt(tokenizer, text, template)) for template in templates}
-
-    kept = [p for p in prompts if not digests(p["text"]) & seen]
+    kept = [p for p in prompts if not text_digests(p["text"], tokenizer, chat_template) & seen]
     left = [p["prompt"] for p in prompts if p not in kept]
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
@@ -358,10 +359,13 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
     write_json(path, {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens), "timed_at": timed_at})
 
 
-def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool) -> dict[str, dict]:
+def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool,
+                        decoded: set[str]) -> dict[str, dict]:
     """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
-    like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). Written to
-    ``selection.json`` with what it was chosen from (labels, costs, grids), and chosen again when that changes."""
+    like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). The choice never replays
+    a prompt the eval decodes (``decoded``: their digests), so that no setting is chosen on the prompts it is then
+    measured on. Written to ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
+    prompts), and chosen again when that changes."""
     from core.cache import file_sha256
     from core.shards import read_manifest
     from decoding.policies import simulated
@@ -388,9 +392,10 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
         "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept, fit.draft_step,
                   fit.verify_s],
         "tokens": cfg.max_new_tokens,
+        "decoded_prompts": sorted(decoded),
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
     if selection["inputs"].get(mode.name) != inputs:
-        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens)
+        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
         write_json(path, selection)
@@ -448,12 +453,13 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, q
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]
+    decoded = set().union(*(text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template) for p in prompts))
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
     for mode in cfg.modes:
         sampling = mode.sampling(cfg.max_new_tokens)
         pair = engine.make_pair(sampling)
         sweeps = [s for s in cfg.policies if mode.runs(s.family)]
-        simulated = _simulated_settings(cfg, mode, sweeps, out, quiet)
+        simulated = _simulated_settings(cfg, mode, sweeps, out, quiet, decoded)
         settings = {s.family: [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
                     for s in sweeps}
         # Every setting on the sweep prompts; then every run on every prompt in one pass (one-setting families,

@@ -123,15 +123,17 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
     return best
 
 
-def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int) -> dict[str, dict]:
+def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int,
+                     exclude: set[str] = frozenset()) -> dict[str, dict]:
     """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the families of
     ``decoding.policies.simulated(exact=True)`` with more than one setting) with the highest predicted speedup for ``tokens``-token
     responses, with every setting's prediction: over every labeled prompt, heads over the prompts they did not
-    train on (their scores on training prompts are optimistic)."""
+    train on (their scores on training prompts are optimistic); never the prompts whose digests are in ``exclude``
+    (those an eval decodes)."""
     sweeps = [s for s in sweeps if s.family in simulated(exact=True) and len(s.settings()) > 1]
     if not sweeps:
         return {}
-    every, held_out = selection_traces(labels)
+    every, held_out = selection_traces(labels, exclude)
     out = {}
     for s in sweeps:
         def traces(params):  # a head's own: the prompts it has not seen
@@ -145,10 +147,15 @@ def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: 
     return out
 
 
-def selection_traces(labels: str | Path) -> tuple[list[Trace], list[Trace]]:
-    """What ``simulated_choice`` replays: every labeled prompt's trace, and the held-out ones (for heads)."""
-    held_out = load_label_traces(labels, ("val", "test"))
-    return load_label_traces(labels, ("train",)) + held_out, held_out
+def selection_traces(labels: str | Path, exclude: set[str] = frozenset()) -> tuple[list[Trace], list[Trace]]:
+    """What ``simulated_choice`` replays: every labeled prompt's trace, and the held-out ones (for heads), less the
+    prompts whose digests are in ``exclude``."""
+    held_out = unseen(load_label_traces(labels, ("val", "test")), exclude)
+    every = unseen(load_label_traces(labels, ("train",)), exclude) + held_out
+    if not every:
+        raise SimulationError(f"{labels}: every labeled prompt is one the eval decodes; choose settings on labels "
+                              "of other prompts (labels_dir)")
+    return every, held_out
 
 
 def traces_for(family: str, every: list[Trace], held_out: list[Trace], head: str | None = None) -> list[Trace]:
@@ -293,7 +300,7 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m evaluation.simulate", description=__doc__.split("\n")[0])
-    p.add_argument("--labels", default="runs/labels/humaneval", help="a label folder (its `target` rows are traces)")
+    p.add_argument("--labels", default="runs/labels/humaneval-heldout", help="a label folder (its `target` rows are traces)")
     p.add_argument("--splits", nargs="+", default=["val", "test"], choices=SPLITS,
                    help="splits whose prompts are replayed (default: the ones no head trained on)")
     p.add_argument("--heads", nargs="*", default=None,

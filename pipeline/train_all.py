@@ -1,6 +1,6 @@
 """``make train``: train the SPRINTER verifier and the SpecDec++ head, pick thresholds, export, report.
 
-    python -m pipeline.train_all --labels runs/labels/humaneval
+    python -m pipeline.train_all --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
     python -m pipeline.train_all --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
 
 For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (a verifier's τ:
@@ -283,7 +283,7 @@ def _intervals_text(intervals: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
-    p.add_argument("--labels", default="runs/labels/humaneval", help="labeled dataset folder (data_gen output)")
+    p.add_argument("--labels", default="runs/labels/corpus", help="labeled dataset folder (data_gen output)")
     p.add_argument("--test-labels", default=None,
                    help="test on the test split of this label folder (held-out prompts, e.g. "
                         "runs/labels/humaneval-heldout) instead of --labels'")
