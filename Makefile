@@ -14,7 +14,7 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf
+.PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf calibrate
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -78,9 +78,13 @@ eval: $(MODELS) ## every policy + HF peer on the real pair with the exported hea
 simulate: $(STAMP) ## replay every policy over the label traces: predicted rates and speedups at c, the oracle (ARGS="--c 0.12 --eval configs/eval/sampling.yaml")
 	$(PY) -m evaluation.simulate $(ARGS)
 
+CALIBRATION ?= checkpoints/calibration.json
+calibrate: $(STAMP) ## calibrate the draft's confidence on LABELS=<folder>'s train traces into CALIBRATION=<file>, with its ECE (ARGS="--heldout <folder>")
+	$(PY) -m decoding.calibrate --labels $(LABELS) --splits train --out $(CALIBRATION) $(ARGS)
+
 export-hf: $(STAMP) ## a head as a transformers custom_generate folder: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
-	$(PY) -m decoding.runtimes.hf_export $(HEAD) $(OUT)
+	$(PY) -m decoding.runtimes.hf_export $(HEAD) $(OUT) $(ARGS)
 
 bench-timing: $(STAMP) ## per-forward times (prefill, decode step, verify) of the pair's shapes at each precision on this device, and the cost ratio c (JSON)
 	$(PY) -m evaluation.bench_timing $(ARGS)

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 
 from core.errors import UserError
-from decoding import rules
+from decoding.rules import log_accept
 
 FLOOR = 1e-12
 """The least â an estimate reports, so that log â is finite."""
@@ -46,7 +45,7 @@ class HeadEstimate:
     def log_accept(self, logp_draft, entropy_draft, head_logit=None) -> np.ndarray:
         if head_logit is None:
             raise ValueError("a head's estimate needs the head's logit")
-        return rules.log_accept(head_logit)
+        return log_accept(head_logit)
 
     def observe(self, logp_draft, entropy_draft, acceptance) -> None:
         pass
@@ -67,6 +66,12 @@ class CalibratedConfidence:
     @classmethod
     def fit(cls, logp_draft: np.ndarray, acceptance: np.ndarray) -> "CalibratedConfidence":
         """Fit on rows: each candidate's log q(Y_i) and its min(1, p/q)."""
+        # imported here, in a try block: a custom_generate folder copies this module to apply saved knots with
+        # torch, transformers and safetensors alone, and transformers' check of a folder's imports skips try blocks
+        try:
+            from sklearn.isotonic import IsotonicRegression
+        except ImportError:
+            raise ImportError("fitting a calibrated confidence needs scikit-learn (pip install scikit-learn)") from None
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing="auto", out_of_bounds="clip")
         iso.fit(np.exp(logp_draft), acceptance)
         return cls(q=iso.X_thresholds_, acceptance=iso.y_thresholds_, rows=len(acceptance))
@@ -77,20 +82,40 @@ class CalibratedConfidence:
     def observe(self, logp_draft, entropy_draft, acceptance) -> None:
         pass
 
+    def to_dict(self) -> dict:
+        """What ``save`` writes as JSON (and ``decoding.runtimes.hf_export`` bundles into a folder)."""
+        return {"estimate": "calibrated_confidence", "rows": self.rows, "q": self.q.tolist(),
+                "acceptance": self.acceptance.tolist()}
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"estimate": "calibrated_confidence", "rows": self.rows,
-                                          "q": self.q.tolist(), "acceptance": self.acceptance.tolist()}))
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def from_dict(cls, saved: dict, where: str | Path) -> "CalibratedConfidence":
+        """The calibration ``to_dict`` gave, or one ``EstimateFileError`` naming ``where`` it was read from."""
+        try:
+            if saved.get("estimate") != "calibrated_confidence":
+                raise ValueError(f"it holds {saved.get('estimate')!r}")
+            return cls(q=np.array(saved["q"], float), acceptance=np.array(saved["acceptance"], float),
+                       rows=int(saved["rows"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise EstimateFileError(f"{where}: not a saved calibrated confidence ({e})") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibratedConfidence":
         try:
             saved = json.loads(Path(path).read_text())
-            if saved.get("estimate") != "calibrated_confidence":
-                raise ValueError(f"it holds {saved.get('estimate')!r}")
-            return cls(q=np.array(saved["q"], float), acceptance=np.array(saved["acceptance"], float),
-                       rows=int(saved["rows"]))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except FileNotFoundError:
+            raise EstimateFileError(f"calibration file {path}: no such file (fit one with `make calibrate`)") from None
+        except (OSError, ValueError) as e:
             raise EstimateFileError(f"{path}: not a saved calibrated confidence ({e})") from None
+        return cls.from_dict(saved, path)
+
+
+def load_calibration(calibration: str | Path | CalibratedConfidence) -> CalibratedConfidence:
+    """A saved calibration file (``CalibratedConfidence.save``, ``make calibrate``), loaded; one already loaded as
+    it is."""
+    return calibration if isinstance(calibration, CalibratedConfidence) else CalibratedConfidence.load(calibration)
 
 
 @dataclass

@@ -38,7 +38,8 @@ def head_logits(head: ExportedHead, trace: Trace) -> np.ndarray:
 def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> Counts:
     """Expected counts of one policy summed over the traces: a simulable family of ``POLICIES`` with its keyword
     arguments (``sd`` k, ``confidence`` threshold, ``svip`` h, a head family's ``head`` file and threshold: its
-    ``setting``, None for the file's own; ``goodput``'s ``head``, ``costs`` (a ``RoundCosts``) and ``lam``), or
+    ``setting``, None for the file's own; ``goodput``'s ``head`` or ``calibration`` (a ``CalibratedConfidence`` or its
+    file), ``costs`` (a ``RoundCosts``) and ``lam``), or
     ``oracle`` with ``costs`` (no limit on its rounds)."""
     if family != "oracle" and not POLICIES.get_class(family).simulable:
         raise ValueError(f"the simulator has no policy {family!r}")
@@ -54,12 +55,12 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
             total += sprinter_counts(rules.verifier_accepts(head_logits(head, tr), head.threshold if tau is None
                                                             else tau))
             continue
-        if policy.head_role == "stop":  # the policy replays its rule over the head's estimates
+        if policy.head_role == "stop" and params.get("head") is not None:  # its rule over the head's estimates
             head = cached_head(params["head"])
             setting = {k: v for k, v in params.items() if k != "head"}
             lengths = policy.replay_lengths(tr, max_k, head=head, log_accept=rules.log_accept(head_logits(head, tr)),
                                             **setting)
-        else:  # a rule on the draft's own scores: the policy replays it over the trace
+        else:  # a rule on the draft's own scores (goodput's on a calibration of them): the policy replays it
             lengths = policy.replay_lengths(tr, max_k, **params)
         total += expected_counts(tr.acceptance, lengths)
     return total

@@ -61,11 +61,7 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
     traces = []
     for split in splits:
         ds = load_split(folder, split)
-        meta = ds.select_columns(["category", "loss_mask", "prompt_id"]).with_format("numpy")[:]
-        keep = (meta["category"] == TRACE_CATEGORY) & meta["loss_mask"]
-        if prompts is not None:
-            keep &= np.isin(meta["prompt_id"], list(prompts))
-        rows = ds.select(np.flatnonzero(keep)).select_columns(columns).with_format("numpy")[:]
+        rows = ds.select(trace_row_indices(ds, prompts)).select_columns(columns).with_format("numpy")[:]
         try:
             digests = prompt_digests(folder, split)
         except ShardError:  # labeled without its sequences: its traces cannot be matched to a head's prompts
@@ -88,3 +84,27 @@ def unseen(traces: list[Trace], seen: set[str]) -> list[Trace]:
     """The traces of prompts outside ``seen`` (a head's ``heads.export.seen_prompts``); a trace without a digest
     (labels stored without their sequences) cannot be told apart and is kept."""
     return [t for t in traces if t.prompt_digest is None or t.prompt_digest not in seen]
+
+
+def trace_row_indices(ds, prompts: set[int] | None = None) -> np.ndarray:
+    """The indices of a split's rows that make up its traces: its ``target`` rows inside the response (of the
+    prompts ``prompts`` when given)."""
+    meta = ds.select_columns(["category", "loss_mask", "prompt_id"]).with_format("numpy")[:]
+    keep = (meta["category"] == TRACE_CATEGORY) & meta["loss_mask"]
+    if prompts is not None:
+        keep &= np.isin(meta["prompt_id"], list(prompts))
+    return np.flatnonzero(keep)
+
+
+def trace_rows(folder: str | Path, splits: tuple[str, ...], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``columns`` of the traces' rows of ``splits``, every prompt's concatenated, without the hidden states a
+    ``Trace`` holds: what a fit on the draft's scores reads (``decoding.calibrate``)."""
+    read_manifest(folder)
+    parts = []
+    for split in splits:
+        ds = load_split(folder, split)
+        parts.append(ds.select(trace_row_indices(ds)).select_columns(list(columns)).with_format("numpy")[:])
+    rows = {c: np.concatenate([part[c] for part in parts]).astype(np.float64) for c in columns}
+    if not len(rows[columns[0]]):
+        raise TraceError(f"{folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
+    return rows

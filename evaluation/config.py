@@ -230,10 +230,11 @@ class EvalConfig:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
 
     def settings(self) -> dict:
-        """What a resumed run must share with the results already on disk: also the sha256 of every head file the
-        policies name, so that heads trained again at the same paths do not join results of the old ones."""
-        heads = {str(v) for sweep in self.policies for v in [sweep.fixed.get("head"), *sweep.grid.get("head", [])]
-                 if v is not None} | set(self.hf_peer.heads)
+        """What a resumed run must share with the results already on disk: also the sha256 of every head file (and
+        goodput's calibration file) the policies name, so that heads trained again at the same paths do not join
+        results of the old ones."""
+        heads = {str(v) for sweep in self.policies for key in ("head", "calibration")
+                 for v in [sweep.fixed.get(key), *sweep.grid.get(key, [])] if v is not None} | set(self.hf_peer.heads)
         return {
             "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},

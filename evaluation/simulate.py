@@ -26,6 +26,7 @@ from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
+from decoding.estimates import CalibratedConfidence
 from decoding.replay import RoundCosts, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, load_label_traces, unseen
@@ -50,22 +51,28 @@ def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
     return grid
 
 
-def goodput_grid(traces: list[Trace], heads: list[str], costs: RoundCosts) -> list[tuple[str, dict]]:
-    """The goodput stop of each stop head among ``heads`` under ``costs``, at the rate λ whose replay over the
+def goodput_grid(traces: list[Trace], heads: list[str], costs: RoundCosts,
+                 calibration: str | None = None) -> list[tuple[str, dict]]:
+    """The goodput stop under ``costs`` on each source of estimates: each stop head among ``heads``, and the draft's
+    confidence calibrated by the file ``calibration`` (``make calibrate``), each at the rate λ whose replay over the
     traces does best (``decoding.replay.goodput_rate``: the fixed point of λ ← the rate the rule achieves at λ)."""
-    grid = []
+    sources = []  # (the policy's estimate argument, log â on each trace, whether the stop reads the candidate)
     for path in heads:
         head = cached_head(path)
         if head.role == "stop":
-            log_accepts = [rules.log_accept(head_logits(head, t)) for t in traces]
-            lam = goodput_rate([t.acceptance for t in traces], log_accepts, costs, head.position == "own")["at"]
-            grid.append(("goodput", {"head": path, "costs": costs, "lam": lam}))
-    return grid
+            sources.append(({"head": path}, [rules.log_accept(head_logits(head, t)) for t in traces],
+                            head.position == "own"))
+    if calibration is not None:
+        calibrated = CalibratedConfidence.load(calibration)
+        sources.append(({"calibration": calibration}, [calibrated.log_accept(t.logp_draft) for t in traces], False))
+    acceptance = [t.acceptance for t in traces]
+    return [("goodput", {**source, "costs": costs, "lam": goodput_rate(acceptance, log_accepts, costs, own)["at"]})
+            for source, log_accepts, own in sources]
 
 
 def describe(family: str, params: dict) -> str:
     def show(key, value) -> str:
-        if key == "head":
+        if key in ("head", "calibration"):
             return Path(value).stem
         if key == "costs":
             return value.name
@@ -117,7 +124,8 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
     for r in rows:
         if r["family"] == "oracle" or not POLICIES[r["family"]].exact:
             continue
-        key = r["family"] + (f":{Path(r['params']['head']).stem}" if "head" in r["params"] else "")
+        source = r["params"].get("head", r["params"].get("calibration"))  # a family's runs on each estimate
+        key = r["family"] + (f":{Path(source).stem}" if source is not None else "")
         if key not in best or r["counts"].speedup(c) > best[key]["counts"].speedup(c):
             best[key] = r
     return best
@@ -310,6 +318,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timing", default=None,
                    help="a bench_timing JSON: adds its c (--timing-draft / --timing-target), a column priced by its "
                         "costs by verification length, and the goodput stop of each stop head under them")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibrated confidence (`make calibrate`): with --timing, adds the goodput stop on it")
     p.add_argument("--timing-draft", default="draft")
     p.add_argument("--timing-target", default="target")
     p.add_argument("--eval", default=None, metavar="CONFIG",
@@ -331,6 +341,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bad = [c for c in a.c if not 0 < c < float("inf")]
     if bad:
         raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
+    if a.calibration and not a.timing:
+        raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file: give --timing")
+    if a.calibration:
+        CalibratedConfidence.load(a.calibration)  # a bad file is one line now, not after the traces are read
     costs = list(a.c)
     priced = None
     if a.timing:
@@ -367,7 +381,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.eval:
         checks, _, measured_c = validate(a.labels, a.eval)
         costs.append(measured_c)
-    grid = default_grid(heads) + (goodput_grid(traces, heads, priced) if priced is not None else [])
+    grid = default_grid(heads) + (goodput_grid(traces, heads, priced, a.calibration) if priced is not None else [])
     text, rows = table(traces, grid, costs, priced)
     print(text)
     if checks:

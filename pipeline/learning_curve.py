@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import SettingError, UserError
-from core.shards import load_split, prompt_digests
+from core.shards import prompt_digests
+from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
-from decoding.estimates import CalibratedConfidence, calibration_error
+from decoding.estimates import CalibratedConfidence
 from decoding.replay import STOP_H_GRID, Counts, RoundCosts
 from decoding.simulate import replayable, simulate
-from decoding.traces import TRACE_CATEGORY, Trace, load_label_traces
+from decoding.traces import Trace, load_label_traces, trace_rows
 from heads.export import check_unseen, read_metadata
 from pipeline.train_all import RunResult, train_one
 
@@ -94,17 +95,10 @@ def head_speedup(head: str, val: list[Trace], held_out: list[Trace], cost: Cost)
 def estimate_calibration(labels: str, held_out: list[Trace]) -> dict[str, float]:
     """ECE against min(1, p/q) on the held-out traces' rows of the training-free acceptance estimates
     (``decoding.estimates``): the draft's own q(Y_i), and q(Y_i) calibrated by isotonic regression on the training
-    labels' train traces."""
-    def rows(traces, column):
-        return np.concatenate([getattr(t, column) for t in traces])
-
-    train = load_split(labels, "train").select_columns(["category", "loss_mask", "logp_draft", "acceptance"])
-    train = train.with_format("numpy")[:]
-    keep = (train["category"] == TRACE_CATEGORY) & train["loss_mask"]  # the traces' rows, without their features
-    calibrated = CalibratedConfidence.fit(train["logp_draft"][keep], train["acceptance"][keep])
-    logq, acceptance = rows(held_out, "logp_draft"), rows(held_out, "acceptance")
-    return {"q(Y_i)": calibration_error(np.exp(logq), acceptance),
-            "isotonic q(Y_i)": calibration_error(np.exp(calibrated.log_accept(logq)), acceptance)}
+    labels' train traces (``decoding.calibrate``)."""
+    train = trace_rows(labels, ("train",), COLUMNS)
+    calibrated = CalibratedConfidence.fit(train["logp_draft"], train["acceptance"])
+    return errors(calibrated, {c: np.concatenate([getattr(t, c) for t in held_out]) for c in COLUMNS})
 
 
 def run(labels: str, test_labels: str, out: Path, configs: list[str], shares: list[float], costs: list[Cost],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from core.errors import UserError
 from core.sampling import Sampling
+from decoding.estimates import CalibratedConfidence
 from decoding.policies import POLICIES, build_policy
 from decoding.replay import RoundCosts
 from decoding.state import Decoding, ModelPair
@@ -66,6 +68,11 @@ def heads(tmp_path_factory, models):
             "verifier": _export(d / "verifier.safetensors", verifier, "verifier", 0.6)}
 
 
+CALIBRATED_GOODPUT = {"calibration": CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.2, 0.95])),
+                      "costs": RoundCosts(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0}
+"""The goodput stop with no head: the draft's confidence, calibrated."""
+
+
 def example_kwargs(heads) -> dict[str, dict]:
     return {
         "target_only": {}, "draft_only": {}, "sd": {"k": 3}, "hf_heuristic": {}, "confidence": {},
@@ -81,7 +88,8 @@ def generate(policy, pair, prompt, seed=0):
 
 @pytest.mark.parametrize("name, kwargs", [("sd", {"k": 1}), ("sd", {"k": 4}), ("sd", {"k": 9}), ("hf_heuristic", {}),
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
-                                          ("goodput", None), ("fuzzy", {"T": 0.5}), ("sprinter", None)])
+                                          ("goodput", None), ("goodput", CALIBRATED_GOODPUT), ("fuzzy", {"T": 0.5}),
+                                          ("sprinter", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs
@@ -102,6 +110,11 @@ def test_goodput_reads_its_costs_from_a_timing_file_and_can_follow_its_rate_onli
     path.write_text(json.dumps(timing_file(t_step=0.5)))
     with pytest.raises(ValueError, match="exactly one of timing"):
         build_policy("goodput", head=heads["stop"])
+    for estimates in ({}, {"head": heads["stop"], "calibration": CALIBRATED_GOODPUT["calibration"]}):
+        with pytest.raises(ValueError, match="exactly one acceptance estimate: head .* or calibration"):
+            build_policy("goodput", timing=path, **estimates)
+    with pytest.raises(UserError, match="no such file"):
+        build_policy("goodput", calibration=tmp_path / "missing.json", timing=path)
     policy = build_policy("goodput", head=heads["stop"], timing=path, online=True)
     assert policy.lam == pytest.approx(2.0)
     result = generate(policy, pair_with(models, max_new_tokens=12), PROMPTS[0])
@@ -177,7 +190,8 @@ def test_counts(models, heads):
 
 
 STOP_RULES = [("sd", {"k": 3}), ("hf_heuristic", {}), ("confidence", {"threshold": 0.5}), ("svip", {"h": 1.0}),
-              ("specdecpp", {"head": "stop", "h": 0.4}), ("specdecpp", {"head": "stop_prev", "h": 0.4})]
+              ("specdecpp", {"head": "stop", "h": 0.4}), ("specdecpp", {"head": "stop_prev", "h": 0.4}),
+              ("goodput", CALIBRATED_GOODPUT)]
 
 
 def unused_forwards(models, heads, name, kwargs, eos, monkeypatch=None) -> tuple[int, int]:

@@ -192,3 +192,36 @@ def test_every_source_answers_the_same_interface():
         stop = rules.GoodputStop(1.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K)
         assert isinstance(stop(float(source.log_accept(logq[2], entropy[2], logits[2]))), bool)
     assert np.allclose(np.exp(fitted.log_accept(logq)), [0.2, 0.5, 0.9])
+
+
+def test_make_calibrate_fits_a_label_folder_and_reports_its_ece(label_config, tmp_path, capsys):
+    """``python -m decoding.calibrate`` fits on the traces' rows of the train split, writes a file that loads to the
+    same map, and prints the ECE of the raw and the calibrated q on the rows it fitted and on held-out rows; a
+    missing label folder is one line, and nothing is written."""
+    import subprocess
+    import sys
+
+    from data_gen.run import run_labels
+    from decoding import calibrate
+    from decoding.traces import trace_rows
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    out = tmp_path / "calibrations" / "draft.json"
+    fitted = calibrate.main(["--labels", str(cfg.output_dir), "--out", str(out), "--heldout", str(cfg.output_dir)])
+    loaded = estimates.CalibratedConfidence.load(out)
+    train = trace_rows(cfg.output_dir, ("train",), calibrate.COLUMNS)
+    assert loaded.rows == len(train["acceptance"]) > 0
+    assert np.array_equal(loaded.log_accept(train["logp_draft"]), fitted.log_accept(train["logp_draft"]))
+    text = capsys.readouterr().out
+    for name, splits in (("fitted on", ("train",)), ("held out", ("val", "test"))):
+        rows = trace_rows(cfg.output_dir, splits, calibrate.COLUMNS)
+        ece = calibrate.errors(fitted, rows)
+        assert (f"{name} ({cfg.output_dir}: {', '.join(splits)}, {len(rows['acceptance'])} rows): "
+                f"q(Y_i) {ece['q(Y_i)']:.4f}, isotonic q(Y_i) {ece['isotonic q(Y_i)']:.4f}") in text
+    assert calibrate.errors(fitted, train)["isotonic q(Y_i)"] <= calibrate.errors(fitted, train)["q(Y_i)"]
+    missing = subprocess.run([sys.executable, "-m", "decoding.calibrate", "--labels", str(tmp_path / "nowhere"),
+                              "--out", str(tmp_path / "never.json")], capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1
+    assert "manifest.json not found" in missing.stderr and not (tmp_path / "never.json").exists()

@@ -1,13 +1,14 @@
 """Every loop that applies a rule of ``decoding.rules`` makes the same rounds: the decoder's policies, the
 transformers runtime (``decoding.runtimes.hf``) and the trace replay (``decoding.replay``), on random head logits,
-thresholds and round caps.
+calibrations of the draft's confidence, thresholds and round caps.
 
 The pair is a "counting" Llama: its attention and MLP write nothing, so its hidden state is the normalized embedding
 of the token it read, and its output matrix is the embedding matrix shifted by one, so its greedy next token is
 always the previous one plus one, with a confidence that varies from token to token. Draft and target are the same
 model and decoding is greedy, so every candidate is kept: a round at position s drafts exactly the stop rule's n(s)
 candidates and the next round starts after its target token. A stop head is a table of logits by token: every loop
-reads the same logit for the same candidate, and the replay reads the same logits over the response.
+reads the same logit for the same candidate, and the replay reads the same logits over the response. A calibration
+is read the same way from the draft's probability of each response token, which the replay's trace holds.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from core.label_math import entropy
 from core.sampling import Sampling
 from decoding import replay, rules
-from decoding.policies import build_policy
+from decoding.estimates import CalibratedConfidence
+from decoding.policies import POLICIES, build_policy
 from decoding.policies.sprinter import HeadVerifier, Sprinter
 from decoding.runtimes import hf as runtime
 from decoding.state import ModelPair
+from decoding.traces import Trace
 from heads.exported import ExportedHead
 
 VOCAB = 48
@@ -113,10 +116,11 @@ def test_specdecpp_rounds_agree(model, position, h):
         assert runtime_rounds(model, head, h, prompt, length, max_k) == decoded
 
 
-def runtime_rounds(model, head: TableHead, threshold: float | None, prompt: list[int], length: int, max_k: int,
-                   **goodput):
+def runtime_rounds(model, head: TableHead | None, threshold: float | None, prompt: list[int], length: int,
+                   max_k: int, **goodput):
     """(start, candidates) of each round of the transformers runtime (a verifier's: the tokens it accepted and
-    whether it rejected one); ``goodput``: the goodput stop's ``costs`` and ``rate`` in place of h."""
+    whether it rejected one); ``goodput``: the goodput stop's ``costs`` and ``rate`` in place of h (and its
+    ``calibration`` in place of a head)."""
     seen = []
     original = runtime.HeadCandidateGenerator.get_candidates
 
@@ -134,7 +138,7 @@ def runtime_rounds(model, head: TableHead, threshold: float | None, prompt: list
     finally:
         runtime.HeadCandidateGenerator.get_candidates = original
     assert out.shape[1] == len(prompt) + length
-    return [(s, n) for s, n, _ in seen] if head.role == "stop" else seen
+    return [(s, n) for s, n, _ in seen] if head is None or head.role == "stop" else seen
 
 
 @pytest.mark.parametrize("position", ["prev", "own"])
@@ -143,10 +147,8 @@ def test_goodput_rounds_agree(model, position):
     verify cheaper), at a random λ: the decoder, the runtime and the replay make the same rounds."""
     lengths = set()
     for table, prompt, length, max_k, rng in trials():
-        verify = np.concatenate(([0.0], 0.5 + np.cumsum(rng.uniform(-0.15, 0.3, max_k + 1))))
-        assert np.any(np.diff(verify[1:]) < 0)
-        costs = replay.RoundCosts(draft=float(rng.uniform(0.02, 0.2)), verify=verify.__getitem__, name="random")
-        lam = float(rng.uniform(0.5, 4.0)) / verify[1]
+        costs, lam = random_goodput(rng, max_k)
+        assert np.any(np.diff(costs.verify_table(max_k + 1)[1:]) < 0)
         head = TableHead(table, "stop", position)
         result = decoder_run(model, build_policy("goodput", head=head, costs=costs, lam=lam, max_k=max_k), prompt,
                              length)
@@ -155,6 +157,37 @@ def test_goodput_rounds_agree(model, position):
         decoded = rounds_from_starts(result.stats.accepted_lengths)
         assert decoded == [(s, int(expected[s])) for s, _ in decoded]
         assert runtime_rounds(model, head, None, prompt, length, max_k, costs=costs, rate=lam) == decoded
+        lengths |= {(n, max_k) for _, n in decoded}
+    assert any(n < max_k for n, max_k in lengths) and any(1 < n for n, _ in lengths)  # stops early and goes on
+
+
+def random_goodput(rng: np.random.Generator, max_k: int) -> tuple[replay.RoundCosts, float]:
+    """Costs of a random verification table that is not monotone in the length, and a random λ."""
+    verify = np.concatenate(([0.0], 0.5 + np.cumsum(rng.uniform(-0.15, 0.3, max_k + 1))))
+    return (replay.RoundCosts(draft=float(rng.uniform(0.02, 0.2)), verify=verify.__getitem__, name="random"),
+            float(rng.uniform(0.5, 4.0)) / verify[1])
+
+
+def test_calibrated_goodput_rounds_agree(model):
+    """The goodput stop on the draft's confidence through a random monotone calibration, no head: the decoder, the
+    runtime and the simulator's replay of the response's trace (its ``logp_draft``) make the same rounds."""
+    lengths = set()
+    for _, prompt, length, max_k, rng in trials():
+        costs, lam = random_goodput(rng, max_k)
+        greedy = [(prompt[-1] + 1 + i) % VOCAB for i in range(length)]  # the counting model's response
+        p, h = response_signals(model, prompt, greedy)
+        knots = np.sort(rng.uniform(p.min(), p.max(), 6))
+        calibration = CalibratedConfidence(q=knots, acceptance=np.sort(rng.uniform(0.75, 0.999, 6)))  # mostly kept
+        result = decoder_run(model, build_policy("goodput", calibration=calibration, costs=costs, lam=lam,
+                                                 max_k=max_k), prompt, length)
+        assert result.tokens == greedy
+        trace = Trace(prompt_id=0, acceptance=np.ones(length), logp_draft=np.log(p), entropy_draft=h,
+                      hidden=torch.zeros(length, 1), hidden_prev=torch.zeros(length, 1))
+        expected = POLICIES["goodput"].replay_lengths(trace, max_k, calibration=calibration, costs=costs, lam=lam)
+        decoded = rounds_from_starts(result.stats.accepted_lengths)
+        assert decoded == [(s, int(expected[s])) for s, _ in decoded]
+        assert runtime_rounds(model, None, None, prompt, length, max_k, calibration=calibration, costs=costs,
+                              rate=lam) == decoded
         lengths |= {(n, max_k) for _, n in decoded}
     assert any(n < max_k for n, max_k in lengths) and any(1 < n for n, _ in lengths)  # stops early and goes on
 

@@ -8,7 +8,8 @@ tiny random-init Llama pairs.
   power to tell it from the draft's);
 - SPRINTER: an always-accepting verifier reproduces draft-only ``generate()`` for the same seed with no target
   call; an always-rejecting one sends every token through the target (and is then greedy target decoding);
-- the exported folder loads through ``custom_generate=<folder>`` in a subprocess that cannot import this project;
+- the exported folder loads through ``custom_generate=<folder>`` in a subprocess that cannot import this project,
+  with the head's threshold, the goodput stop on the head and, bundled, on a calibrated confidence;
 - a head for another draft, a tampered file and unsupported arguments: one clear error each.
 """
 
@@ -23,6 +24,7 @@ import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -30,6 +32,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from core.models import ModelSpec, load_model
 from core.sampling import Sampling
+from decoding.costs import read_timing
+from decoding.estimates import CalibratedConfidence
 from decoding.policies import build_policy
 from decoding.runtimes import hf as runtime
 from decoding.runtimes import hf_export as export_hf
@@ -41,6 +45,8 @@ from heads.sprinter import SprinterHead
 
 PROMPTS = [[1, 10, 11, 12], [1, 30, 5], [1, 7, 8, 9, 20, 21]]
 P_CRIT = 1e-3
+CALIBRATION = CalibratedConfidence(q=np.array([0.0, 0.5, 1.0]), acceptance=np.array([0.2, 0.6, 0.95]), rows=3)
+"""A calibrated draft confidence for the goodput stop without a head."""
 
 
 @pytest.fixture(scope="module")
@@ -319,8 +325,6 @@ def test_export_hf_folder(models, heads, tmp_path):
 def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
     from test_eval_latency import timing_file
 
-    from decoding.costs import read_timing
-
     timing = tmp_path / "timing.json"
     timing.write_text(json.dumps(timing_file()))
     out = export_hf.write_folder(heads["stop"], tmp_path / "goodput", timing)
@@ -331,6 +335,23 @@ def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
     assert carried["VERIFY_S"] == costs.verify_table(runtime.MAX_K + 1).tolist()
     with pytest.raises(export_hf.ExportError, match="--timing is for a stop head"):
         export_hf.write_folder(heads["reject"], tmp_path / "verifier", timing)
+    assert "SAVED = None" in (out / "custom_generate" / "bundled_calibration.py").read_text()  # the head's estimates
+
+
+def test_export_hf_folder_with_a_calibration_carries_it(heads, tmp_path):
+    """``--calibration`` (with ``--timing``) bundles the calibrated confidence the folder's goodput stop reads."""
+    from test_eval_latency import timing_file
+
+    (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
+    CALIBRATION.save(tmp_path / "calibration.json")
+    export_hf.main([str(heads["stop"]), str(tmp_path / "goodput"), "--timing", str(tmp_path / "timing.json"),
+                    "--calibration", str(tmp_path / "calibration.json")])
+    carried = {}
+    exec((tmp_path / "goodput" / "custom_generate" / "bundled_calibration.py").read_text(), carried)
+    assert carried["SAVED"] == CALIBRATION.to_dict()
+    assert (tmp_path / "goodput" / "custom_generate" / "estimates.py").exists()
+    with pytest.raises(export_hf.ExportError, match="give both"):
+        export_hf.write_folder(heads["stop"], tmp_path / "untimed", calibration=tmp_path / "calibration.json")
 
 
 def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_path):
@@ -344,6 +365,9 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     from test_eval_latency import timing_file
     (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
     folders["goodput"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_goodput", tmp_path / "timing.json"))
+    CALIBRATION.save(tmp_path / "calibration.json")
+    folders["calibrated"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_calibrated",
+                                                       tmp_path / "timing.json", tmp_path / "calibration.json"))
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util, json, sys
@@ -355,10 +379,15 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
         draft = AutoModelForCausalLM.from_pretrained({str(draft_dir)!r})
         target = AutoModelForCausalLM.from_pretrained({str(target_dir)!r})
         ids = torch.tensor([{PROMPTS[0]}])
-        out = {{"importable": blocked}}
+        out = {{"importable": blocked, "draft_forwards": {{}}}}
+        forward, calls = draft.forward, []
+        draft.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
         for name, folder in {folders!r}.items():
+            calls.clear()
             out[name] = target.generate(ids, assistant_model=draft, custom_generate=folder, trust_remote_code=True,
                                         max_new_tokens=12, do_sample=False)[0].tolist()
+            out["draft_forwards"][name] = len(calls)
+        draft.forward = forward
         torch.manual_seed(0)
         out["sampled"] = target.generate(ids, assistant_model=draft, custom_generate={folders["stop"]!r},
                                          trust_remote_code=True, max_new_tokens=12, do_sample=True,
@@ -377,8 +406,27 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     prompt = PROMPTS[0]
     expected = prompt + target_greedy(target, prompt, 12)
     assert out["stop"] == expected and out["reject"] == expected and out["goodput"] == expected
+    assert out["calibrated"] == expected
+    costs = read_timing(tmp_path / "timing.json").round_costs()
+    in_process = {name: draft_forwards(draft, lambda: target.generate(
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, custom_generate=HeadDecoding(
+            None if name == "calibrated" else heads["stop"], draft, costs=costs,
+            calibration=CALIBRATION if name == "calibrated" else None))) for name in ("goodput", "calibrated")}
+    assert {name: out["draft_forwards"][name] for name in in_process} == in_process  # each ran its own estimates
+    assert in_process["goodput"] != in_process["calibrated"]
     assert out["accept"] == draft.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0].tolist()
     assert len(out["sampled"]) == len(prompt) + 12 or out["sampled"][-1] == 2
+
+
+def draft_forwards(draft, run) -> int:
+    """How many forwards of ``draft`` ``run()`` makes."""
+    forward, calls = draft.forward, []
+    draft.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    try:
+        run()
+    finally:
+        del draft.forward
+    return len(calls)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -442,3 +490,9 @@ def test_the_folder_entry_needs_the_draft_and_a_prev_verifier(models, heads, tin
     own = _export(tmp_path / "own.safetensors", _verifier(32, 0.0), "verifier", 0.5, _identity(tiny_pair[0]))
     with pytest.raises(ValueError, match="runs SPRINTER with the paper's feature"):
         HeadDecoding(own, draft)
+    with pytest.raises(ValueError, match="give a head, or a calibration"):
+        HeadDecoding(None, draft)
+    with pytest.raises(ValueError, match="give a head, or a calibration"):
+        HeadDecoding(heads["stop"], draft, calibration=CALIBRATION)
+    with pytest.raises(ValueError, match="a calibration runs the goodput stop: give its costs"):
+        HeadDecoding(None, draft, calibration=CALIBRATION)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from core.shards import read_manifest
 from decoding import rules
+from decoding.estimates import CalibratedConfidence, EstimateFileError
 from decoding.policies import simulated
 from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
                              round_lengths, sd_round_lengths)
@@ -389,8 +390,10 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
 
 
 def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp_path, capsys):
-    """With ``--timing`` each stop head also runs the goodput stop under the file's costs by verification length,
-    at the λ its replay settles at, and every row is priced by those costs beside their oracle."""
+    """With ``--timing`` each stop head, and with ``--calibration`` the draft's calibrated confidence, also runs
+    the goodput stop under the file's costs by verification length, at the λ its replay settles at, and every row
+    is priced by those costs beside their oracle. ``--calibration`` without ``--timing``, or a missing file: one
+    line."""
     from test_eval_latency import timing_file
 
     from data_gen.run import run_labels
@@ -409,19 +412,29 @@ def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp
                                                "4": {"median_s": 1.25}}  # 4 tokens cheaper than 3, as on a CPU
     path = tmp_path / "timing.json"
     path.write_text(json.dumps(timing))
-    rows = sim.main(["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--heads", head,
-                     "--c", "0.1", "--timing", str(path)])
+    calibration = CalibratedConfidence.fit(np.log(np.linspace(0.05, 1.0, 20)), np.linspace(0.1, 0.9, 20))
+    calibration.save(tmp_path / "calibration.json")
+    args = ["--labels", str(cfg.output_dir), "--splits", "train", "val", "test", "--heads", head, "--c", "0.1"]
+    rows = sim.main([*args, "--timing", str(path), "--calibration", str(tmp_path / "calibration.json")])
     out = capsys.readouterr().out
     assert "goodput[head=stop,costs=by length,lam=" in out
+    assert "goodput[calibration=calibration,costs=by length,lam=" in out
     costs = read_timing(path).round_costs()
-    (row,) = [r for r in rows if r["family"] == "goodput"]
+    by_head, by_calibration = [r for r in rows if r["family"] == "goodput"]
     traces, loaded = sim.load_label_traces(cfg.output_dir, ("train", "val", "test")), sim.cached_head(head)
-    logits = [sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces]
-    best = goodput_rate([t.acceptance for t in traces], logits, costs, loaded.position == "own")
-    assert row["params"]["lam"] == best["at"]
-    assert costs.speedup(row["counts"]) == pytest.approx(best["rate"] * costs.verify(1))
+    estimates = {"head": ([sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces], by_head,
+                          loaded.position == "own"),
+                 "calibration": ([calibration.log_accept(t.logp_draft) for t in traces], by_calibration, False)}
+    for log_accepts, row, own in estimates.values():
+        best = goodput_rate([t.acceptance for t in traces], log_accepts, costs, own)
+        assert row["params"]["lam"] == best["at"]
+        assert costs.speedup(row["counts"]) == pytest.approx(best["rate"] * costs.verify(1))
     assert all(costs.speedup(r["counts"]) <= costs.speedup(rows[0]["priced"]) + 1e-9 for r in rows[1:]
                if r["counts"].calls is not None)
+    with pytest.raises(SettingError, match="--calibration adds the goodput stop, .*: give --timing"):
+        sim.main([*args, "--calibration", str(tmp_path / "calibration.json")])
+    with pytest.raises(EstimateFileError, match="missing.json: no such file"):
+        sim.main([*args, "--timing", str(path), "--calibration", str(tmp_path / "missing.json")])
 
 
 def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_config, tmp_path, capsys, monkeypatch):

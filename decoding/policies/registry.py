@@ -18,7 +18,9 @@ def register(name: str, *, exact: bool = True, setting: str | None = None, refer
     - ``setting``: the keyword argument a sweep varies (``None``: nothing to sweep); for a family with a head, the
       head's threshold;
     - ``reference``: a point of comparison shown beside every policy (the target alone, the draft alone, fixed-K SD);
-    - ``head_role``: the role of the exported head it reads (``"stop"``, ``"verifier"``; ``None``: no head);
+    - ``head_role``: the role of the exported head it reads (``"stop"``, ``"verifier"``; ``None``: no head); a
+      family whose head is optional (``goodput``, which reads a calibrated confidence in its place) has the role of
+      the head it reads when its settings name one;
     - ``simulable``: the trace simulator (``decoding.simulate``) replays it: by its head's role, or a rule on the
       draft's own scores by the class's ``replay_lengths(trace, max_k, **setting)`` (round lengths per position);
     - ``lemma31``: every round that drafts ends with a target call, so SpecDec++ Lemma 3.1 holds and

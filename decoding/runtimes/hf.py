@@ -1,5 +1,5 @@
 """Exported heads inside transformers' ``generate()``: SpecDec++'s stop head and SPRINTER's verifier as a custom
-generation method.
+generation method, and the goodput stop on a stop head's or a calibrated confidence's estimates.
 
     target.generate(**inputs, custom_generate=HeadDecoding(head_file, draft), …)
 
@@ -13,6 +13,10 @@ matching under greedy decoding); only the candidate generator is ours, an ``Assi
 draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER (Algorithm 2): the same candidate
 generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
 that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
+With costs and no head, a calibration of the draft's confidence (``decoding.estimates.CalibratedConfidence``) gives
+the goodput stop its estimates in the same loop, from the logits the same hook takes:
+
+    target.generate(**inputs, custom_generate=HeadDecoding(None, draft, calibration=file, costs=costs), …)
 
 Each decision (the stop, the verifier's acceptance, the check of the rejected token) is ``decoding.rules``', as in
 the decoder and the trace replay. This file imports nothing of this project but ``decoding``, ``heads`` and ``core``
@@ -39,6 +43,7 @@ from transformers.generation import (
 )
 
 from core.sampling import sample_token, uniform
+from decoding.estimates import CalibratedConfidence, load_calibration
 from decoding.rules import GoodputStop, HeadStop, check_token, log_accept, verifier_accepts
 from heads.export import HeadFileError
 from heads.exported import ExportedHead
@@ -67,8 +72,37 @@ class DraftTap:
         self._handle.remove()
 
 
-class HeadRule(StoppingCriteria):
-    """The head's decision after each token the draft's ``generate()`` samples, as a stopping criterion.
+class DraftRule(StoppingCriteria):
+    """A decision after each token the draft's ``generate()`` samples, as a stopping criterion: ``HeadRule`` on an
+    exported head's logit, ``CalibratedRule`` on the draft's calibrated confidence.
+
+    The draft scores a rule reads are those of a token, from ``softmax(logits / temperature)`` of the forward that
+    token was drawn from (the tap's raw logits, before top-k/top-p; temperature 1 under greedy decoding), as the
+    decoder's ``confidence`` and ``evaluation`` read them."""
+
+    def __init__(self, tap: DraftTap, temperature: float, stop: HeadStop | GoodputStop):
+        self.tap, self.temperature, self.stop = tap, temperature, stop
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a round."""
+        self.stop.reset()
+        self.rejected = False
+
+    def confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        return (logits.float() / self.temperature).log_softmax(-1)
+
+    def decides(self, token: int) -> bool:
+        """Stop after the draft sampled ``token`` (the tap holding the forward that drew it)?"""
+        raise NotImplementedError
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        stop = self.decides(int(input_ids[0, -1]))
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+class HeadRule(DraftRule):
+    """The head's decision.
 
     When it is called, the tap holds the forward that produced q for the newest token y_j: its hidden state is y_j's
     ``prev`` feature and y_{j-1}'s ``own`` one (SpecDec++'s e_{j-1}, read at y_{j-1}'s position). So a head on
@@ -78,39 +112,43 @@ class HeadRule(StoppingCriteria):
       (or when ``stop``, another rule on those sigmoids such as the goodput stop, says so); an ``own`` head thereby
       submits y_j, drawn from the forward that read y_{j-1} (Algorithm 1), a ``prev`` head stops with y_j;
     - role ``verifier`` (SPRINTER): stop at the first token with sigmoid(f) < τ (``rejected`` is then set).
-
-    The draft scores a head may read are those of its token, from ``softmax(logits / temperature)`` of the forward
-    that token was drawn from (before top-k/top-p; temperature 1 under greedy decoding), as in ``evaluation``.
     """
 
     def __init__(self, head: ExportedHead, threshold: float | None, tap: DraftTap, temperature: float,
                  stop: HeadStop | GoodputStop | None = None):
-        self.head, self.threshold, self.tap, self.temperature = head, threshold, tap, temperature
-        self.stop = HeadStop(threshold) if stop is None else stop
-        self.reset()
+        self.head, self.threshold = head, threshold
+        super().__init__(tap, temperature, HeadStop(threshold) if stop is None else stop)
 
     def reset(self) -> None:
-        """Start a round."""
-        self.stop.reset()
-        self.rejected = False
+        super().reset()
         self._previous: tuple[int, torch.Tensor] | None = None  # (y_{j-1}, the logits it was drawn from)
 
     def _logit(self, token: int, logits: torch.Tensor) -> float:
-        confidence = (logits.float() / self.temperature).log_softmax(-1) if self.head.scores else None
-        return self.head.logit(self.tap.hidden, confidence, token)
+        return self.head.logit(self.tap.hidden, self.confidence(logits) if self.head.scores else None, token)
 
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        newest = (int(input_ids[0, -1]), self.tap.logits)
+    def decides(self, token: int) -> bool:
+        newest = (token, self.tap.logits)
         decided = newest if self.head.position == "prev" else self._previous
         self._previous = newest
-        stop = False
-        if decided is not None:
-            logit = self._logit(*decided)
-            if self.head.role == "stop":
-                stop = self.stop(log_accept(logit))
-            else:
-                stop = self.rejected = not bool(verifier_accepts(logit, self.threshold))
-        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+        if decided is None:
+            return False
+        logit = self._logit(*decided)
+        if self.head.role == "stop":
+            return self.stop(log_accept(logit))
+        self.rejected = not bool(verifier_accepts(logit, self.threshold))
+        return self.rejected
+
+
+class CalibratedRule(DraftRule):
+    """The goodput stop on the newest token's calibrated confidence: log â = ``calibration.log_accept`` of its own
+    draft log-probability, read from the forward that drew it (the decoder's ``CalibratedStop``)."""
+
+    def __init__(self, calibration: CalibratedConfidence, tap: DraftTap, temperature: float, stop: GoodputStop):
+        self.calibration = calibration
+        super().__init__(tap, temperature, stop)
+
+    def decides(self, token: int) -> bool:
+        return self.stop(float(self.calibration.log_accept(self.confidence(self.tap.logits)[token].item())))
 
 
 class HeadCandidateGenerator(AssistedCandidateGenerator):
@@ -118,7 +156,7 @@ class HeadCandidateGenerator(AssistedCandidateGenerator):
     a constant cap on a round (``max_k``; None: up to ``max_length``, SPRINTER's rounds) and none of transformers'
     own stop rules (no confidence threshold, no K schedule)."""
 
-    def __init__(self, *args, rule: HeadRule, max_k: int | None, **kwargs):
+    def __init__(self, *args, rule: DraftRule, max_k: int | None, **kwargs):
         super().__init__(*args, **kwargs)
         self.rule, self.max_k = rule, max_k
         self.num_assistant_tokens = max_k
@@ -181,18 +219,19 @@ def _generator_for(model, make):
 
 
 class HeadDecoding:
-    """SpecDec++ (stop head) or SPRINTER (verifier head) as a decoding method for ``generate(custom_generate=…)``.
+    """SpecDec++ (stop head) or SPRINTER (verifier head) as a decoding method for ``generate(custom_generate=…)``;
+    with ``costs``, the goodput stop on a stop head's estimates or, with no head, on a calibrated confidence.
 
     transformers hands a callable ``custom_generate`` neither ``assistant_model`` nor ``streamer`` (only a folder's
     ``generate`` receives them, see ``generate`` below), so both are given here.
     """
 
-    def __init__(self, head: str | Path | ExportedHead, draft, *, threshold: float | None = None,
+    def __init__(self, head: str | Path | ExportedHead | None, draft, *, threshold: float | None = None,
                  max_k: int = MAX_K, streamer=None, costs=None, rate: float | None = None,
-                 future: float | None = None):
+                 future: float | None = None, calibration: str | Path | CalibratedConfidence | None = None):
         """
         Args:
-            head: an exported head file (``make train``), or one already loaded.
+            head: an exported head file (``make train``), or one already loaded; None with a ``calibration``.
             draft: the draft model the head was trained on (checked: hidden size, vocabulary, identity).
             threshold: h of a stop head, τ of a verifier; None takes the one chosen at export.
             max_k: most candidates per SpecDec++ round.
@@ -202,13 +241,23 @@ class HeadDecoding:
                 ``decoding.replay.RoundCosts`` or ``decoding.costs.LatencyFit.round_costs()`` give them.
             rate: the goodput rule's λ in tokens per second; None: target-only's, 1 / (a verification of one token).
             future: the goodput rule's predicted acceptance of candidates not yet drafted; None: the last estimate.
+            calibration: in place of a head, the goodput rule's estimates are the draft's confidence q(Y_i) of each
+                candidate calibrated by this ``CalibratedConfidence`` (or its file, ``make calibrate``); needs
+                ``costs``. Nothing then checks the draft: the calibration records none.
         """
-        self.head = head if isinstance(head, ExportedHead) else ExportedHead(head)
-        self.head.check(draft)
-        if self.head.role == "verifier" and self.head.position != "prev":
+        if (head is None) == (calibration is None):
+            raise ValueError("give a head, or a calibration for the goodput stop in its place (not both)")
+        if calibration is not None and (costs is None or threshold is not None):
+            raise ValueError("a calibration runs the goodput stop: give its costs and no threshold")
+        self.head = None if head is None else head if isinstance(head, ExportedHead) else ExportedHead(head)
+        self.calibration = None if calibration is None else load_calibration(calibration)
+        self.role = "stop" if self.head is None else self.head.role
+        if self.head is not None:
+            self.head.check(draft)
+        if self.role == "verifier" and self.head.position != "prev":
             raise ValueError(f"{self.head.path}: this verifier reads the token's own hidden state; the runtime runs "
                              "SPRINTER with the paper's feature, the previous token's state (export a `prev` head)")
-        if costs is not None and (self.head.role != "stop" or threshold is not None):
+        if costs is not None and (self.role != "stop" or threshold is not None):
             raise ValueError("costs run the goodput stop of a stop head, in place of its threshold h: give a stop head "
                              "and no threshold")
         # the goodput stop takes the place of h, so no threshold is read
@@ -219,25 +268,32 @@ class HeadDecoding:
         self.costs, self.future = costs, future
         self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate is None else float(rate)
 
+    def rule(self, tap: DraftTap, temperature: float) -> DraftRule:
+        """The decision the draft's ``generate()`` runs after each token it samples."""
+        reads_candidate = self.head is not None and self.head.position == "own"
+        goodput = None if self.costs is None else GoodputStop.priced(self.costs, self.rate, self.max_k, self.future,
+                                                                     reads_candidate)
+        if self.head is None:
+            return CalibratedRule(self.calibration, tap, temperature, goodput)
+        return HeadRule(self.head, self.threshold, tap, temperature, goodput)
+
     @torch.no_grad()
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  synced_gpus: bool = False, streamer=None, **model_kwargs):
-        check_supported(model, input_ids, generation_config, model_kwargs, self.head.role)
+        check_supported(model, input_ids, generation_config, model_kwargs, self.role)
         streamer = streamer if streamer is not None else self.streamer
         temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
         tap = DraftTap(self.draft)
-        goodput = None if self.costs is None else GoodputStop.priced(self.costs, self.rate, self.max_k, self.future,
-                                                                     self.head.position == "own")
-        rule = HeadRule(self.head, self.threshold, tap, temperature, goodput)
+        rule = self.rule(tap, temperature)
         saved_k = self.draft.generation_config.num_assistant_tokens  # transformers writes its schedule's K back
 
         def candidates(generation_config, input_ids, logits_processor, model_kwargs, **_):
-            max_k = self.max_k if self.head.role == "stop" else None
+            max_k = self.max_k if self.role == "stop" else None
             return HeadCandidateGenerator(input_ids, self.draft, generation_config, model_kwargs,
                                           logits_processor=logits_processor, rule=rule, max_k=max_k)
 
         try:
-            if self.head.role == "stop":
+            if self.role == "stop":
                 with _generator_for(model, candidates):
                     return model._assisted_decoding(
                         input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
@@ -345,24 +401,42 @@ def load_bundled_costs() -> TableCosts | None:
     return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S)
 
 
+def load_bundled_calibration() -> CalibratedConfidence | None:
+    """The calibrated confidence a folder exported with ``--calibration`` carries
+    (``custom_generate/bundled_calibration.py``, a Python module for the reason ``bundled_head`` is one); None outside
+    a folder, or for one exported without it."""
+    try:
+        from .bundled_calibration import SAVED
+    except ImportError:
+        return None
+    return None if SAVED is None else CalibratedConfidence.from_dict(SAVED, "custom_generate/bundled_calibration.py")
+
+
 def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
-             threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | None = None, **kwargs):
+             threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | None = None,
+             calibration: str | Path | CalibratedConfidence | None = None, **kwargs):
     """The entry point transformers calls for ``generate(custom_generate=<folder>, trust_remote_code=True)``, with
     every argument of that ``generate()`` call: ``assistant_model`` (the draft; required) and ``streamer`` go to
     ``HeadDecoding``, everything else back to ``model.generate`` with it as the decoding method.
 
     Args:
-        head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k, costs, rate: as there.
-            A folder exported with a timing file runs a stop head by the goodput stop under its costs unless given
-            a threshold.
+        head: a head file instead of the folder's own (``HeadDecoding``); threshold, max_k, costs, rate,
+            calibration: as there. A folder exported with a timing file runs a stop head by the goodput stop under its
+            costs unless given a threshold; one exported with a calibration too runs the goodput stop on the draft's
+            calibrated confidence unless given a head or a threshold (the folder's head then only checks the draft).
     """
     if assistant_model is None:
         raise ValueError("speculative decoding with a head needs the draft it was trained on: "
                          "generate(..., assistant_model=draft)")
     loaded = load_bundled_head() if head is None else ExportedHead(head)
-    if costs is None and threshold is None and loaded.role == "stop":
+    if calibration is None and head is None and threshold is None:
+        calibration = load_bundled_calibration()
+    if calibration is not None and head is None:  # the folder's head names the draft the folder is for
+        loaded.check(assistant_model)
+        loaded = None
+    if costs is None and threshold is None and (loaded is None or loaded.role == "stop"):
         costs = load_bundled_costs()
     decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer,
-                            costs=costs, rate=rate)
+                            costs=costs, rate=rate, calibration=calibration)
     return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,
                           **kwargs)

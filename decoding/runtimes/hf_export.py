@@ -12,6 +12,9 @@
                                         into its module cache, and tells its ``generate`` no path)
       custom_generate/bundled_costs.py  with ``--timing FILE``, the seconds of a draft step and of a verification
                                         of each length, so a stop head runs the goodput stop (else None)
+      custom_generate/bundled_calibration.py  with ``--calibration FILE`` (and ``--timing``), a calibrated draft
+                                        confidence, whose estimates the goodput stop then reads in place of the
+                                        head's (else None)
       custom_generate/requirements.txt  torch, transformers, safetensors
       .specheads-export.json            the files above: what a later export into OUT may replace
 
@@ -39,6 +42,7 @@ import transformers
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
 from decoding.costs import read_timing
+from decoding.estimates import CalibratedConfidence
 from decoding.runtimes.hf import MAX_K
 from heads.export import load_head
 from heads.registry import HEADS
@@ -125,15 +129,22 @@ def previous_export(out: Path) -> list[Path]:
     return [out / f for f in files]
 
 
-def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None) -> Path:
+def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None,
+                 calibration: str | Path | None = None) -> Path:
     """Write the folder for the exported head file ``head`` into ``out`` (a new or empty folder, or an earlier
     export, whose files are replaced); everything is checked before anything is written. ``timing``: a
-    ``make bench-timing`` JSON whose costs the folder carries, so that a stop head runs the goodput stop."""
+    ``make bench-timing`` JSON whose costs the folder carries, so that a stop head runs the goodput stop;
+    ``calibration``: a ``make calibrate`` file the folder carries too, whose estimates that stop then reads (the head
+    still names the draft the folder is for)."""
     head, out = Path(head), Path(out)
     _, meta = load_head(head)  # the validating loader: digests and finite weights, before anything is written
     costs = None if timing is None else read_timing(timing).round_costs()
     if costs is not None and meta["role"] != "stop":
         raise ExportError(f"{head}: a {meta['role']} head has no stop to price; --timing is for a stop head")
+    if calibration is not None and costs is None:
+        raise ExportError("--calibration gives the goodput stop its estimates, which prices rounds by --timing: "
+                          "give both")
+    calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
     previous = previous_export(out)
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
@@ -153,6 +164,11 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
         + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
         + f"DRAFT_S = {None if costs is None else float(costs.draft)!r}\n"
         + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n")
+    generated["bundled_calibration.py"] = (
+        '"""The calibrated draft confidence the goodput stop reads, from '
+        + (Path(calibration).name if calibrated is not None else "no calibration file (None: the head's estimates)")
+        + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
+        + f"SAVED = {None if calibrated is None else calibrated.to_dict()!r}\n")
     modules = module_closure(generated)
     files = {f"custom_generate/{name}": flatten(text)
              for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items()}
@@ -230,9 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", help="the folder to write")
     parser.add_argument("--timing", default=None,
                         help="a bench_timing JSON: the folder runs a stop head by the goodput stop under its costs")
+    parser.add_argument("--calibration", default=None,
+                        help="a calibrated confidence (`make calibrate`; with --timing): the goodput stop reads it in "
+                             "place of the head's estimates")
     args = parser.parse_args(argv)
     try:
-        print(write_folder(args.head, args.out, args.timing))
+        print(write_folder(args.head, args.out, args.timing, args.calibration))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
