@@ -126,6 +126,7 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
             continue
         source = r["params"].get("head", r["params"].get("calibration"))  # a family's runs on each estimate
         key = r["family"] + (f":{Path(source).stem}" if source is not None else "")
+        key += f"@{r['params']['costs'].name}" if "costs" in r["params"] else ""  # a rule derived for those costs
         if key not in best or r["counts"].speedup(c) > best[key]["counts"].speedup(c):
             best[key] = r
     return best
@@ -320,6 +321,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "costs by verification length, and the goodput stop of each stop head under them")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a calibrated confidence (`make calibrate`): with --timing, adds the goodput stop on it")
+    p.add_argument("--goodput-flat", action="store_true",
+                   help="also the goodput stop of each stop head (and --calibration) under a flat cost at each --c "
+                        "(every verification costs one target forward, a draft step c): SpecDec++'s cost model, "
+                        "where the rule is a threshold rule whose h follows from the costs")
     p.add_argument("--timing-draft", default="draft")
     p.add_argument("--timing-target", default="target")
     p.add_argument("--eval", default=None, metavar="CONFIG",
@@ -341,8 +346,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bad = [c for c in a.c if not 0 < c < float("inf")]
     if bad:
         raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
-    if a.calibration and not a.timing:
-        raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file: give --timing")
+    if a.calibration and not (a.timing or a.goodput_flat):
+        raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
+                           "cost: give --timing or --goodput-flat")
     if a.calibration:
         CalibratedConfidence.load(a.calibration)  # a bad file is one line now, not after the traces are read
     costs = list(a.c)
@@ -382,6 +388,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         checks, _, measured_c = validate(a.labels, a.eval)
         costs.append(measured_c)
     grid = default_grid(heads) + (goodput_grid(traces, heads, priced, a.calibration) if priced is not None else [])
+    if a.goodput_flat:
+        grid += [g for c in a.c for g in goodput_grid(traces, heads, RoundCosts.eq51(c), a.calibration)]
     text, rows = table(traces, grid, costs, priced)
     print(text)
     if checks:
