@@ -389,6 +389,23 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
 
 
+def test_the_settings_choice_never_replays_a_prompt_the_eval_decodes(label_config):
+    """``selection_traces`` (what an eval's simulated choice replays) leaves out the prompts it is told the eval
+    decodes, and refuses in one line when nothing is left."""
+    from data_gen.run import run_labels
+    from evaluation.simulate import SimulationError, selection_traces
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    every, held_out = selection_traces(cfg.output_dir)
+    decoded = {every[0].prompt_digest, held_out[0].prompt_digest}
+    kept, kept_held_out = selection_traces(cfg.output_dir, decoded)
+    assert len(kept) == len(every) - 2 and len(kept_held_out) == len(held_out) - 1
+    assert not decoded & {t.prompt_digest for t in kept}
+    with pytest.raises(SimulationError, match="every labeled prompt is one the eval decodes"):
+        selection_traces(cfg.output_dir, {t.prompt_digest for t in every})
+
+
 def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp_path, capsys):
     """With ``--timing`` each stop head, and with ``--calibration`` the draft's calibrated confidence, also runs
     the goodput stop under the file's costs by verification length, at the λ its replay settles at, and every row
