@@ -150,6 +150,10 @@ class RoundCosts:
         """SpecDec++ Eq. 5.1 in target forwards: every call costs 1, a draft forward c."""
         return cls(draft=float(c), verify=lambda m: 1.0, name=f"c={c:g}")
 
+    def target_only_rate(self) -> float:
+        """Target-only decoding's tokens per unit of cost, 1 / verify(1): the goodput stop's λ when none is given."""
+        return 1.0 / float(self.verify(1))
+
     def verify_table(self, max_tokens: int) -> np.ndarray:
         """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
         return np.array([0.0] + [float(self.verify(m)) for m in range(1, max_tokens + 1)])
@@ -300,7 +304,7 @@ def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndar
     achieved the highest rate (``at``), that rate and its counts, why it stopped, and every λ tried with the rate
     each achieved."""
     tried, achieved, counts = [], [], []
-    rate, stopped = 1.0 / float(costs.verify(1)), "max_iter"
+    rate, stopped = costs.target_only_rate(), "max_iter"
     for _ in range(max_iter):
         tried.append(rate)
         counts.append(goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k, future))

@@ -26,8 +26,14 @@ HF_TARGET_ONLY = "hf_target_only"
 HF_HEAD_FAMILIES = {role: f"hf_{head_family(role)}" for role in ("stop", "verifier")}
 """Runs of ``generate()`` with an exported head (``decoding.runtimes.hf``), by the head's role: ``hf_`` and the
 family of our decoder that runs that head (``hf_specdecpp``, ``hf_sprinter``)."""
-PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values())
+HF_GOODPUT = "hf_goodput"
+"""Runs of ``generate()`` with the goodput stop (``decoding.runtimes.hf``) on a stop head's or a calibrated
+confidence's estimates: ``hf_`` and the family of our decoder that runs that stop (``goodput``)."""
+PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values(), HF_GOODPUT)
 """Every run of transformers' ``generate()``: peers, not policies of our decoder."""
+ESTIMATE_FILES = ("head", "calibration")
+"""The keyword arguments of a policy that name a file its decisions read: an exported head, goodput's calibrated
+confidence."""
 
 
 class EvalError(UserError):
@@ -47,8 +53,8 @@ class Mode:
     top_p: float = 1.0
     """Nucleus sampling mass (1 = off)."""
     families: list[str] | None = None
-    """Policy families (and peers: ``hf_assisted``, ``hf_target_only``, ``hf_specdecpp``, ``hf_sprinter``) run in
-    this mode; None = every configured one."""
+    """Policy families (and peers: ``hf_assisted``, ``hf_target_only``, ``hf_specdecpp``, ``hf_sprinter``,
+    ``hf_goodput``) run in this mode; None = every configured one."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.families or ()) - set(POLICIES) - set(PEER_FAMILIES))
@@ -127,7 +133,33 @@ class HFPeer:
     same_threshold_as_ours: bool = True
     """A head not in ``thresholds`` takes the threshold of our decoder's chosen run of the same head in the mode
     (the simulator's pick with ``select_by: simulated``), so both loops run one stop rule; with no such run, or
-    False, the one exported with it."""
+    False, the one exported with it. Likewise a ``goodput`` entry takes λ of our decoder's chosen ``goodput`` run
+    of the same file, else target-only's rate 1 / verify(1) under ``timing``."""
+    goodput: list[str] = field(default_factory=list)
+    """The goodput stop inside ``generate()`` (``hf_goodput``, ``decoding.runtimes.hf.HeadDecoding`` with costs), one
+    run per file: a stop head (``.safetensors``) whose sigmoid estimates each candidate's acceptance, or a calibrated
+    confidence of the draft (``.json``, ``make calibrate``). Needs ``timing``."""
+    timing: str | None = None
+    """A ``make bench-timing`` JSON: the costs (a draft step, a verification of m tokens) the ``goodput`` runs price
+    a round with."""
+
+    def __post_init__(self) -> None:
+        if self.goodput and self.timing is None:
+            raise EvalError("hf_peer.goodput needs hf_peer.timing (a `make bench-timing` JSON): the goodput stop "
+                            "prices each round with its costs")
+        self.goodput_sources()  # a file of neither kind is a one-line error when the config loads
+
+    def goodput_sources(self) -> list[tuple[str, str]]:
+        """(``head`` or ``calibration``, file) of each ``goodput`` entry, told apart by the file's suffix."""
+        kinds = {".safetensors": "head", ".json": "calibration"}
+        out = []
+        for path in map(str, self.goodput):
+            kind = kinds.get(Path(path).suffix)
+            if kind is None:
+                raise EvalError(f"hf_peer.goodput: {path} is neither a stop head (.safetensors) nor a calibrated "
+                                "confidence (.json, `make calibrate`)")
+            out.append((kind, path))
+        return out
 
 
 @dataclass
@@ -143,7 +175,8 @@ class Goals:
     sprinter_pass_drop: float = 0.03
     """The most pass@1 SPRINTER may lose against SD."""
     hf_head_vs_hf: float = 1.05
-    """``generate()`` with our SpecDec++ head over transformers' best own rule (tokens/s), per mode."""
+    """``generate()`` with our SpecDec++ head, or with the goodput stop, over transformers' best own rule
+    (tokens/s), per mode."""
     runtime_overhead: float = 0.10
     """The most our decoder may be faster than ``generate()`` with the same head (tokens/s ratio − 1)."""
     hf_sprinter_vs_target: float = 1.0
@@ -231,10 +264,11 @@ class EvalConfig:
 
     def settings(self) -> dict:
         """What a resumed run must share with the results already on disk: also the sha256 of every head file (and
-        goodput's calibration file) the policies name, so that heads trained again at the same paths do not join
-        results of the old ones."""
-        heads = {str(v) for sweep in self.policies for key in ("head", "calibration")
-                 for v in [sweep.fixed.get(key), *sweep.grid.get(key, [])] if v is not None} | set(self.hf_peer.heads)
+        goodput's calibration file) the policies and the peer name, so that heads trained again at the same paths do
+        not join results of the old ones."""
+        heads = {str(v) for sweep in self.policies for key in ESTIMATE_FILES
+                 for v in [sweep.fixed.get(key), *sweep.grid.get(key, [])] if v is not None} \
+            | set(map(str, self.hf_peer.heads)) | set(map(str, self.hf_peer.goodput))
         return {
             "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},

@@ -3,7 +3,8 @@
 - ``hf_assisted``: assisted generation, ``target.generate(input_ids, assistant_model=draft)``, with transformers'
   own stop rules (its defaults, a confidence threshold, a constant K);
 - ``hf_target_only``: ``target.generate(input_ids)``, no draft;
-- ``hf_specdecpp`` / ``hf_sprinter``: an exported head inside ``generate()`` (``decoding.runtimes.hf.HeadDecoding``).
+- ``hf_specdecpp`` / ``hf_sprinter``: an exported head inside ``generate()`` (``decoding.runtimes.hf.HeadDecoding``);
+- ``hf_goodput``: the goodput stop inside ``generate()`` on a stop head's or a calibrated confidence's estimates.
 
 Assisted-generation settings go where transformers reads them, on ``draft.generation_config`` (``num_assistant_tokens``,
 ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``), and are restored afterwards. Forward
@@ -22,7 +23,8 @@ import torch
 
 from core.sampling import Sampling
 from decoding.policies import POLICIES, head_family
-from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
+from decoding.replay import RoundCosts
+from evaluation.config import HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
 
 DEFAULTS = "defaults"
 
@@ -32,28 +34,44 @@ class PeerRun:
     """One ``generate()`` configuration run on every prompt."""
 
     family: str
-    """``hf_assisted``, ``hf_target_only``, ``hf_specdecpp`` or ``hf_sprinter``."""
+    """``hf_assisted``, ``hf_target_only``, ``hf_specdecpp``, ``hf_sprinter`` or ``hf_goodput``."""
     params: dict = field(default_factory=dict)
     """What names the run in the report (``run_label``)."""
     settings: dict = field(default_factory=dict)
     """Assisted-generation fields set on the draft's generation config for the run."""
     head: str | None = None
-    """The exported head file (``hf_specdecpp``/``hf_sprinter``)."""
+    """The exported head file (``hf_specdecpp``/``hf_sprinter``, ``hf_goodput`` on a head)."""
     threshold: float | None = None
     """The head's h or τ; None: the one exported with it."""
+    calibration: str | None = None
+    """The calibrated confidence file ``hf_goodput`` reads in place of a head."""
+    costs: RoundCosts | None = None
+    """``hf_goodput``'s costs of a draft step and of a verification of m tokens."""
+    rate: float | None = None
+    """``hf_goodput``'s λ in tokens per second."""
 
     @property
     def assisted(self) -> bool:
         return self.family != HF_TARGET_ONLY
 
+    def decoding(self, draft):
+        """The decoding method ``generate()`` runs in place of transformers' own (None: its own)."""
+        if self.head is None and self.calibration is None:
+            return None
+        from decoding.runtimes.hf import HeadDecoding
+
+        return HeadDecoding(self.head, draft, threshold=self.threshold, costs=self.costs, rate=self.rate,
+                            calibration=self.calibration)
+
 
 def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None,
-              our_thresholds: dict[str, float | None] | None = None) -> list[PeerRun]:
-    """The peer runs of one mode: HF's own rules, HF target-only, and each head, in that order.
+              ours: dict[str, dict[str, float | None]] | None = None) -> list[PeerRun]:
+    """The peer runs of one mode: HF's own rules, HF target-only, each head, and each goodput stop, in that order.
 
     Args:
         sd_k: K of our chosen fixed-K SD (``same_k_as_sd``).
-        our_thresholds: head file → the threshold of our decoder's chosen run of it (``same_threshold_as_ours``).
+        ours: head or calibration file → the settings (h, τ, λ by name) of our decoder's chosen runs that read it
+            (``same_threshold_as_ours``; ``evaluation.selection.chosen_file_settings``).
     """
     runs = []
     if peer.defaults:
@@ -64,29 +82,37 @@ def peer_runs(peer: HFPeer, mode: Mode, sd_k: int | None,
         runs.append(PeerRun(HF_FAMILY, {"k": sd_k}, peer_settings(sd_k, "k")))
     if peer.target_only:
         runs.append(PeerRun(HF_TARGET_ONLY))
-    runs += head_runs(peer, our_thresholds if peer.same_threshold_as_ours else None)
+    ours = ours if peer.same_threshold_as_ours else None
+    runs += head_runs(peer, ours) + goodput_runs(peer, ours)
     return [r for r in runs if mode.runs(r.family)]
 
 
-def head_runs(peer: HFPeer, our_thresholds: dict[str, float | None] | None = None) -> list[PeerRun]:
-    """A run per head in ``peer.heads``, at its threshold in ``peer.thresholds``, else at ``our_thresholds``' (our
-    decoder's), else at the exported one; a head the runtime cannot run is an ``EvalError``."""
+def runnable_head(head: str, listed_in: str) -> dict:
+    """The metadata of a head file that ``decoding.runtimes.hf`` can run inside ``generate()``, named in
+    ``hf_peer.<listed_in>``; one it cannot run is an ``EvalError``."""
     from heads.export import feature_position, read_metadata
     from heads.exported import features_beyond
     from heads.features import FROM_LOGPROBS
 
+    meta = read_metadata(head)
+    beyond = features_beyond(meta, FROM_LOGPROBS)
+    if beyond:
+        raise EvalError(f"hf_peer.{listed_in}: {head} reads {beyond}, which transformers' generate() does not compute "
+                        f"(only the draft's hidden state and {', '.join(FROM_LOGPROBS)})")
+    if meta["role"] == "verifier" and feature_position(meta) != "prev":
+        raise EvalError(f"hf_peer.{listed_in}: {head} reads the token's own hidden state; the runtime runs SPRINTER "
+                        "with the paper's feature, the previous token's state (name a `prev` head)")
+    return meta
+
+
+def head_runs(peer: HFPeer, ours: dict[str, dict[str, float | None]] | None = None) -> list[PeerRun]:
+    """A run per head in ``peer.heads``, at its threshold in ``peer.thresholds``, else at our decoder's (``ours``,
+    as ``peer_runs`` takes it), else at the exported one; a head the runtime cannot run is an ``EvalError``."""
     runs = []
     for head in map(str, peer.heads):
-        meta = read_metadata(head)
-        beyond = features_beyond(meta, FROM_LOGPROBS)
-        if beyond:
-            raise EvalError(f"hf_peer.heads: {head} reads {beyond}, which transformers' generate() does not compute "
-                            f"(only the draft's hidden state and {', '.join(FROM_LOGPROBS)})")
-        if meta["role"] == "verifier" and feature_position(meta) != "prev":
-            raise EvalError(f"hf_peer.heads: {head} reads the token's own hidden state; the runtime runs SPRINTER "
-                            "with the paper's feature, the previous token's state (name a `prev` head)")
-        threshold = peer.thresholds.get(head, (our_thresholds or {}).get(head))
+        meta = runnable_head(head, "heads")
         key = POLICIES[head_family(meta["role"])].setting  # the threshold's name, as our decoder takes it
+        threshold = peer.thresholds.get(head, (ours or {}).get(head, {}).get(key))
         if threshold is not None and not 0 <= threshold <= 1:
             raise EvalError(f"hf_peer.thresholds: {key} of {head} must be in [0, 1], got {threshold}")
         runs.append(PeerRun(HF_HEAD_FAMILIES[meta["role"]], {"head": head, key: threshold}, head=head,
@@ -94,6 +120,32 @@ def head_runs(peer: HFPeer, our_thresholds: dict[str, float | None] | None = Non
     unknown = sorted(set(map(str, peer.thresholds)) - set(map(str, peer.heads)))
     if unknown:
         raise EvalError(f"hf_peer.thresholds names heads that hf_peer.heads does not list: {', '.join(unknown)}")
+    return runs
+
+
+def goodput_runs(peer: HFPeer, ours: dict[str, dict[str, float | None]] | None = None) -> list[PeerRun]:
+    """A run per file in ``peer.goodput``: the goodput stop under ``peer.timing``'s costs on that stop head's or
+    calibrated confidence's estimates, at λ of our decoder's chosen ``goodput`` run of the same file (``ours``, as
+    ``peer_runs`` takes it), else at target-only's rate 1 / verify(1). λ is in the run's params, so the report
+    shows it and can match the run with our decoder's at the same λ. A file that cannot serve is a one-line error."""
+    from decoding.costs import read_timing
+    from decoding.estimates import load_calibration
+
+    sources = peer.goodput_sources()
+    if not sources:
+        return []
+    costs = read_timing(peer.timing).round_costs()
+    setting = POLICIES["goodput"].setting
+    runs = []
+    for kind, path in sources:
+        if kind == "head" and runnable_head(path, "goodput")["role"] != "stop":
+            raise EvalError(f"hf_peer.goodput: {path} is a verifier; the goodput stop reads a stop head's estimates")
+        if kind == "calibration":
+            load_calibration(path)  # a file that is not one fails now, not at its first prompt
+        lam = (ours or {}).get(path, {}).get(setting)
+        lam = costs.target_only_rate() if lam is None else float(lam)
+        runs.append(PeerRun(HF_GOODPUT, {kind: path, setting: lam}, head=path if kind == "head" else None,
+                            calibration=path if kind == "calibration" else None, costs=costs, rate=lam))
     return runs
 
 

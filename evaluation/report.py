@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from core.intervals import mean_interval, speedup_interval
-from decoding.policies import POLICIES, head_family
+from decoding.policies import POLICIES
 from evaluation import quality
-from evaluation.config import HF_FAMILY, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES, EvalConfig
+from evaluation.config import (ESTIMATE_FILES, HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES,
+                               EvalConfig)
 from evaluation.latency import LatencyFit, selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
@@ -246,7 +247,8 @@ def goals(cfg: EvalConfig, summary: dict, idx: dict | None = None) -> list[dict]
 
 
 def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> None:
-    """The goals of the heads inside transformers' ``generate()`` in one mode, for each head the peer ran."""
+    """The goals of the heads (and the goodput stop) inside transformers' ``generate()`` in one mode, for each head
+    (and file) the peer ran."""
     targets = cfg.goals
     table = m["table"]
     own_rules = [r for r in table if r["family"] == HF_FAMILY]
@@ -261,11 +263,12 @@ def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> Non
     def interval(a, b):
         return _ratio_interval(runs.get((name, a["run"]), {}), runs.get((name, b["run"]))) if a and b else None
 
-    for row in (r for r in table if r["family"] in HF_HEAD_FAMILIES.values()):
-        head = Path(row["params"]["head"]).name
-        if row["family"] == HF_HEAD_FAMILIES["stop"]:
-            goal(f"generate() + SpecDec++ head {head} ≥ {targets.hf_head_vs_hf:.2f}× transformers' best own rule "
-                 "(tokens/s)", name, ratio(row, best_hf), targets.hf_head_vs_hf,
+    stops = {HF_HEAD_FAMILIES["stop"]: "SpecDec++ head", HF_GOODPUT: "goodput stop on"}
+    for row in (r for r in table if r["family"] in (*HF_HEAD_FAMILIES.values(), HF_GOODPUT)):
+        head = Path(next(row["params"][key] for key in ESTIMATE_FILES if key in row["params"])).name  # or a calibration
+        if row["family"] in stops:
+            goal(f"generate() + {stops[row['family']]} {head} ≥ {targets.hf_head_vs_hf:.2f}× transformers' best own "
+                 "rule (tokens/s)", name, ratio(row, best_hf), targets.hf_head_vs_hf,
                  f"vs {best_hf['run']} ({best_hf['tokens_per_s']:.2f} tok/s)" if best_hf else "needs hf_assisted runs",
                  interval=interval(row, best_hf))
         else:
@@ -282,23 +285,26 @@ def _runtime_goals(cfg: EvalConfig, name: str, m: dict, runs: dict, goal) -> Non
                  if passed else None)
         ours = _same_head_run(cfg, name, row, runs)
         ours_iv = interval(ours, row)  # one bootstrap, shifted by the − 1 of the overhead
-        goal(f"runtime overhead of {head}: our decoder's tokens/s over generate()'s − 1, same head and threshold",
+        same = "same head and threshold" if row["family"] != HF_GOODPUT else "same estimates and λ"
+        goal(f"runtime overhead of {head}: our decoder's tokens/s over generate()'s − 1, {same}",
              name, ratio(ours, row) - 1 if ours else None, targets.runtime_overhead,
              f"{ours['run']} {ours['tokens_per_s']:.2f} tok/s vs {row['tokens_per_s']:.2f} tok/s" if ours else
-             "needs our decoder's run of the same head at the same threshold", higher=False,
+             f"needs our decoder's run with the {same}", higher=False,
              interval=[bound - 1 for bound in ours_iv] if ours_iv else None)
 
 
 def _same_head_run(cfg: EvalConfig, mode: str, peer: dict, runs: dict) -> dict | None:
-    """Our decoder's run (as a report row, with tokens/s) of the head a peer row ran, at the same threshold."""
-    family = head_family(next(role for role, f in HF_HEAD_FAMILIES.items() if f == peer["family"]))
-    threshold = POLICIES[family].setting
+    """Our decoder's run (as a report row, with tokens/s) of the head (or calibration) a peer row ran, at the same
+    threshold (or λ). A peer family is ``hf_`` and the family of our decoder it runs (``evaluation.config``)."""
+    family = peer["family"].removeprefix("hf_")
+    setting = POLICIES[family].setting
     fixed = next((s.fixed for s in cfg.policies if s.family == family), {})
+    source = next(key for key in ESTIMATE_FILES if key in peer["params"])
     for (m, run), by_prompt in runs.items():
         first = next(iter(by_prompt.values()))
         params = first["params"]
-        if m == mode and first["family"] == family and params.get(threshold) == peer["params"].get(threshold) \
-                and str(params.get("head", fixed.get("head"))) == peer["params"]["head"]:
+        if m == mode and first["family"] == family and params.get(setting) == peer["params"].get(setting) \
+                and str(params.get(source, fixed.get(source))) == peer["params"][source]:
             t = totals(by_prompt)
             return {"run": run, "tokens_per_s": t.tokens_per_s}
     return None

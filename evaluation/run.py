@@ -8,7 +8,8 @@ Per mode (a sampling setting):
    Eq. 5.1); the one-setting families and the chosen settings then run on every prompt, together with
 3. the peers (``evaluation.hf_peer``): transformers' assisted generation with its defaults, each confidence
    threshold and a constant K = SD's chosen K; the target's own ``generate()``; each exported head inside it, at
-   the threshold our decoder's chosen run of that head took.
+   the threshold our decoder's chosen run of that head took; the goodput stop inside it, at the λ our decoder's
+   chosen goodput run of the same head or calibration took.
 
 Each step goes prompt by prompt, every run of the step on a prompt before the next prompt (``Runner.run``), so the
 runs a ratio pairs are made minutes apart, not an hour. Each (mode, run, prompt) is one line in ``results.jsonl``
@@ -41,7 +42,7 @@ from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import selection_fit
 from evaluation.results import ResultStore, run_label
 from evaluation.rundir import RunDir
-from evaluation.selection import best_k, choose, chosen_head_thresholds, chosen_params
+from evaluation.selection import best_k, choose, chosen_file_settings, chosen_params
 from heads.export import read_metadata, seen_prompts
 
 HEAD_KWARGS = ("head",)
@@ -81,7 +82,6 @@ class Engine:
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
         from decoding.policies import build_policy
-        from decoding.runtimes.hf import HeadDecoding
         from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
         from heads.exported import ExportedHead
@@ -101,15 +101,14 @@ class Engine:
         draft.to(device)
         target.to(device)
         eos = eos_token_ids(target, t_tok)
-        decodings: dict[tuple, HeadDecoding] = {}  # a head loaded and checked once, not per prompt
+        decodings = {}  # run label → its decoding method: a head loaded and checked once, not per prompt
 
         def peer(ids, sampling, seed, run):
-            key = (run.head, run.threshold)
-            if run.head is not None and key not in decodings:
-                decodings[key] = HeadDecoding(run.head, draft, threshold=run.threshold)
-            decoding = decodings[key] if run.head is not None else None
+            key = run_label(run.family, run.params)
+            if key not in decodings:
+                decodings[key] = run.decoding(draft)
             return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
-                               custom_generate=decoding)
+                               custom_generate=decodings[key])
 
         from evaluation.bench_timing import time_pair
         from evaluation.likelihood import mean_loglik
@@ -332,7 +331,9 @@ def head_files(cfg: EvalConfig) -> list[str]:
     ``EvalError``."""
     paths = [(p.family, p.fixed[k]) for p in cfg.policies for k in HEAD_KWARGS if k in p.fixed]
     paths += [(p.family, h) for p in cfg.policies for k in HEAD_KWARGS for h in p.grid.get(k, [])]
-    paths += [("hf_peer", h) for h in cfg.hf_peer.heads] if cfg.hf_peer.enabled else []
+    if cfg.hf_peer.enabled:
+        paths += [("hf_peer", h) for h in cfg.hf_peer.heads]
+        paths += [("hf_peer", h) for kind, h in cfg.hf_peer.goodput_sources() if kind == "head"]
     for family, path in paths:
         if not Path(path).is_file():
             raise EvalError(f"{family}: head file {path} not found (run `make train` first)")
@@ -411,13 +412,14 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
     the folder is held (``core.lock``) from then on."""
     from decoding.policies import build_policy
-    from evaluation.hf_peer import head_runs
+    from evaluation.hf_peer import goodput_runs, head_runs
 
     prompts = load_prompts(cfg.prompts)
     heads = head_files(cfg)
     check_settings(cfg, engine.build_policy if engine is not None else build_policy)
-    if cfg.hf_peer.enabled:
+    if cfg.hf_peer.enabled:  # each file the peer names, checked before the folder is touched
         head_runs(cfg.hf_peer)
+        goodput_runs(cfg.hf_peer)
     if cfg.select_by == "simulated":  # the labels the choice replays, checked against every head
         from core.shards import read_manifest
         from heads.export import check_labels
@@ -475,7 +477,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, q
                                                                               s.family))
                   for s in sweeps if s.family in chosen]
         if cfg.hf_peer.enabled and engine.hf_generate is not None:
-            ours = chosen_head_thresholds(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
+            ours = chosen_file_settings(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
             finish += [runner.peer(sampling, run)
                        for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours)]
         runner.run(mode, finish, all_ids)

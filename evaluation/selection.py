@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from decoding.policies import POLICIES, head_thresholds
+from decoding.policies import POLICIES
+from evaluation.config import ESTIMATE_FILES
 from evaluation.latency import LatencyFit
 from evaluation.rundir import RunDir
 from evaluation.summary import Totals, index, totals
@@ -82,14 +83,18 @@ def best_k(chosen: dict[str, str], records: list[dict], mode: str) -> int | None
     return None if k is None else int(k)
 
 
-def chosen_head_thresholds(chosen: dict[str, str], records: list[dict], mode: str,
-                           fixed: dict[str, dict]) -> dict[str, float | None]:
-    """head file → the threshold (h of SpecDec++, τ of SPRINTER; None: the exported one) of our decoder's chosen run
-    of that head in ``mode``; ``fixed`` is each family's fixed keyword arguments (where a head may be named)."""
-    out = {}
-    for family, key in head_thresholds().items():
+def chosen_file_settings(chosen: dict[str, str], records: list[dict], mode: str,
+                         fixed: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+    """head or calibration file → the setting, by its name, of each of our decoder's chosen runs in ``mode`` that
+    reads it: h of SpecDec++, τ of SPRINTER (None: the exported one), λ of goodput (None: its default). ``fixed`` is
+    each family's fixed keyword arguments (where a file may be named)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for family, policy in POLICIES.items():
         params = chosen_params(chosen, records, mode, family)
-        head = None if params is None else params.get("head", fixed.get(family, {}).get("head"))
-        if head is not None:
-            out[str(head)] = params.get(key)
+        if policy.head_role is None or params is None:
+            continue
+        for key in ESTIMATE_FILES:
+            path = params.get(key, fixed.get(family, {}).get(key))
+            if path is not None:
+                out.setdefault(str(path), {})[policy.setting] = params.get(policy.setting)
     return out

@@ -101,3 +101,20 @@ def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12
         devices=1,
     )
     return LabelConfig(**{**kw, **overrides})
+
+
+def write_eval_config(path: str | Path, draft, target, prompts, output_dir, *, limit: int | None = None,
+                      **overrides) -> Path:
+    """An eval config file (``python -m evaluation --config PATH``) for a tiny pair on the CPU and a prompt file from
+    ``write_prompts`` (its first ``limit`` prompts), with no training or label folder unless ``overrides`` name one."""
+    import yaml
+
+    settings = {
+        "draft": {"path": str(draft), "name": "tiny-draft"},
+        "target": {"path": str(target), "name": "tiny-target"},
+        "prompts": {"source": str(prompts), "response_field": "answer", "limit": limit},
+        "train_dir": None, "labels_dir": None, "output_dir": str(output_dir), "device": "cpu", "warmup": False,
+        **overrides,
+    }
+    Path(path).write_text(yaml.safe_dump(settings))
+    return Path(path)

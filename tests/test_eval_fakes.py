@@ -37,7 +37,7 @@ class FakePolicy:
     def generate(self, pair, prompt_ids, generator):
         self.calls.append((self.name, dict(self.kw), tuple(prompt_ids)))
         n = pair.sampling.max_new_tokens
-        k = {"sd": self.kw.get("k"), "specdecpp": 4, "sprinter": 8, "fuzzy": 6, "hf_heuristic": 5,
+        k = {"sd": self.kw.get("k"), "specdecpp": 4, "goodput": 4, "sprinter": 8, "fuzzy": 6, "hf_heuristic": 5,
              "confidence": 4, "svip": 4}.get(self.name)
         if self.name == "target_only":
             nt, nd, disc, lens = n, 0, 0, []
@@ -78,7 +78,7 @@ def fake_engine(calls: list | None = None, fail_after: int | None = None, hf: bo
             raise KeyboardInterrupt("simulated interrupt")
         return FakePolicy(name, calls, **kw)
 
-    seconds_per_token = {"hf_target_only": 0.05, "hf_specdecpp": 0.025, "hf_sprinter": 0.02}
+    seconds_per_token = {"hf_target_only": 0.05, "hf_specdecpp": 0.025, "hf_goodput": 0.024, "hf_sprinter": 0.02}
 
     def hf_generate(ids, sampling, seed, run):
         calls.append(("hf", run.family, dict(run.settings), tuple(ids)))

@@ -46,3 +46,34 @@ def test_target_only_and_head_peers_are_the_targets_greedy_tokens(tiny_pair, tmp
                        threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={}, position="own")
     tokens, stats = hf_generate(draft, target, ids, greedy, eos, 0, custom_generate=HeadDecoding(head, draft))
     assert tokens == plain and stats["draft_calls"] > 0 and 0 < stats["target_calls"] <= len(tokens) + 1
+
+
+def test_a_goodput_peer_on_a_calibration_is_exact_and_runs_at_our_lambda(tiny_pair, prompt_file, tmp_path):
+    """An eval config with ``hf_peer.goodput: [calibration.json]`` and ``hf_peer.timing`` runs the goodput stop on the
+    draft's calibrated confidence inside ``generate()`` (``hf_goodput``), at the λ of our decoder's goodput run of
+    the same calibration; under greedy decoding its tokens are the target's own greedy ones."""
+    from test_eval_run import goodput_inputs
+
+    from evaluation.__main__ import main as eval_main
+    from evaluation.results import ResultStore
+    from testing.tiny import write_eval_config
+
+    calibration, timing = goodput_inputs(tmp_path)  # target-only's rate 1 / verify(1) there: 2 tokens/s
+    out = tmp_path / "eval"
+    config = write_eval_config(
+        tmp_path / "eval.yaml", *tiny_pair, prompt_file, out, limit=3, modes=[{"name": "greedy", "temperature": 0.0}],
+        policies=[{"family": "target_only"},
+                  {"family": "goodput", "fixed": {"calibration": calibration, "timing": timing}, "grid": {"lam": [3]}}],
+        max_new_tokens=10, loglik=False, dtype="float32",
+        hf_peer={"defaults": False, "confidence_thresholds": [], "same_k_as_sd": False, "target_only": True,
+                 "goodput": [calibration], "timing": timing})
+    assert eval_main(["--config", str(config)]) == 0
+    runs: dict[str, dict[int, dict]] = {}
+    for r in ResultStore(out / "results.jsonl").records():
+        runs.setdefault(r["run"], {})[r["prompt"]] = r
+    peer = runs.pop(f"hf_goodput[calibration={calibration},lam=3]")
+    assert {r["params"]["lam"] for r in peer.values()} == {3.0}
+    for prompt, record in peer.items():
+        assert record["tokens"] == runs["hf_target_only"][prompt]["tokens"] == runs["target_only"][prompt]["tokens"]
+        assert record["stats"]["draft_calls"] > 0  # it drafted: the draft's rounds, verified by the target
+    assert "hf_goodput" in (out / "report.md").read_text()

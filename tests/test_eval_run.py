@@ -371,6 +371,72 @@ def test_a_peer_head_the_runtime_cannot_run_is_refused_before_anything_runs(tmp_
     assert calls == []
 
 
+def goodput_inputs(tmp_path) -> tuple[str, str]:
+    """A calibrated confidence file and a ``bench_timing`` file (target-only's rate 1 / verify(1) = 2 tokens/s)."""
+    from test_eval_latency import timing_file
+
+    from decoding.estimates import CalibratedConfidence
+
+    calibration, timing = tmp_path / "calibration.json", tmp_path / "timing.json"
+    CalibratedConfidence(q=np.array([0.0, 0.5, 1.0]), acceptance=np.array([0.2, 0.6, 0.95]), rows=3).save(calibration)
+    timing.write_text(json.dumps(timing_file()))
+    return str(calibration), str(timing)
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_the_goodput_stop_inside_generate_runs_at_our_decoders_lambda(tmp_path, follow):
+    """Each file of ``hf_peer.goodput`` runs as ``hf_goodput`` at λ of our decoder's chosen ``goodput`` run of the
+    same file, or at target-only's rate under ``hf_peer.timing`` when ``same_threshold_as_ours`` is off; λ is in its
+    params, and the report compares it with transformers' best own rule and with our run at the same λ."""
+    calibration, timing = goodput_inputs(tmp_path)
+    cfg = make_cfg(tmp_path, modes=[Mode("sample", 1.0)],
+                   policies=[Sweep("sd", grid={"k": [3]}),
+                             Sweep("goodput", fixed={"calibration": calibration, "timing": timing},
+                                   grid={"lam": [3.0, 5.0]})],
+                   hf_peer=HFPeer(confidence_thresholds=[], goodput=[calibration], timing=timing,
+                                  same_threshold_as_ours=follow))
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    rep = json.loads((out / "report.json").read_text())
+    table = rep["modes"]["sample"]["table"]
+    chosen = next(r for r in table if r["family"] == "goodput")["params"]["lam"]  # equal fake costs: the first
+    lam = chosen if follow else 2.0
+    peer = next(r for r in table if r["family"] == "hf_goodput")
+    assert peer["run"] == f"hf_goodput[calibration={calibration},lam={lam:g}]" and peer["params"]["lam"] == lam
+    goals = {g["goal"]: g for g in rep["goals"]}
+    # fakes: HF's defaults 0.03 s/token, the goodput stop inside generate() 0.024
+    best = goals["generate() + goodput stop on calibration.json ≥ 1.05× transformers' best own rule (tokens/s)"]
+    assert best["value"] == pytest.approx(0.03 / 0.024) and best["met"]
+    overhead = goals["runtime overhead of calibration.json: our decoder's tokens/s over generate()'s − 1, same "
+                     "estimates and λ"]
+    assert (overhead["value"] is not None) == follow
+    assert "hf_goodput" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("peer, message", [
+    ({"goodput": ["{calibration}"]}, "hf_peer.goodput needs hf_peer.timing"),
+    ({"goodput": ["{tmp}/head.pt"], "timing": "{timing}"}, "neither a stop head (.safetensors) nor a calibrated"),
+    ({"goodput": ["{tmp}/missing.json"], "timing": "{timing}"}, "missing.json: no such file"),
+    ({"goodput": ["{verifier}"], "timing": "{timing}"}, "is a verifier; the goodput stop reads a stop head"),
+])
+def test_a_goodput_peer_that_cannot_run_is_one_line_before_anything_runs(tmp_path, capsys, peer, message):
+    from evaluation.__main__ import main
+    from testing.tiny import write_eval_config
+
+    calibration, timing = goodput_inputs(tmp_path)
+    _, verifier = _peer_heads(tmp_path)
+    names = {"calibration": calibration, "timing": timing, "verifier": verifier, "tmp": str(tmp_path)}
+    peer = {k: [v.format(**names) for v in vs] if isinstance(vs, list) else vs.format(**names)
+            for k, vs in peer.items()}
+    config = write_eval_config(tmp_path / "eval.yaml", tmp_path / "no-draft", tmp_path / "no-target",
+                               write_prompt_file(tmp_path / "prompts.jsonl"), tmp_path / "eval",
+                               policies=[{"family": "target_only"}], hf_peer=peer)
+    assert main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in err
+    assert not (tmp_path / "eval").exists()
+
+
 def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_path):
     """select_by: simulated: in the mode sampled like the labels, each exact family's setting is the one the trace
     simulator predicts fastest at the costs of the timing file, and only it is decoded; other modes sweep."""

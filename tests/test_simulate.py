@@ -508,13 +508,12 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
     """``--eval CONFIG``: a real (tiny) eval times its forwards, scores and traces its outputs; the simulator then
     sets each exact run beside its predictions from the label traces and from the decoder traces of its prompts.
     A run whose head file was rewritten since is not replayed, with the reason on its line."""
-    import yaml
-
     from core.models import ModelSpec, resolve
     from data_gen.run import run_labels
     from evaluation.__main__ import main as eval_main
     from heads.export import export_head
     from heads.resnet import ResNetHead
+    from testing.tiny import write_eval_config
 
     labels = label_config(split_fractions=(0.5, 0.25, 0.25))
     run_labels(labels, quiet=True)
@@ -528,17 +527,12 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
 
     head = stop_head(0)
     out = tmp_path / "eval"
-    config = tmp_path / "eval.yaml"
-    config.write_text(yaml.safe_dump({
-        "draft": {"path": str(tiny_pair[0]), "name": "tiny-draft"},
-        "target": {"path": str(tiny_pair[1]), "name": "tiny-target"},
-        "prompts": {"source": str(prompt_file), "response_field": "answer", "limit": 4},
-        "modes": [{"name": "sample", "temperature": 1.0}],
-        "policies": [{"family": "target_only"}, {"family": "sd", "grid": {"k": [2, 3]}},
-                     {"family": "confidence", "grid": {"threshold": [0.3]}},
-                     {"family": "specdecpp", "fixed": {"head": head}, "grid": {"h": [0.5]}}],
-        "max_new_tokens": 6, "select_by": "simulated", "hf_peer": {"enabled": False}, "train_dir": None,
-        "labels_dir": str(labels.output_dir), "output_dir": str(out), "device": "cpu", "warmup": False}))
+    config = write_eval_config(
+        tmp_path / "eval.yaml", *tiny_pair, prompt_file, out, limit=4, modes=[{"name": "sample", "temperature": 1.0}],
+        policies=[{"family": "target_only"}, {"family": "sd", "grid": {"k": [2, 3]}},
+                  {"family": "confidence", "grid": {"threshold": [0.3]}},
+                  {"family": "specdecpp", "fixed": {"head": head}, "grid": {"h": [0.5]}}],
+        max_new_tokens=6, select_by="simulated", hf_peer={"enabled": False}, labels_dir=str(labels.output_dir))
     assert eval_main(["--config", str(config)]) == 0
     assert len(list((out / "traces" / "sample").glob("*.safetensors"))) == 4
     capsys.readouterr()

@@ -15,13 +15,6 @@ def head_family(role: str) -> str:
     return next(name for name, cls in POLICIES.items() if cls.head_role == role)
 
 
-def head_thresholds() -> dict[str, str]:
-    """family → the name of its head's threshold (its ``setting``), for the families that run an exported head at
-    its threshold (not goodput, whose setting is a rate)."""
-    return {name: POLICIES[name].setting for name in dict.fromkeys(head_family(cls.head_role) for cls in POLICIES.values()
-                                                                if cls.head_role is not None)}
-
-
 def simulated(exact: bool = False) -> list[str]:
     """The families the trace simulator replays; ``exact``: only the exact ones, whose setting an evaluation can
     choose by simulation (an approximate one trades speed for quality, which a replay of the target's responses

@@ -76,7 +76,7 @@ class Goodput(HeadStopPolicy):
         self.head = None if head is None else load_stop_head(head)
         self.calibration = None if calibration is None else load_calibration(calibration)
         self.costs = read_timing(timing).round_costs() if costs is None else costs
-        self.lam = 1.0 / float(self.costs.verify(1)) if lam is None else float(lam)
+        self.lam = self.costs.target_only_rate() if lam is None else float(lam)
         if not self.lam > 0 or max_k < 1 or future is not None and not 0 < future <= 1:
             raise ValueError(f"need lam > 0, max_k >= 1 and 0 < future <= 1, got {self.lam}, {max_k}, {future}")
         self.online, self.future, self.max_k = online, future, max_k
@@ -111,7 +111,7 @@ class Goodput(HeadStopPolicy):
         log â there, or from the calibration of the trace's ``logp_draft``, at a fixed λ (None: 1 / verify(1), as
         decoding starts; an online λ enters a replay as the rate it settles at, ``decoding.replay.goodput_rate``)."""
         costs = read_timing(timing).round_costs() if costs is None else costs  # as an eval config names them
-        lam = 1.0 / float(costs.verify(1)) if lam is None else lam
+        lam = costs.target_only_rate() if lam is None else lam
         if head is None:
             log_accept = load_calibration(calibration).log_accept(trace.logp_draft)
         return goodput_round_lengths(log_accept, costs, lam, head is not None and head.position == "own", max_k,
