@@ -57,9 +57,8 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
     prompts ``prompts`` when given."""
     columns = ["prompt_id", "position", "category", "loss_mask", "acceptance", "logp_draft", "entropy_draft",
                "hidden", "hidden_prev"]
-    read_manifest(folder)  # the shards are the ones the manifest lists, intact
     traces = []
-    for split in splits:
+    for split in filled_splits(folder, splits):
         ds = load_split(folder, split)
         rows = ds.select(trace_row_indices(ds, prompts)).select_columns(columns).with_format("numpy")[:]
         try:
@@ -99,12 +98,17 @@ def trace_row_indices(ds, prompts: set[int] | None = None) -> np.ndarray:
 def trace_rows(folder: str | Path, splits: tuple[str, ...], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     """``columns`` of the traces' rows of ``splits``, every prompt's concatenated, without the hidden states a
     ``Trace`` holds: what a fit on the draft's scores reads (``decoding.calibrate``)."""
-    read_manifest(folder)
     parts = []
-    for split in splits:
+    for split in filled_splits(folder, splits):
         ds = load_split(folder, split)
         parts.append(ds.select(trace_row_indices(ds)).select_columns(list(columns)).with_format("numpy")[:])
-    rows = {c: np.concatenate([part[c] for part in parts]).astype(np.float64) for c in columns}
-    if not len(rows[columns[0]]):
+    if not sum(len(part[columns[0]]) for part in parts):
         raise TraceError(f"{folder} has no {TRACE_CATEGORY!r} rows in {', '.join(splits)}")
-    return rows
+    return {c: np.concatenate([part[c] for part in parts]).astype(np.float64) for c in columns}
+
+
+def filled_splits(folder: str | Path, splits: tuple[str, ...]) -> list[str]:
+    """The splits of ``splits`` that hold shards in the finished dataset at ``folder`` (whose shards are checked
+    against its manifest): a dataset may leave a split empty, as the held-out labels leave train and val."""
+    manifest = read_manifest(folder)
+    return [split for split in splits if manifest["splits"].get(split, {}).get("shards")]

@@ -29,7 +29,7 @@ from decoding import rules
 from decoding.estimates import CalibratedConfidence
 from decoding.replay import RoundCosts, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
-from decoding.traces import Trace, load_label_traces, unseen
+from decoding.traces import Trace, filled_splits, load_label_traces, unseen
 from evaluation.latency import LatencyFit
 from evaluation.traces import read_recorded
 from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
@@ -159,8 +159,12 @@ def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: 
 def selection_traces(labels: str | Path, exclude: set[str] = frozenset()) -> tuple[list[Trace], list[Trace]]:
     """What ``simulated_choice`` replays: every labeled prompt's trace, and the held-out ones (for heads), less the
     prompts whose digests are in ``exclude``."""
-    held_out = unseen(load_label_traces(labels, ("val", "test")), exclude)
-    every = unseen(load_label_traces(labels, ("train",)), exclude) + held_out
+    def traces(splits: tuple[str, ...]) -> list[Trace]:  # none from a split the labels left empty
+        filled = tuple(filled_splits(labels, splits))
+        return unseen(load_label_traces(labels, filled), exclude) if filled else []
+
+    held_out = traces(("val", "test"))
+    every = traces(("train",)) + held_out
     if not every:
         raise SimulationError(f"{labels}: every labeled prompt is one the eval decodes; choose settings on labels "
                               "of other prompts (labels_dir)")

@@ -155,13 +155,15 @@ class BlockSampler(Sampler):
             yield order[i : i + self.batch_size]
 
 
-def check_same_draft(manifest: dict, other: dict, labels: str, other_labels: str) -> None:
-    """Refuse test labels of another draft than the training labels' (their features would differ)."""
-    differs = identity_mismatch(manifest["models"]["draft"], other["models"]["draft"])
-    if differs is not None:
-        key, mine, theirs = differs
-        raise SettingError(f"{other_labels} was labeled with another draft than {labels} ({key} {theirs} against "
-                           f"{mine}); test on labels of the same draft")
+def check_same_pair(manifest: dict, other: dict, labels: str, other_labels: str) -> None:
+    """Refuse test labels of another draft or target than the training labels' (their features, or the acceptance
+    they are judged against, would differ)."""
+    for role in ("draft", "target"):
+        differs = identity_mismatch(manifest["models"][role], other["models"][role])
+        if differs is not None:
+            key, mine, theirs = differs
+            raise SettingError(f"{other_labels} was labeled with another {role} than {labels} ({key} {theirs} "
+                               f"against {mine}); test on labels of the same pair")
 
 
 class LabelDataModule(pl.LightningDataModule):
@@ -169,7 +171,7 @@ class LabelDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        labels: str = "runs/labels/humaneval",
+        labels: str = "runs/labels/corpus",
         test_labels: str | None = None,
         train_share: float = 1.0,
         label: Literal["soft", "sprinter"] = "soft",
@@ -239,7 +241,7 @@ class LabelDataModule(pl.LightningDataModule):
         self.manifest = read_manifest(labels)
         self.test_labels, self.train_share = test_labels, train_share
         if test_labels is not None:
-            check_same_draft(self.manifest, read_manifest(test_labels), labels, test_labels)
+            check_same_pair(self.manifest, read_manifest(test_labels), labels, test_labels)
         self.splits: dict[str, LabelRows] = {}
 
     @property

@@ -283,8 +283,8 @@ def test_train_share_takes_nested_prompt_subsets(tiny_labels):
 
 
 def test_test_labels_of_another_folder_are_the_test_set(tiny_labels, tmp_path):
-    """``test_labels`` reads the test split of another folder (held-out prompts) of the same draft, and refuses one
-    of another draft."""
+    """``test_labels`` reads the test split of another folder (held-out prompts) of the same pair, and refuses one
+    of another draft or target."""
     import json
     import shutil
 
@@ -293,11 +293,13 @@ def test_test_labels_of_another_folder_are_the_test_set(tiny_labels, tmp_path):
     dm = LabelDataModule(str(tiny_labels), label="soft", test_labels=str(other))
     assert dm.folder("test") == str(other) and dm.folder("train") == str(tiny_labels)
     assert len(dm.rows("test")) == len(LabelDataModule(str(tiny_labels), label="soft").rows("test"))
-    manifest = json.loads((other / "manifest.json").read_text())
-    manifest["models"]["draft"]["weights"] = "0" * 64
-    (other / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(SettingError, match="another draft"):
-        LabelDataModule(str(tiny_labels), label="soft", test_labels=str(other))
+    original = (other / "manifest.json").read_text()
+    for role in ("draft", "target"):  # features of another draft, or acceptance against another target
+        manifest = json.loads(original)
+        manifest["models"][role]["weights"] = "0" * 64
+        (other / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(SettingError, match=f"another {role} than"):
+            LabelDataModule(str(tiny_labels), label="soft", test_labels=str(other))
 
 
 def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):

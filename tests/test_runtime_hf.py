@@ -418,6 +418,40 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     assert len(out["sampled"]) == len(prompt) + 12 or out["sampled"][-1] == 2
 
 
+def test_an_online_rate_follows_the_generations_tokens_over_its_seconds(models, heads, monkeypatch):
+    """``rate="online"``: the goodput stop starts at target-only's λ and, before each later round, takes the tokens
+    generated so far over the seconds taken so far (a fake clock, 0.25 s a reading); greedy output stays target
+    greedy. A fixed rate never moves."""
+    from decoding.replay import RoundCosts
+
+    draft, target = models
+    costs = RoundCosts(draft=0.05, verify=lambda m: 0.2 + 0.02 * m)
+    clock = iter(np.arange(10_000) * 0.25)
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: float(next(clock)))
+    seen = []  # (λ the round runs at, the sequence's length when it starts)
+    get = HeadCandidateGenerator.get_candidates
+
+    def recording(self, input_ids, **kw):
+        out = get(self, input_ids, **kw)
+        seen.append((self.rule.stop.rate, input_ids.shape[-1]))
+        return out
+
+    monkeypatch.setattr(HeadCandidateGenerator, "get_candidates", recording)
+    prompt = PROMPTS[0]
+    tokens = hf(target, HeadDecoding(None, draft, calibration=CALIBRATION, costs=costs, rate="online"), prompt,
+                max_new_tokens=16, do_sample=False)
+    assert tokens == target_greedy(target, prompt, 16)
+    assert len(seen) > 2 and seen[0] == (pytest.approx(1 / 0.22), len(prompt))
+    for i, (rate, length) in enumerate(seen[1:], start=1):  # the clock read once at the start and once a round
+        assert rate == pytest.approx((length - len(prompt)) / (0.25 * i))
+    seen.clear()
+    hf(target, HeadDecoding(None, draft, calibration=CALIBRATION, costs=costs, rate=3.0), prompt, max_new_tokens=16,
+       do_sample=False)
+    assert {rate for rate, _ in seen} == {3.0}
+    with pytest.raises(ValueError, match='rate="online" follows the goodput stop'):
+        HeadDecoding(heads["stop"], draft, rate="online")
+
+
 def draft_forwards(draft, run) -> int:
     """How many forwards of ``draft`` ``run()`` makes."""
     forward, calls = draft.forward, []

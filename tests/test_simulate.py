@@ -184,6 +184,8 @@ def test_the_registry_says_which_families_the_simulator_replays():
     by simulation, SPRINTER's (approximate) cannot; any other family is refused in one line."""
     assert set(simulated()) == {"sd", "confidence", "svip", "specdecpp", "goodput", "sprinter"}
     assert set(simulated(exact=True)) == set(simulated()) - {"sprinter"}
+    from decoding.policies import HEAD_FAMILIES, POLICIES
+    assert all(POLICIES.get_class(family).head_role == role for role, family in HEAD_FAMILIES.items())
     trace = hand_trace([0.5, 1.0], p_draft=[0.9, 0.3])
     with pytest.raises(ValueError, match="the simulator has no policy 'fuzzy'"):
         simulate([trace], "fuzzy", T=0.5)

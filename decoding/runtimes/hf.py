@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,15 +157,17 @@ class HeadCandidateGenerator(AssistedCandidateGenerator):
     a constant cap on a round (``max_k``; None: up to ``max_length``, SPRINTER's rounds) and none of transformers'
     own stop rules (no confidence threshold, no K schedule)."""
 
-    def __init__(self, *args, rule: DraftRule, max_k: int | None, **kwargs):
+    def __init__(self, *args, rule: DraftRule, max_k: int | None, on_round=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.rule, self.max_k = rule, max_k
+        self.rule, self.max_k, self.on_round = rule, max_k, on_round
         self.num_assistant_tokens = max_k
         self.assistant_generation_config.num_assistant_tokens_schedule = "constant"
         self.generation_config.assistant_confidence_threshold = 0.0  # None would be filled with its default, 0.4
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         self.rule.reset()
+        if self.on_round is not None:
+            self.on_round(input_ids.shape[-1])
         return super().get_candidates(input_ids, **kwargs)
 
     def _calculate_new_tokens(self, input_ids: torch.LongTensor) -> tuple[int, int]:
@@ -227,7 +230,7 @@ class HeadDecoding:
     """
 
     def __init__(self, head: str | Path | ExportedHead | None, draft, *, threshold: float | None = None,
-                 max_k: int = MAX_K, streamer=None, costs=None, rate: float | None = None,
+                 max_k: int = MAX_K, streamer=None, costs=None, rate: float | str | None = None,
                  future: float | None = None, calibration: str | Path | CalibratedConfidence | None = None):
         """
         Args:
@@ -239,7 +242,9 @@ class HeadDecoding:
             costs: a stop head stops by the goodput rule (``decoding.rules.GoodputStop``) instead of h, under these
                 seconds of a draft step (``draft``) and of a verification of m tokens (``verify_table(m)``), as
                 ``decoding.replay.RoundCosts`` or ``decoding.costs.LatencyFit.round_costs()`` give them.
-            rate: the goodput rule's λ in tokens per second; None: target-only's, 1 / (a verification of one token).
+            rate: the goodput rule's λ in tokens per second; None: target-only's, 1 / (a verification of one token);
+                ``"online"``: from target-only's, then before each round the tokens this generation has produced
+                over the seconds it has taken (the decoder's ``goodput`` with ``online=True``).
             future: the goodput rule's predicted acceptance of candidates not yet drafted; None: the last estimate.
             calibration: in place of a head, the goodput rule's estimates are the draft's confidence q(Y_i) of each
                 candidate calibrated by this ``CalibratedConfidence`` (or its file, ``make calibrate``); needs
@@ -266,7 +271,11 @@ class HeadDecoding:
             raise ValueError(f"need 0 <= threshold <= 1 and max_k >= 1, got {self.threshold}, {max_k}")
         self.draft, self.max_k, self.streamer = draft, int(max_k), streamer
         self.costs, self.future = costs, future
-        self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate is None else float(rate)
+        self.online = rate == "online"
+        if self.online and costs is None:
+            raise ValueError('rate="online" follows the goodput stop\'s λ: give costs')
+        self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate in (None, "online") \
+            else float(rate)
 
     def rule(self, tap: DraftTap, temperature: float) -> DraftRule:
         """The decision the draft's ``generate()`` runs after each token it samples."""
@@ -287,10 +296,17 @@ class HeadDecoding:
         rule = self.rule(tap, temperature)
         saved_k = self.draft.generation_config.num_assistant_tokens  # transformers writes its schedule's K back
 
+        started, prompt = time.perf_counter(), input_ids.shape[-1]
+
+        def follow_rate(length: int) -> None:  # λ = this generation's tokens over its seconds so far
+            if length > prompt:
+                rule.stop.rate = (length - prompt) / max(time.perf_counter() - started, 1e-9)
+
         def candidates(generation_config, input_ids, logits_processor, model_kwargs, **_):
             max_k = self.max_k if self.role == "stop" else None
             return HeadCandidateGenerator(input_ids, self.draft, generation_config, model_kwargs,
-                                          logits_processor=logits_processor, rule=rule, max_k=max_k)
+                                          logits_processor=logits_processor, rule=rule, max_k=max_k,
+                                          on_round=follow_rate if self.online else None)
 
         try:
             if self.role == "stop":
@@ -413,7 +429,7 @@ def load_bundled_calibration() -> CalibratedConfidence | None:
 
 
 def generate(model, *args, assistant_model=None, streamer=None, head: str | Path | None = None,
-             threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | None = None,
+             threshold: float | None = None, max_k: int = MAX_K, costs=None, rate: float | str | None = None,
              calibration: str | Path | CalibratedConfidence | None = None, **kwargs):
     """The entry point transformers calls for ``generate(custom_generate=<folder>, trust_remote_code=True)``, with
     every argument of that ``generate()`` call: ``assistant_model`` (the draft; required) and ``streamer`` go to
