@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from core.errors import SettingError, UserError
+from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.costs import step_s
@@ -250,9 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     precisions = [resolve_dtype(p, device) for p in a.precision] if a.precision else default_precisions(device)
     if device.type != "cpu" and set(precisions) & set(QUANTIZATIONS):
         raise SettingError("the int8 quantizations run on the CPU only (--device cpu)")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'}, " \
-        f"{torch.get_num_threads()} threads)"
-    result = {"device": name, "device_type": device.type, "precisions": precisions,
+    result = {"device": describe_device(device), "device_type": device.type, "precisions": precisions,
               "torch": torch.__version__, "prefill": a.prefill, "verify": a.verify, "models": []}
     for spec in a.model or DEFAULT_MODELS:
         label, _, shape = spec.partition("=")

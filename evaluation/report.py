@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 from pathlib import Path
 
 import torch
 
+from core.device import describe_device
 from core.intervals import mean_interval, speedup_interval
 from decoding.policies import POLICIES
 from evaluation import quality
@@ -26,12 +26,6 @@ from evaluation.plots import plot_pareto, plot_quality, plot_speedup
 from evaluation.rundir import RunDir
 from evaluation.selection import choose, preset_runs
 from evaluation.summary import Totals, agreement, index, per_prompt_speedup, spread, sprinter_theorem7, totals
-
-
-def _device() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def _rouge_rows(run: dict[int, dict], other: dict[int, dict] | None, refs: dict[int, str | None]) -> dict:
@@ -124,7 +118,8 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     refs = {p["prompt"]: p["reference"] for p in prompts}
     fits = cfg.latency_fits(records)
     select_fit = selection_fit(fits)
-    out = {"device": _device(), "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
+    device = describe_device("cuda" if torch.cuda.is_available() else "cpu")
+    out = {"device": device, "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}

@@ -152,6 +152,22 @@ def text_digests(text: str, tokenizer, chat_template: bool) -> set[str]:
     return {prompt_digest(tokenize_prompt(tokenizer, text, template)) for template in templates}
 
 
+def flag_other_devices(cfg: EvalConfig) -> None:
+    """One line per timing file a goodput stop prices its rounds with (a policy's ``timing``, ``hf_peer.timing``)
+    that was timed on another device than the one this eval decodes on; ``cfg.timing`` predicts another device's
+    latency on purpose and is not one of them."""
+    from core.device import describe_device
+    from decoding.costs import other_device
+
+    files = {str(f) for s in cfg.policies for f in [s.fixed.get("timing"), *s.grid.get("timing", [])] if f}
+    files |= {str(cfg.hf_peer.timing)} if cfg.hf_peer.enabled and cfg.hf_peer.timing else set()
+    here = describe_device(resolve_device(cfg.device))
+    for path in sorted(files):
+        note = other_device(path, here)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+
+
 def unseen_prompts(prompts: list[dict], heads: list[str], tokenizer, chat_template: bool) -> list[dict]:
     """The prompts no head of ``heads`` has seen (trained on, or had its threshold chosen on: the prompts its file
     records, ``heads.export.seen_prompts``); every policy decodes only these, so that ratios stay paired by prompt
@@ -439,6 +455,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
             for path in heads:
                 engine.check_head(path)
         prompts = unseen_prompts(prompts, heads, engine.tokenizer, cfg.prompts.chat_template)
+        flag_other_devices(cfg)
         _commit_output(cfg, out, settings)
         _evaluate(cfg, engine, prompts, out, quiet)
     return out

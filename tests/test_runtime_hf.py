@@ -333,6 +333,15 @@ def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
     costs = read_timing(timing).round_costs()
     assert carried["DRAFT_S"] == costs.draft
     assert carried["VERIFY_S"] == costs.verify_table(runtime.MAX_K + 1).tolist()
+    assert carried["RATE"] == "online" and carried["DEVICE"] is None  # a file that names no device
+    readme = (out / "README.md").read_text()
+    assert "## The goodput stop" in readme and "an unnamed device" in readme and "`online`" in readme
+    fixed = export_hf.write_folder(heads["stop"], tmp_path / "fixed", timing, rate=7.5)
+    carried = {}
+    exec((fixed / "custom_generate" / "bundled_costs.py").read_text(), carried)
+    assert carried["RATE"] == 7.5 and "7.5 tokens/s" in (fixed / "README.md").read_text()
+    with pytest.raises(export_hf.ExportError, match="--rate must be"):
+        export_hf.write_folder(heads["stop"], tmp_path / "bad", timing, rate=-1.0)
     with pytest.raises(export_hf.ExportError, match="--timing is for a stop head"):
         export_hf.write_folder(heads["reject"], tmp_path / "verifier", timing)
     assert "SAVED = None" in (out / "custom_generate" / "bundled_calibration.py").read_text()  # the head's estimates
@@ -364,10 +373,13 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
         folders[name] = str(export_hf.write_folder(heads[name], tmp_path / f"hf_{name}"))
     from test_eval_latency import timing_file
     (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
-    folders["goodput"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_goodput", tmp_path / "timing.json"))
+    # a fixed λ (target-only's, HeadDecoding's default), so that the draft forwards below do not depend on the clock
+    fixed = read_timing(tmp_path / "timing.json").round_costs().target_only_rate()
+    folders["goodput"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_goodput", tmp_path / "timing.json",
+                                                    rate=fixed))
     CALIBRATION.save(tmp_path / "calibration.json")
     folders["calibrated"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_calibrated",
-                                                       tmp_path / "timing.json", tmp_path / "calibration.json"))
+                                                       tmp_path / "timing.json", tmp_path / "calibration.json", fixed))
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util, json, sys

@@ -32,6 +32,7 @@ import base64
 import hashlib
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
+from core.device import describe_device, same_device
 from core.sampling import sample_token, uniform
 from decoding.estimates import CalibratedConfidence, load_calibration
 from decoding.rules import GoodputStop, HeadStop, check_token, log_accept, verifier_accepts
@@ -398,10 +400,12 @@ def load_bundled_head() -> ExportedHead:
 
 class TableCosts:
     """Seconds of a draft step (``draft``) and of a target forward of m tokens (``verify[m]``, index 0 unused): the
-    costs the goodput stop prices a round with, as a folder carries them."""
+    costs the goodput stop prices a round with, as a folder carries them, with the λ it runs at (``rate``: tokens/s
+    or ``"online"``) and the device they were timed on (``device``)."""
 
-    def __init__(self, draft: float, verify: list[float]):
-        self.draft, self.verify = draft, verify
+    def __init__(self, draft: float, verify: list[float], rate: float | str | None = None,
+                 device: str | None = None):
+        self.draft, self.verify, self.rate, self.device = draft, verify, rate, device
 
     def verify_table(self, max_tokens: int) -> list[float]:
         return self.verify[:max_tokens + 1]
@@ -411,10 +415,10 @@ def load_bundled_costs() -> TableCosts | None:
     """The costs a folder exported with ``--timing`` carries (``custom_generate/bundled_costs.py``, a Python module
     for the reason ``bundled_head`` is one); None outside a folder, or for one exported without them."""
     try:
-        from .bundled_costs import DRAFT_S, VERIFY_S
+        from .bundled_costs import DEVICE, DRAFT_S, RATE, VERIFY_S
     except ImportError:
         return None
-    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S)
+    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S, RATE, DEVICE)
 
 
 def load_bundled_calibration() -> CalibratedConfidence | None:
@@ -452,6 +456,14 @@ def generate(model, *args, assistant_model=None, streamer=None, head: str | Path
         loaded = None
     if costs is None and threshold is None and (loaded is None or loaded.role == "stop"):
         costs = load_bundled_costs()
+        if costs is not None:
+            rate = costs.rate if rate is None else rate
+            here = describe_device(model.device)
+            if not same_device(costs.device, here):
+                warnings.warn(f"this folder's costs were timed on {costs.device or 'an unnamed device'}, not on this "
+                              f"{here}: its goodput stop may stop at the wrong lengths here; export it again with a "
+                              "timing file of this device, or pass threshold= to run the head's threshold rule",
+                              stacklevel=2)
     decoding = HeadDecoding(loaded, assistant_model, threshold=threshold, max_k=max_k, streamer=streamer,
                             costs=costs, rate=rate, calibration=calibration)
     return model.generate(*args, assistant_model=assistant_model, streamer=streamer, custom_generate=decoding,

@@ -41,7 +41,7 @@ import transformers
 
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
-from decoding.costs import read_timing
+from decoding.costs import read_timing, timing_device
 from decoding.estimates import CalibratedConfidence
 from decoding.runtimes.hf import MAX_K
 from heads.export import load_head
@@ -130,12 +130,13 @@ def previous_export(out: Path) -> list[Path]:
 
 
 def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None,
-                 calibration: str | Path | None = None) -> Path:
+                 calibration: str | Path | None = None, rate: float | str = "online") -> Path:
     """Write the folder for the exported head file ``head`` into ``out`` (a new or empty folder, or an earlier
     export, whose files are replaced); everything is checked before anything is written. ``timing``: a
     ``make bench-timing`` JSON whose costs the folder carries, so that a stop head runs the goodput stop;
     ``calibration``: a ``make calibrate`` file the folder carries too, whose estimates that stop then reads (the head
-    still names the draft the folder is for)."""
+    still names the draft the folder is for); ``rate``: that stop's λ in tokens per second, or ``"online"`` (the
+    generation's own tokens per second so far), the folder's default."""
     head, out = Path(head), Path(out)
     _, meta = load_head(head)  # the validating loader: digests and finite weights, before anything is written
     costs = None if timing is None else read_timing(timing).round_costs()
@@ -144,6 +145,8 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     if calibration is not None and costs is None:
         raise ExportError("--calibration gives the goodput stop its estimates, which prices rounds by --timing: "
                           "give both")
+    if rate != "online" and not (isinstance(rate, (int, float)) and rate > 0):
+        raise ExportError(f"--rate must be a positive number of tokens per second or online, got {rate!r}")
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
     previous = previous_export(out)
     head_class = HEADS.get_class(meta["head"]["type"])
@@ -163,7 +166,9 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
         + (f"{Path(timing).name}" if costs is not None else "no timing file (None: the head's threshold runs)")
         + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
         + f"DRAFT_S = {None if costs is None else float(costs.draft)!r}\n"
-        + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n")
+        + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n"
+        + f"RATE = {None if costs is None else rate if rate == 'online' else float(rate)!r}  # the stop's λ, tokens/s\n"
+        + f"DEVICE = {None if costs is None else timing_device(timing)!r}  # where the costs were timed\n")
     generated["bundled_calibration.py"] = (
         '"""The calibrated draft confidence the goodput stop reads, from '
         + (Path(calibration).name if calibrated is not None else "no calibration file (None: the head's estimates)")
@@ -173,7 +178,9 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     files = {f"custom_generate/{name}": flatten(text)
              for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items()}
     files["custom_generate/requirements.txt"] = f"torch\ntransformers>={transformers.__version__}\nsafetensors\n"
-    files["README.md"] = readme(meta, head.name, out.name)
+    files["README.md"] = readme(meta, head.name, out.name, None if costs is None else {
+        "timing": Path(timing).name, "device": timing_device(timing) or "an unnamed device", "rate": rate,
+        "calibration": None if calibration is None else Path(calibration).name})
     for path in previous:
         path.unlink(missing_ok=True)
     (out / "custom_generate").mkdir(parents=True, exist_ok=True)
@@ -184,8 +191,9 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     return out
 
 
-def readme(meta: dict, file_name: str, folder: str) -> str:
-    """The folder's README: what it runs, the snippet, the head's metadata and metrics."""
+def readme(meta: dict, file_name: str, folder: str, goodput: dict | None = None) -> str:
+    """The folder's README: what it runs, the snippet, the head's metadata and metrics; ``goodput``: what the
+    folder's goodput stop runs on (its timing file and device, λ, the calibration), when it carries one."""
     name, what = ALGORITHMS[meta["role"]]
     threshold = meta["threshold"]
     quantization = meta["draft"].get("quantization", NONE)
@@ -218,6 +226,22 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
         "",
         "Needs torch, transformers and safetensors only (`custom_generate/requirements.txt`).",
         "",
+        *([] if goodput is None else [
+            "## The goodput stop",
+            "",
+            "This folder carries a device's costs, so by default it stops a round by the goodput stop (the project's "
+            "`decoding/DESIGN.md`) instead of the threshold: a round ends when no longer round gains more expected "
+            "tokens than λ × its extra seconds under the cost of a verification of each length. Its estimates: "
+            + (f"the draft's confidence calibrated by `{goodput['calibration']}` (the head then only checks the draft)"
+               if goodput["calibration"] else "the head's sigmoids")
+            + f". The costs are `{goodput['timing']}`, timed on {goodput['device']}: on another device, time your own "
+            "(the project's `make bench-timing`) and export again, or pass `threshold=` to run the head's threshold "
+            "rule. λ: "
+            + ("`online`, the generation's own tokens per second so far" if goodput["rate"] == "online"
+               else f"{float(goodput['rate']):g} tokens/s")
+            + "; `rate=` sets it (a number, or `\"online\"`).",
+            "",
+        ]),
         "## The head",
         "",
         "| field | value |",
@@ -240,18 +264,29 @@ def readme(meta: dict, file_name: str, folder: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _number(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ExportError(f"{flag} must be a number or online, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
     parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
     parser.add_argument("out", help="the folder to write")
     parser.add_argument("--timing", default=None,
                         help="a bench_timing JSON: the folder runs a stop head by the goodput stop under its costs")
+    parser.add_argument("--rate", default="online",
+                        help="with --timing: the goodput stop's λ in tokens per second (e.g. the simulator's), or "
+                             "online (the default: the generation's own tokens per second so far)")
     parser.add_argument("--calibration", default=None,
                         help="a calibrated confidence (`make calibrate`; with --timing): the goodput stop reads it in "
                              "place of the head's estimates")
     args = parser.parse_args(argv)
     try:
-        print(write_folder(args.head, args.out, args.timing, args.calibration))
+        rate = args.rate if args.rate == "online" else _number(args.rate, "--rate")
+        print(write_folder(args.head, args.out, args.timing, args.calibration, rate))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

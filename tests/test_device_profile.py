@@ -1,0 +1,50 @@
+"""A timing profile is the device's: ``make bench-timing`` records the device in words (``core.device``), and the
+places that price rounds with a profile flag one timed elsewhere (the eval, in one line; an exported folder, with
+a warning)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.device import describe_device, same_device
+from decoding.costs import other_device
+
+
+def test_the_cpu_is_described_by_its_model_and_threads():
+    here = describe_device("cpu")
+    assert here.startswith("cpu (") and here.endswith(" threads)") and same_device(here, here)
+
+
+@pytest.mark.parametrize("recorded, here, same", [
+    ("cpu (Intel(R) Xeon(R) X, 2 threads)", "cpu (Intel(R) Xeon(R) X, 2 threads)", True),
+    ("cpu (Intel(R) Xeon(R) X, 2 threads)", "cpu (Intel(R) Xeon(R) X, 4 threads)", False),
+    ("cpu (AMD EPYC Y, 2 threads)", "cpu (Intel(R) Xeon(R) X, 2 threads)", False),
+    ("NVIDIA H100 80GB HBM3", "cpu (Intel(R) Xeon(R) X, 2 threads)", False),
+    ("cpu (cpu, 2 threads)", "cpu (Intel(R) Xeon(R) X, 2 threads)", True),  # written before the model was named
+    ("cpu (x86_64, 2 threads)", "cpu (Intel(R) Xeon(R) X, 4 threads)", False),
+    (None, "cpu (Intel(R) Xeon(R) X, 2 threads)", False),
+])
+def test_a_profile_describes_only_the_device_it_was_timed_on(recorded, here, same):
+    assert same_device(recorded, here) is same
+
+
+def test_the_eval_flags_a_goodput_timing_of_another_device(tmp_path, capsys):
+    from test_eval_latency import timing_file
+    from test_eval_run import make_cfg
+
+    from evaluation.config import Sweep
+    from evaluation.run import flag_other_devices
+
+    gpu, here = tmp_path / "gpu.json", tmp_path / "here.json"
+    gpu.write_text(json.dumps({**timing_file(), "device": "NVIDIA H100 80GB HBM3"}))
+    here.write_text(json.dumps({**timing_file(), "device": describe_device("cpu")}))
+    assert other_device(here, describe_device("cpu")) is None
+    assert "NVIDIA H100" in other_device(gpu, describe_device("cpu"))
+    for timing, flagged in ((gpu, True), (here, False)):
+        cfg = make_cfg(tmp_path, device="cpu", timing=str(gpu),  # cfg.timing predicts another device on purpose
+                       policies=[Sweep("target_only"), Sweep("goodput", fixed={"timing": str(timing)})])
+        flag_other_devices(cfg)
+        err = capsys.readouterr().err
+        assert (f"note: {timing} was timed on NVIDIA H100" in err) is flagged and err.count("note:") == int(flagged)
