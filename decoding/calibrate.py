@@ -1,7 +1,7 @@
 """``make calibrate``: the draft's confidence q(Y_i) calibrated on label rows, the goodput stop's acceptance estimate
 without a head (``decoding.estimates.CalibratedConfidence``: isotonic regression of min(1, p/q) on q).
 
-    python -m decoding.calibrate --labels runs/labels/humaneval --splits train --out checkpoints/calibration.json \\
+    python -m decoding.calibrate --labels runs/labels/corpus --splits train --out checkpoints/calibration.json \\
         [--heldout runs/labels/humaneval-heldout --heldout-splits test]
 
 It fits on the traces' rows (the ``target`` rows, ``decoding.traces.trace_rows``) of the label folder's splits, saves

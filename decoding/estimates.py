@@ -88,7 +88,11 @@ class CalibratedConfidence:
                 "acceptance": self.acceptance.tolist()}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """Written whole or not at all (a temporary file renamed over it), so a reader never sees half a fit."""
+        path = Path(path)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(self.to_dict()))
+        partial.replace(path)
 
     @classmethod
     def from_dict(cls, saved: dict, where: str | Path) -> "CalibratedConfidence":

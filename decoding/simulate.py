@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from decoding import rules
+from decoding.estimates import load_calibration
 from decoding.policies import POLICIES
 from decoding.replay import (MAX_K, TRACE_SCORES, Counts, expected_counts, oracle_counts,
                              sprinter_counts, trace_head_logits)
@@ -43,6 +44,8 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
     ``oracle`` with ``costs`` (no limit on its rounds)."""
     if family != "oracle" and not POLICIES.get_class(family).simulable:
         raise ValueError(f"the simulator has no policy {family!r}")
+    if params.get("calibration") is not None:  # read once: every trace replays the same fit
+        params = {**params, "calibration": load_calibration(params["calibration"])}
     total = Counts()
     for tr in traces:
         if family == "oracle":

@@ -218,8 +218,10 @@ class EvalConfig:
     train_dir: str | None = "runs/train"
     """Training's output folder; its ``roc.png`` and ``metrics.json`` go into the report (skipped when absent)."""
     labels_dir: str | None = "runs/labels/humaneval-heldout"
-    """The labeled dataset the heads were trained on (``data_gen`` output): the mean TV(p, q) of its test rows
-    predicts SPRINTER's rate of kept draft tokens (Theorem 7) in the report (skipped when absent or None)."""
+    """A labeled dataset of the pair (``data_gen`` output; by default the held-out HumanEval labels, which no head
+    trains on): ``select_by: simulated`` replays its traces, less the prompts this eval decodes, and the mean
+    TV(p, q) of its test rows predicts SPRINTER's rate of kept draft tokens (Theorem 7) in the report (skipped when
+    absent or None)."""
     timing: str | None = None
     """A ``bench_timing`` JSON; latencies are also predicted with its per-forward times (e.g. a GPU's)."""
     timing_draft: str = "draft"
@@ -261,6 +263,12 @@ class EvalConfig:
             raise EvalError("select_by: simulated replays the label traces of `labels_dir`; set it")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
+        ours = {str(s.fixed["timing"]) for s in self.policies if s.family == "goodput" and s.fixed.get("timing")}
+        peer = self.hf_peer
+        if peer.enabled and peer.goodput and peer.same_threshold_as_ours and ours - {str(peer.timing)}:
+            raise EvalError(f"hf_peer.goodput runs at our goodput run's λ, which is tokens/s under {sorted(ours)[0]}, "
+                            f"but prices rounds with hf_peer.timing {peer.timing}: name the same file, or set "
+                            "hf_peer.same_threshold_as_ours: false")
 
     def settings(self) -> dict:
         """What a resumed run must share with the results already on disk: also the sha256 of every head file (and
@@ -274,7 +282,15 @@ class EvalConfig:
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
+            "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None
+                               for t in sorted(self.goodput_timing_files())},
         }
+
+    def goodput_timing_files(self) -> set[str]:
+        """The timing files goodput stops price rounds with (a policy's ``timing``, ``hf_peer.timing``): their
+        costs are part of what a run is, so a rewritten one must not join the results of the old."""
+        files = {str(f) for s in self.policies for f in [s.fixed.get("timing"), *s.grid.get("timing", [])] if f}
+        return files | ({str(self.hf_peer.timing)} if self.hf_peer.enabled and self.hf_peer.timing else set())
 
     def latency_fits(self, records: list[dict]) -> dict[str, LatencyFit | None]:
         """``evaluation.latency.latency_fits`` of this evaluation: its runs ``records``, the forwards timed into

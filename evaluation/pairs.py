@@ -34,6 +34,8 @@ def runs_by_prompt(folder: str, mode: str | None) -> dict[str, dict[int, dict]]:
         except json.JSONDecodeError:  # the partial line a running or interrupted eval leaves
             continue
     modes = sorted({r["mode"] for r in records})
+    if not modes:
+        raise PairError(f"{folder}: results.jsonl holds no finished run yet")
     if mode is None and len(modes) > 1:
         raise PairError(f"{folder} has modes {', '.join(modes)}: pick one with --mode")
     mode = mode or modes[0]

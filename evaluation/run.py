@@ -159,10 +159,8 @@ def flag_other_devices(cfg: EvalConfig) -> None:
     from core.device import describe_device
     from decoding.costs import other_device
 
-    files = {str(f) for s in cfg.policies for f in [s.fixed.get("timing"), *s.grid.get("timing", [])] if f}
-    files |= {str(cfg.hf_peer.timing)} if cfg.hf_peer.enabled and cfg.hf_peer.timing else set()
     here = describe_device(resolve_device(cfg.device))
-    for path in sorted(files):
+    for path in sorted(cfg.goodput_timing_files()):
         note = other_device(path, here)
         if note:
             print(f"note: {note}", file=sys.stderr)
@@ -455,14 +453,21 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
             for path in heads:
                 engine.check_head(path)
         prompts = unseen_prompts(prompts, heads, engine.tokenizer, cfg.prompts.chat_template)
+        decoded = set().union(*(text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template)
+                                for p in prompts))
+        if cfg.select_by == "simulated":  # labels left to choose on, before the folder changes
+            from evaluation.simulate import selection_traces
+            selection_traces(cfg.labels_dir, decoded)
         flag_other_devices(cfg)
         _commit_output(cfg, out, settings)
-        _evaluate(cfg, engine, prompts, out, quiet)
+        _evaluate(cfg, engine, prompts, decoded, out, quiet)
     return out
 
 
-def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, quiet: bool) -> None:
-    """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report."""
+def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set[str], out: Path,
+              quiet: bool) -> None:
+    """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report; ``decoded``:
+    the digests of the prompts it decodes (``text_digests``), which the simulated choice leaves out."""
     from evaluation.hf_peer import peer_runs
     from evaluation.likelihood import score_records
     from evaluation.report import write_report
@@ -472,7 +477,6 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], out: Path, q
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]
-    decoded = set().union(*(text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template) for p in prompts))
     sweep_ids = all_ids[: cfg.sweep_prompts] if cfg.sweep_prompts else all_ids
     for mode in cfg.modes:
         sampling = mode.sampling(cfg.max_new_tokens)

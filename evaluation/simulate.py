@@ -209,7 +209,10 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     if not fits:
         raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
-    every, held_out = selection_traces(labels)
+    selection = RunDir(cfg.output_dir).selection  # the prompts its choice left out: those it decoded
+    chosen_from = json.loads(selection.read_text()).get("inputs", {}) if selection.exists() else {}
+    decoded = {d for inputs in chosen_from.values() for d in inputs.get("decoded_prompts", [])}
+    every, held_out = selection_traces(labels, decoded)
     fixed = {p.family: p.fixed for p in cfg.policies}
     by_run: dict[tuple[str, str], list[dict]] = {}
     for r in records:

@@ -43,7 +43,11 @@ def test_bad_names_are_one_line_errors(tmp_path, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
-def test_a_folder_without_results_is_one_line(tmp_path, capsys):
+def test_a_folder_without_finished_runs_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         pairs.main([str(tmp_path / "none"), "a/b"])
     assert "no results.jsonl" in capsys.readouterr().err
+    write_results(tmp_path / "partial", {})  # only the partial line an interrupted eval leaves
+    with pytest.raises(SystemExit):
+        pairs.main([str(tmp_path / "partial"), "a/b"])
+    assert "holds no finished run yet" in capsys.readouterr().err

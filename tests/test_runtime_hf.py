@@ -340,8 +340,11 @@ def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
     carried = {}
     exec((fixed / "custom_generate" / "bundled_costs.py").read_text(), carried)
     assert carried["RATE"] == 7.5 and "7.5 tokens/s" in (fixed / "README.md").read_text()
-    with pytest.raises(export_hf.ExportError, match="--rate must be"):
-        export_hf.write_folder(heads["stop"], tmp_path / "bad", timing, rate=-1.0)
+    for bad in (-1.0, float("inf")):
+        with pytest.raises(export_hf.ExportError, match="--rate must be"):
+            export_hf.write_folder(heads["stop"], tmp_path / "bad", timing, rate=bad)
+    with pytest.raises(SystemExit):  # λ without costs to price rounds by: one line
+        export_hf.main([str(heads["stop"]), str(tmp_path / "untimed"), "--rate", "5"])
     with pytest.raises(export_hf.ExportError, match="--timing is for a stop head"):
         export_hf.write_folder(heads["reject"], tmp_path / "verifier", timing)
     assert "SAVED = None" in (out / "custom_generate" / "bundled_calibration.py").read_text()  # the head's estimates

@@ -20,7 +20,7 @@ from decoding.policies import simulated
 from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
                              round_lengths, sd_round_lengths)
 from decoding.simulate import simulate
-from decoding.traces import Trace
+from decoding.traces import Trace, load_label_traces
 from evaluation import simulate as sim
 
 
@@ -406,6 +406,22 @@ def test_the_settings_choice_never_replays_a_prompt_the_eval_decodes(label_confi
     assert not decoded & {t.prompt_digest for t in kept}
     with pytest.raises(SimulationError, match="every labeled prompt is one the eval decodes"):
         selection_traces(cfg.output_dir, {t.prompt_digest for t in every})
+
+
+def test_labels_with_empty_splits_replay_the_splits_they_have(label_config):
+    """A test-only label folder (as the held-out HumanEval labels): the choice replays its test traces, and asking
+    for its empty splits alone is the one-line trace error, not a missing-shard one."""
+    from data_gen.run import run_labels
+    from decoding.traces import TraceError, filled_splits
+    from evaluation.simulate import selection_traces
+
+    cfg = label_config(split_fractions=(0.0, 0.0, 1.0))
+    run_labels(cfg, quiet=True)
+    assert filled_splits(cfg.output_dir, ("train", "val", "test")) == ["test"]
+    every, held_out = selection_traces(cfg.output_dir)
+    assert len(every) == len(held_out) == len(load_label_traces(cfg.output_dir, ("test",))) > 0
+    with pytest.raises(TraceError, match="no 'target' rows in train, val"):
+        load_label_traces(cfg.output_dir, ("train", "val"))
 
 
 def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp_path, capsys):

@@ -145,7 +145,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     if calibration is not None and costs is None:
         raise ExportError("--calibration gives the goodput stop its estimates, which prices rounds by --timing: "
                           "give both")
-    if rate != "online" and not (isinstance(rate, (int, float)) and rate > 0):
+    if rate != "online" and not (isinstance(rate, (int, float)) and 0 < rate < float("inf")):
         raise ExportError(f"--rate must be a positive number of tokens per second or online, got {rate!r}")
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
     previous = previous_export(out)
@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
                              "place of the head's estimates")
     args = parser.parse_args(argv)
     try:
+        if args.rate != "online" and args.timing is None:
+            raise ExportError("--rate is the goodput stop's λ, which runs with --timing: give both")
         rate = args.rate if args.rate == "online" else _number(args.rate, "--rate")
         print(write_folder(args.head, args.out, args.timing, args.calibration, rate))
     except UserError as e:
