@@ -14,3 +14,16 @@ class UserError(RuntimeError):
 
 class SettingError(UserError, ValueError):
     """A setting outside the values it may take (a non-positive weight, an unknown name), as the user gave it."""
+
+
+def run_main(main) -> None:
+    """Run a command's ``main()`` as its ``__main__`` block: bad input (a ``UserError``) ends in one line on
+    stderr and exit status 2, a bug in its traceback; otherwise exit 0 (whatever ``main`` returns is for callers)."""
+    import sys
+
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0)

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.errors import SettingError, UserError
+from core.errors import SettingError, run_main
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize
@@ -281,8 +281,4 @@ def write_json(result: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

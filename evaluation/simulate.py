@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.errors import SettingError, UserError
+from core.errors import SettingError, UserError, run_main
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
@@ -409,9 +409,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(0)
+    run_main(main)

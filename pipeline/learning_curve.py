@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from core.errors import SettingError, UserError
+from core.errors import SettingError, run_main
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
@@ -242,8 +241,4 @@ def main(argv: list[str] | None = None) -> list[Point]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)
