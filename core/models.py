@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from core import quantization
-from core.errors import UserError
+from core.errors import SettingError, UserError
 from core.cache import cache_root, file_sha256
 from core.identity import IDENTITY_FILE, checkpoint_fingerprint, weights_sha256
 
@@ -200,10 +200,15 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when present, else the CPU; any other name as given."""
+    """``auto``: CUDA when present, else the CPU; any other name as given (a config may name a GPU this machine
+    lacks: the stage that runs on it says so), refused in one line when torch knows no such device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SettingError(f"unknown device {name!r}; use auto, cpu or cuda[:N]") from None
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

@@ -247,6 +247,8 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     device = resolve_device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingError(f"--device {a.device}: this machine has no CUDA GPU that torch can use; use auto or cpu")
     precisions = [resolve_dtype(p, device) for p in a.precision] if a.precision else default_precisions(device)
     if device.type != "cpu" and set(precisions) & set(QUANTIZATIONS):
         raise SettingError("the int8 quantizations run on the CPU only (--device cpu)")

@@ -48,3 +48,17 @@ def test_the_eval_flags_a_goodput_timing_of_another_device(tmp_path, capsys):
         flag_other_devices(cfg)
         err = capsys.readouterr().err
         assert (f"note: {timing} was timed on NVIDIA H100" in err) is flagged and err.count("note:") == int(flagged)
+
+
+def test_a_device_that_is_not_here_is_one_line(capsys):
+    import torch
+
+    from core.errors import SettingError
+    from core.models import resolve_device
+    from evaluation import bench_timing
+
+    with pytest.raises(SettingError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(SettingError, match="no CUDA GPU that torch can use"):
+            bench_timing.main(["--device", "cuda"])
