@@ -545,3 +545,34 @@ def test_the_folder_entry_needs_the_draft_and_a_prev_verifier(models, heads, tin
         HeadDecoding(heads["stop"], draft, calibration=CALIBRATION)
     with pytest.raises(ValueError, match="a calibration runs the goodput stop: give its costs"):
         HeadDecoding(None, draft, calibration=CALIBRATION)
+
+
+def test_a_folder_timed_on_another_device_warns_where_it_runs(models, heads, tmp_path, monkeypatch):
+    """Its goodput stop prices rounds with the costs of the device it was timed on: one warning where it runs on
+    another, none on the same device, none when the caller gives a threshold (no costs are read)."""
+    import warnings
+
+    from test_eval_latency import timing_file
+
+    from core.device import describe_device
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    draft, target = models
+    ids = torch.tensor([PROMPTS[0]])
+    folders = {}
+    for name, device in (("gpu", "NVIDIA H100 80GB HBM3"), ("here", describe_device("cpu"))):
+        timing = tmp_path / f"timing-{name}.json"
+        timing.write_text(json.dumps({**timing_file(), "device": device}))
+        folders[name] = str(export_hf.write_folder(heads["stop"], tmp_path / name, timing))
+
+    def run(folder, **kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            target.generate(ids, assistant_model=draft, custom_generate=folder, trust_remote_code=True,
+                            max_new_tokens=4, do_sample=False, **kw)
+        return [str(w.message) for w in caught if "were timed on" in str(w.message)]
+
+    warned = run(folders["gpu"])
+    assert len(warned) == 1 and "NVIDIA H100 80GB HBM3" in warned[0] and "pass threshold=" in warned[0]
+    assert run(folders["here"]) == []
+    assert run(folders["gpu"], threshold=0.5) == []

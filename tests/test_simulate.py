@@ -553,6 +553,12 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
         max_new_tokens=6, select_by="simulated", hf_peer={"enabled": False}, labels_dir=str(labels.output_dir))
     assert eval_main(["--config", str(config)]) == 0
     assert len(list((out / "traces" / "sample").glob("*.safetensors"))) == 4
+    # the choice replayed every labeled trace but those of the prompts it then decoded
+    selection = json.loads((out / "selection.json").read_text())
+    decoded = set(selection["inputs"]["sample"]["decoded_prompts"])
+    every, _ = sim.selection_traces(labels.output_dir)
+    both = len(decoded & {t.prompt_digest for t in every})
+    assert both > 0 and selection["modes"]["sample"]["sd"]["traces"] == len(every) - both
     capsys.readouterr()
     text, rows, c = sim.validate(labels.output_dir, str(config))
     assert {r["family"] for r in rows} == {"sd", "confidence", "specdecpp"} and c > 0
