@@ -14,7 +14,10 @@ held-out labels' test rows (``--test-labels``):
   ``--timing``, at this device's timed costs.
 
 A head that saw a held-out prompt is refused (``heads.export.check_unseen``). Writes ``curve.txt``, ``curve.json``
-and ``curve.png`` (data size on the x axis) under ``--out``.
+(with the digests of both label manifests) and ``curve.png`` (data size on the x axis) under ``--out``. Curves run
+apart (other shares, other heads) on the same labels join into one table and plot, training nothing:
+
+    python -m pipeline.learning_curve --merge runs/curve runs/curve-small --out runs/curve-all
 """
 
 from __future__ import annotations
@@ -204,6 +207,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/curve")
     p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--merge", nargs="+", default=None, metavar="FOLDER",
+                   help="train nothing: one table and plot in --out from the curve.json of these earlier runs, "
+                        "which must be judged on the same labels")
     a = p.parse_args(argv)
     if any(not 0 < s <= 1 for s in a.shares):
         raise SettingError(f"--shares must lie in (0, 1], got {a.shares}")
@@ -214,17 +220,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> list[Point]:
-    a = parse_args(argv)
-    costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
-    held_out = load_label_traces(a.test_labels, ("test",))
-    if a.timing:
-        tokens = round(sum(map(len, held_out)) / len(held_out))
-        costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
-    out = Path(a.out)
-    extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
-    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
-    ece = estimate_calibration(a.labels, held_out)
+def labels_record(labels: str, test_labels: str) -> dict:
+    """What a curve was trained and judged on: the two label folders and the digests of their manifests."""
+    from core.cache import file_sha256
+
+    def digest(folder: str) -> str:
+        path = Path(folder) / "manifest.json"
+        if not path.is_file():
+            raise SettingError(f"{folder} holds no finished labeling run (no manifest.json)")
+        return file_sha256(path)
+
+    return {"labels": labels, "labels_manifest_sha256": digest(labels), "test_labels": test_labels,
+            "test_labels_manifest_sha256": digest(test_labels)}
+
+
+def read_curve(folder: str) -> dict:
+    path = Path(folder) / "curve.json"
+    try:
+        curve = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SettingError(f"{path}: not a learning curve's record ({e.__class__.__name__})") from None
+    if "inputs" not in curve:
+        raise SettingError(f"{path} does not record the labels it was judged on; run that curve again")
+    return curve
+
+
+def merge(folders: list[str]) -> tuple[list[Point], list[Cost], dict, dict]:
+    """The points of earlier curves (their ``curve.json``), refused unless every one was trained and judged on the
+    same labels (the manifests' digests), and unless no head and share appears twice: (points sorted by head and
+    data size, the cost models they were compared at, the labels record, the estimates' ECE)."""
+    from core.intervals import Interval
+
+    curves = [(f, read_curve(f)) for f in folders]
+    first, inputs = folders[0], curves[0][1]["inputs"]
+    digests = ("labels_manifest_sha256", "test_labels_manifest_sha256")
+    for folder, curve in curves:
+        if any(curve["inputs"][k] != inputs[k] for k in digests):
+            raise SettingError(f"{folder} was trained or judged on other labels than {first} "
+                               f"({curve['inputs']['labels']}, {curve['inputs']['test_labels']}); merge curves of "
+                               "the same labels")
+    points, seen = [], {}
+    for folder, curve in curves:
+        for r in curve["points"]:
+            key = (r["name"], r["share"])
+            if key in seen:
+                raise SettingError(f"{r['name']} at share {r['share']:g} is in both {seen[key]} and {folder}")
+            seen[key] = folder
+            run = RunResult(r["name"], {}, r["threshold"], {}, r["test"], Path(r["export"]),
+                            intervals={k: Interval(**v) for k, v in r["intervals"].items()},
+                            train_prompts=r["train_prompts"], train_rows=r["train_rows"])
+            points.append(Point(r["share"], run, r["speedups"]))
+    points.sort(key=lambda p: (p.run.name, p.share))
+    names = dict.fromkeys(name for p in points for name in p.speedups)
+    return points, [Cost(name) for name in names], inputs, curves[0][1]["estimate_ece"]
+
+
+def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict) -> None:
+    """``curve.txt``, ``curve.json`` and ``curve.png`` in ``out``."""
     text = table(points, costs) + "\nECE against min(1, p/q) on the held-out traces' rows, training-free estimates: " \
         + ", ".join(f"{k} {v:.3f}" for k, v in ece.items())
     print(text)
@@ -234,9 +286,27 @@ def main(argv: list[str] | None = None) -> list[Point]:
                 "train_rows": p.run.train_rows, "test": p.run.test,
                 "intervals": {k: vars(v) for k, v in p.run.intervals.items()}, "threshold": p.run.threshold,
                 "speedups": p.speedups, "export": str(p.run.export)} for p in points]
-    (out / "curve.json").write_text(json.dumps({"estimate_ece": ece, "points": records}, indent=2, default=float)
-                                    + "\n")
+    (out / "curve.json").write_text(json.dumps({"inputs": inputs, "estimate_ece": ece, "points": records}, indent=2,
+                                               default=float) + "\n")
     print(f"table: {out / 'curve.txt'}; plot: {plot(points, costs, out / 'curve.png')}")
+
+
+def main(argv: list[str] | None = None) -> list[Point]:
+    a = parse_args(argv)
+    if a.merge:
+        points, costs, inputs, ece = merge(a.merge)
+        write(Path(a.out), points, costs, inputs, ece)
+        return points
+    inputs = labels_record(a.labels, a.test_labels)
+    costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
+    held_out = load_label_traces(a.test_labels, ("test",))
+    if a.timing:
+        tokens = round(sum(map(len, held_out)) / len(held_out))
+        costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
+    out = Path(a.out)
+    extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
+    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
+    write(out, points, costs, inputs, estimate_calibration(a.labels, held_out))
     return points
 
 

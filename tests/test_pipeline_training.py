@@ -3,6 +3,7 @@ and the ``make train`` driver end to end on tiny labels."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +346,26 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
     seen = prompt_digests(tiny_labels, "val")
     with pytest.raises(HeadFileError, match=r"trained on \d+ of the"):
         check_unseen(read_metadata(points[0].run.export), seen, "the val split")
+
+    # curves run apart join into one table and plot; not twice the same point, not curves of other labels
+    curve = json.loads((tmp_path / "c" / "curve.json").read_text())
+    assert curve["inputs"]["labels"] == str(tiny_labels) and len(curve["inputs"]["labels_manifest_sha256"]) == 64
+    for p in curve["points"]:
+        p["share"] = 0.5
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
+    merged = learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "half"), "--out", str(tmp_path / "m")])
+    assert [(p.run.name, p.share) for p in merged] == [("specdecpp_d3_w6", 0.5), ("specdecpp_d3_w6", 1.0),
+                                                       ("sprinter_lam1.5", 0.5), ("sprinter_lam1.5", 1.0)]
+    assert merged[1].speedups["c=0.1"] == pytest.approx(stop) and (tmp_path / "m" / "curve.png").stat().st_size > 0
+    assert (tmp_path / "m" / "curve.txt").read_text().count("specdecpp_d3_w6") == 2
+    with pytest.raises(SettingError, match="is in both"):
+        learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "c"), "--out", str(tmp_path / "m2")])
+    curve["inputs"]["test_labels_manifest_sha256"] = "0" * 64
+    (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
+    with pytest.raises(SettingError, match="other labels"):
+        learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "half"), "--out", str(tmp_path / "m3")])
+    del curve["inputs"]
+    (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
+    with pytest.raises(SettingError, match="does not record the labels"):
+        learning_curve.main(["--merge", str(tmp_path / "half"), "--out", str(tmp_path / "m4")])
