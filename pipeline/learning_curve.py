@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import SettingError, run_main
+from core.intervals import Interval
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
@@ -76,6 +77,21 @@ class Point:
     run: RunResult
     speedups: dict = field(default_factory=dict)
     """cost name → {"specdecpp": speedup, "h": h, rule: speedup of each baseline, "oracle_share": …}."""
+
+    def record(self) -> dict:
+        """The point as ``curve.json`` holds it."""
+        r = self.run
+        return {"name": r.name, "share": self.share, "train_prompts": r.train_prompts, "train_rows": r.train_rows,
+                "test": r.test, "intervals": {k: vars(v) for k, v in r.intervals.items()}, "threshold": r.threshold,
+                "speedups": self.speedups, "export": str(r.export)}
+
+    @classmethod
+    def from_record(cls, r: dict) -> "Point":
+        """A point read back from ``curve.json`` (what the table and the plot need of its run)."""
+        result = RunResult(r["name"], {}, r["threshold"], {}, r["test"], Path(r["export"]),
+                           intervals={k: Interval(**v) for k, v in r["intervals"].items()},
+                           train_prompts=r["train_prompts"], train_rows=r["train_rows"])
+        return cls(r["share"], result, r["speedups"])
 
 
 def chosen_settings(val: list[Trace], held_out: list[Trace], cost: Cost) -> dict[str, dict]:
@@ -174,12 +190,12 @@ def plot(points: list[Point], costs: list[Cost], path: Path) -> Path:
             d = [p.run.intervals["delta"] for p in mine]
             err = [[i.value - i.low for i in d], [i.high - i.value for i in d]]
             left.errorbar(x, [i.value for i in d], yerr=err, marker="o", capsize=3, label=name)
-        stops = [p for p in points if p.run.name == name and p.speedups]
-        for c, style in zip(costs, ("-", "--", ":", "-.")):
+        for c, style in zip(costs, ("-", "--", ":", "-.", (0, (1, 4)), (0, (5, 4)))):
+            stops = [p for p in points if p.run.name == name and c.name in p.speedups]
             if stops:
                 right.plot([p.run.train_prompts for p in stops],
                            [p.speedups[c.name]["specdecpp"] / p.speedups[c.name]["confidence"] for p in stops],
-                           style, marker="o", label=f"{name}, {c.name}")
+                           linestyle=style, marker="o", label=f"{name}, {c.name}")
     left.axhline(0, color="k", lw=0.8)
     left.set(xscale="log", xlabel="training prompts", ylabel="ΔAUROC vs best training-free score",
              title="held-out AUROC edge (95 % CI over prompts)")
@@ -195,22 +211,39 @@ def plot(points: list[Point], costs: list[Cost], path: Path) -> Path:
     return path
 
 
+TRAINING_FLAGS = {"labels": "runs/labels/corpus", "test_labels": "runs/labels/humaneval-heldout",
+                  "configs": list(CONFIGS), "shares": list(SHARES), "costs": list(COSTS), "timing": None,
+                  "max_epochs": None, "out": "runs/curve"}
+"""The flags of a training run and their defaults (``--merge`` trains nothing and takes none of them but ``--out``)."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
-    p.add_argument("--labels", default="runs/labels/corpus", help="training labels (train and val splits)")
-    p.add_argument("--test-labels", default="runs/labels/humaneval-heldout",
-                   help="held-out labels: their test rows and traces judge every head")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help="LightningCLI head configs")
-    p.add_argument("--shares", nargs="+", type=float, default=list(SHARES), help="shares of the training prompts")
-    p.add_argument("--costs", nargs="+", type=float, default=list(COSTS), help="cost ratios c of Eq. 5.1")
-    p.add_argument("--timing", default=None, help="a bench_timing JSON of this device: also compare at its costs")
-    p.add_argument("--out", default="runs/curve")
-    p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
+    d = TRAINING_FLAGS
+    p.add_argument("--labels", help=f"training labels (train and val splits; default {d['labels']})")
+    p.add_argument("--test-labels", help="held-out labels: their test rows and traces judge every head "
+                                         f"(default {d['test_labels']})")
+    p.add_argument("--configs", nargs="+", help="LightningCLI head configs (default: the four of CONFIGS)")
+    p.add_argument("--shares", nargs="+", type=float, help=f"shares of the training prompts (default {d['shares']})")
+    p.add_argument("--costs", nargs="+", type=float, help=f"cost ratios c of Eq. 5.1 (default {d['costs']})")
+    p.add_argument("--timing", help="a bench_timing JSON of this device: also compare at its costs")
+    p.add_argument("--out", help=f"output folder (default {d['out']}; required with --merge)")
+    p.add_argument("--max-epochs", type=int, help="override trainer.max_epochs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--merge", nargs="+", default=None, metavar="FOLDER",
                    help="train nothing: one table and plot in --out from the curve.json of these earlier runs, "
-                        "which must be judged on the same labels")
+                        "which must be trained and judged on the same labels and timed on the same costs")
     a = p.parse_args(argv)
+    given = [k for k in TRAINING_FLAGS if k != "out" and getattr(a, k) is not None]
+    if a.merge:
+        if given:
+            raise SettingError(f"--merge trains nothing: drop --{given[0].replace('_', '-')}")
+        if a.out is None:
+            raise SettingError("--merge needs --out: the folder for the joined table and plot")
+        return a
+    for k, default in TRAINING_FLAGS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, default)
     if any(not 0 < s <= 1 for s in a.shares):
         raise SettingError(f"--shares must lie in (0, 1], got {a.shares}")
     if any(not 0 < c < float("inf") for c in a.costs):
@@ -220,59 +253,91 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def labels_record(labels: str, test_labels: str) -> dict:
-    """What a curve was trained and judged on: the two label folders and the digests of their manifests."""
+def inputs_record(labels: str, test_labels: str, timing: str | None) -> dict:
+    """What a curve was trained, judged and timed on: the two label folders and the timing file, with the digests
+    of the labels' manifests and of the timing file (None without one)."""
     from core.cache import file_sha256
+    from core.shards import read_manifest
 
     def digest(folder: str) -> str:
-        path = Path(folder) / "manifest.json"
-        if not path.is_file():
-            raise SettingError(f"{folder} holds no finished labeling run (no manifest.json)")
-        return file_sha256(path)
+        read_manifest(folder, verify=False)  # a finished labeling run, or one line saying what is wrong
+        return file_sha256(Path(folder) / "manifest.json")
 
     return {"labels": labels, "labels_manifest_sha256": digest(labels), "test_labels": test_labels,
-            "test_labels_manifest_sha256": digest(test_labels)}
+            "test_labels_manifest_sha256": digest(test_labels), "timing": timing,
+            "timing_sha256": file_sha256(Path(timing)) if timing else None}
+
+
+MERGED_FROM = "merged_from"
+"""The key of a joined curve's ``curve.json`` naming the curves it joins (such a file may be written again)."""
 
 
 def read_curve(folder: str) -> dict:
+    """A curve's ``curve.json``, or one line saying why it cannot be joined."""
     path = Path(folder) / "curve.json"
+    if not path.is_file():
+        raise SettingError(f"no curve.json in {folder}")
     try:
         curve = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SettingError(f"{path}: not a learning curve's record ({e.__class__.__name__})") from None
-    if "inputs" not in curve:
-        raise SettingError(f"{path} does not record the labels it was judged on; run that curve again")
+        if "inputs" not in curve:
+            raise SettingError(f"{path} does not record the labels it was trained and judged on; run that curve "
+                               "again")
+        curve["points"] = [Point.from_record(r) for r in curve["points"]]
+        missing = [k for k in ("labels", "labels_manifest_sha256", "test_labels", "test_labels_manifest_sha256")
+                   if k not in curve["inputs"]]
+        if missing:
+            raise KeyError(missing[0])
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise SettingError(f"{path} is not a learning curve's record ({e.__class__.__name__}: {e})") from None
     return curve
 
 
-def merge(folders: list[str]) -> tuple[list[Point], list[Cost], dict, dict]:
-    """The points of earlier curves (their ``curve.json``), refused unless every one was trained and judged on the
-    same labels (the manifests' digests), and unless no head and share appears twice: (points sorted by head and
-    data size, the cost models they were compared at, the labels record, the estimates' ECE)."""
-    from core.intervals import Interval
-
+def merge(folders: list[str], out: Path) -> tuple[list[Point], list[Cost], dict, dict]:
+    """The points of earlier curves (their ``curve.json``): (points, the cost models they were compared at, the
+    inputs record, the training-free estimates' ECE recomputed on those labels). Refused unless every curve was
+    trained and judged on the same labels, which are still the ones in those folders, and timed on the same file;
+    unless no head and share appears twice; and when ``out`` is one of the curves or holds a trained curve."""
+    where = [Path(f).resolve() for f in folders]
+    twice = next((f for i, f in enumerate(folders) if where[i] in where[:i]), None)
+    if twice is not None:
+        raise SettingError(f"{twice} is given twice")
+    if out.resolve() in where:
+        raise SettingError(f"--out {out} is one of the curves being joined: choose another folder")
+    if (out / "curve.json").is_file():
+        try:
+            joined = MERGED_FROM in json.loads((out / "curve.json").read_text())
+        except (json.JSONDecodeError, TypeError):
+            joined = False
+        if not joined:
+            raise SettingError(f"{out} holds a curve.json that no join wrote: choose another folder for the joined "
+                               "curve")
     curves = [(f, read_curve(f)) for f in folders]
     first, inputs = folders[0], curves[0][1]["inputs"]
-    digests = ("labels_manifest_sha256", "test_labels_manifest_sha256")
-    for folder, curve in curves:
-        if any(curve["inputs"][k] != inputs[k] for k in digests):
-            raise SettingError(f"{folder} was trained or judged on other labels than {first} "
-                               f"({curve['inputs']['labels']}, {curve['inputs']['test_labels']}); merge curves of "
-                               "the same labels")
+    checks = {"labels_manifest_sha256": ("labels", "trained"), "test_labels_manifest_sha256": ("test_labels", "judged"),
+              "timing_sha256": ("timing", "timed")}
+    for folder, curve in curves[1:]:
+        for key, (path, verb) in checks.items():
+            if curve["inputs"].get(key) != inputs.get(key):
+                raise SettingError(f"{folder} was {verb} on {curve['inputs'].get(path)}, {first} on "
+                                   f"{inputs.get(path)} (their digests differ); join curves of the same inputs")
+    now = inputs_record(inputs["labels"], inputs["test_labels"], None)
+    for key in ("labels_manifest_sha256", "test_labels_manifest_sha256"):
+        if now[key] != inputs[key]:
+            raise SettingError(f"{inputs[checks[key][0]]} has been labeled again since these curves were made: "
+                               "run them again")
     points, seen = [], {}
     for folder, curve in curves:
-        for r in curve["points"]:
-            key = (r["name"], r["share"])
+        for point in curve["points"]:
+            key = (point.run.name, point.share)
             if key in seen:
-                raise SettingError(f"{r['name']} at share {r['share']:g} is in both {seen[key]} and {folder}")
+                raise SettingError(f"{point.run.name} at share {point.share:g} is in both {seen[key]} and {folder}")
             seen[key] = folder
-            run = RunResult(r["name"], {}, r["threshold"], {}, r["test"], Path(r["export"]),
-                            intervals={k: Interval(**v) for k, v in r["intervals"].items()},
-                            train_prompts=r["train_prompts"], train_rows=r["train_rows"])
-            points.append(Point(r["share"], run, r["speedups"]))
-    points.sort(key=lambda p: (p.run.name, p.share))
-    names = dict.fromkeys(name for p in points for name in p.speedups)
-    return points, [Cost(name) for name in names], inputs, curves[0][1]["estimate_ece"]
+            points.append(point)
+    heads = list(dict.fromkeys(p.run.name for p in points))  # in the order the curves name them
+    points.sort(key=lambda p: (heads.index(p.run.name), p.share))
+    costs = [Cost(name) for name in dict.fromkeys(name for p in points for name in p.speedups)]
+    held_out = load_label_traces(inputs["test_labels"], ("test",))
+    return points, costs, {**inputs, MERGED_FROM: folders}, estimate_calibration(inputs["labels"], held_out)
 
 
 def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict) -> None:
@@ -281,23 +346,23 @@ def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: 
         + ", ".join(f"{k} {v:.3f}" for k, v in ece.items())
     print(text)
     out.mkdir(parents=True, exist_ok=True)
+    plot(points, costs, out / "curve.png")
     (out / "curve.txt").write_text(text + "\n")
-    records = [{"name": p.run.name, "share": p.share, "train_prompts": p.run.train_prompts,
-                "train_rows": p.run.train_rows, "test": p.run.test,
-                "intervals": {k: vars(v) for k, v in p.run.intervals.items()}, "threshold": p.run.threshold,
-                "speedups": p.speedups, "export": str(p.run.export)} for p in points]
-    (out / "curve.json").write_text(json.dumps({"inputs": inputs, "estimate_ece": ece, "points": records}, indent=2,
-                                               default=float) + "\n")
-    print(f"table: {out / 'curve.txt'}; plot: {plot(points, costs, out / 'curve.png')}")
+    record = {"inputs": {k: v for k, v in inputs.items() if k != MERGED_FROM}, "estimate_ece": ece,
+              "points": [p.record() for p in points]}
+    if MERGED_FROM in inputs:
+        record[MERGED_FROM] = inputs[MERGED_FROM]
+    (out / "curve.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"table: {out / 'curve.txt'}; plot: {out / 'curve.png'}")
 
 
 def main(argv: list[str] | None = None) -> list[Point]:
     a = parse_args(argv)
     if a.merge:
-        points, costs, inputs, ece = merge(a.merge)
+        points, costs, inputs, ece = merge(a.merge, Path(a.out))
         write(Path(a.out), points, costs, inputs, ece)
         return points
-    inputs = labels_record(a.labels, a.test_labels)
+    inputs = inputs_record(a.labels, a.test_labels, a.timing)
     costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
     held_out = load_label_traces(a.test_labels, ("test",))
     if a.timing:

@@ -347,25 +347,42 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
     with pytest.raises(HeadFileError, match=r"trained on \d+ of the"):
         check_unseen(read_metadata(points[0].run.export), seen, "the val split")
 
-    # curves run apart join into one table and plot; not twice the same point, not curves of other labels
+    # curves run apart join into one table and plot, even compared at other costs; the estimates' ECE is recomputed
     curve = json.loads((tmp_path / "c" / "curve.json").read_text())
     assert curve["inputs"]["labels"] == str(tiny_labels) and len(curve["inputs"]["labels_manifest_sha256"]) == 64
     for p in curve["points"]:
         p["share"] = 0.5
+        p["speedups"] = {"c=0.2": s for s in p["speedups"].values()}
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
-    merged = learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "half"), "--out", str(tmp_path / "m")])
+    merge = ["--merge", str(tmp_path / "c"), str(tmp_path / "half"), "--out"]
+    merged = learning_curve.main([*merge, str(tmp_path / "m")])
     assert [(p.run.name, p.share) for p in merged] == [("specdecpp_d3_w6", 0.5), ("specdecpp_d3_w6", 1.0),
                                                        ("sprinter_lam1.5", 0.5), ("sprinter_lam1.5", 1.0)]
-    assert merged[1].speedups["c=0.1"] == pytest.approx(stop) and (tmp_path / "m" / "curve.png").stat().st_size > 0
-    assert (tmp_path / "m" / "curve.txt").read_text().count("specdecpp_d3_w6") == 2
-    with pytest.raises(SettingError, match="is in both"):
-        learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "c"), "--out", str(tmp_path / "m2")])
-    curve["inputs"]["test_labels_manifest_sha256"] = "0" * 64
-    (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
-    with pytest.raises(SettingError, match="other labels"):
-        learning_curve.main(["--merge", str(tmp_path / "c"), str(tmp_path / "half"), "--out", str(tmp_path / "m3")])
+    assert merged[1].speedups["c=0.1"] == pytest.approx(stop) and set(merged[0].speedups) == {"c=0.2"}
+    joined = json.loads((tmp_path / "m" / "curve.json").read_text())
+    assert joined["estimate_ece"] == pytest.approx(curve["estimate_ece"]) and len(joined["merged_from"]) == 2
+    text = (tmp_path / "m" / "curve.txt").read_text()
+    assert text.count("specdecpp_d3_w6") == 2 and "c=0.1" in text and "c=0.2" in text
+    assert (tmp_path / "m" / "curve.png").stat().st_size > 0
+    assert learning_curve.main([*merge, str(tmp_path / "m")])  # a joined curve may be written again
+    for argv, message in ((["--merge", str(tmp_path / "c"), str(tmp_path / "c") + "/", "--out", str(tmp_path / "x")],
+                           "given twice"),
+                          ([*merge, str(tmp_path / "c")], "one of the curves being joined"),
+                          (["--merge", str(tmp_path / "half"), "--out", str(tmp_path / "c")], "no join wrote"),
+                          (merge[:-1], "--merge needs --out"),
+                          ([*merge, str(tmp_path / "x"), "--labels", str(tiny_labels)], "drop --labels"),
+                          (["--merge", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")], "no curve.json in")):
+        with pytest.raises(SettingError, match=message):
+            learning_curve.main(argv)
+    for key, message in (("test_labels_manifest_sha256", "was judged on"), ("labels_manifest_sha256", "was trained on"),
+                         ("timing_sha256", "was timed on")):
+        other = json.loads(json.dumps(curve))
+        other["inputs"][key] = "0" * 64
+        (tmp_path / "half" / "curve.json").write_text(json.dumps(other))
+        with pytest.raises(SettingError, match=message):
+            learning_curve.main([*merge, str(tmp_path / "x")])
     del curve["inputs"]
     (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
     with pytest.raises(SettingError, match="does not record the labels"):
-        learning_curve.main(["--merge", str(tmp_path / "half"), "--out", str(tmp_path / "m4")])
+        learning_curve.main(["--merge", str(tmp_path / "half"), "--out", str(tmp_path / "x")])
