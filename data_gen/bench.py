@@ -56,10 +56,20 @@ def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:
     return int((~after_end).sum())
 
 
+def bench_records(records: list[dict], n: int) -> list[dict]:
+    """The ``n`` train prompts nearest the median prompt length. A labeling run sorts each split's prompts by length
+    before it cuts them into batches, so a batch's prompts have nearly one length; the bench's batches then pay the
+    padding a run pays, not that of prompts of any length side by side."""
+    train = sorted((r for r in records if r["split"] == "train"),
+                   key=lambda r: (len(r["prompt"].input_ids), r["prompt"].prompt_id))
+    start = max(0, (len(train) - n) // 2)
+    return train[start:start + n]
+
+
 def main(argv: list[str] | None = None) -> int:
     p: ArgumentParser = label_parser()
     p.prog = "python -m data_gen.bench"
-    p.add_argument("--bench_prompts", type=int, default=16, help="how many prompts to time (the first ones)")
+    p.add_argument("--bench_prompts", type=int, default=16, help="how many prompts to time (train prompts of about the median length)")
     p.add_argument("--generate_batches", type=list[int], default=[],
                    help="also time target.generate alone at these batch sizes, on the same prompts")
     try:
@@ -74,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    records = sorted(records, key=lambda r: r["prompt"].prompt_id)[:n_prompts]
+    records = bench_records(records, n_prompts)
     batches = make_batches(records, cfg.batch_size)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     labeler = Labeler(
