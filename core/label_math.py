@@ -67,7 +67,8 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
     if temperature == 0:
         out = torch.full_like(logits, -math.inf)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
-    logits = logits / temperature
+    if temperature != 1.0:  # (x / 1.0 is x: the division would only cost a vocabulary-wide pass)
+        logits = logits / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -95,24 +96,48 @@ def sample_from_logprobs(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torc
 
 def entropy(logprobs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last axis (0·log 0 = 0)."""
-    p = logprobs.exp()
-    return -(torch.where(p > 0, p * logprobs, torch.zeros_like(p))).sum(-1)
+    return _entropy(logprobs.exp(), logprobs)
 
 
 def tv_distance(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     """Total-variation distance ½·Σ|a − b|; 1 − TV is the expected acceptance rate of speculative sampling."""
-    return 0.5 * (logp_a.exp() - logp_b.exp()).abs().sum(-1)
+    return _tv(logp_a.exp(), logp_b.exp())
 
 
 def js_divergence(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     """Jensen–Shannon divergence in nats: ½·KL(a‖m) + ½·KL(b‖m), m = (a + b)/2."""
-    a, b = logp_a.exp(), logp_b.exp()
+    return _js(logp_a.exp(), logp_a, logp_b.exp(), logp_b)
+
+
+def _entropy(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    return -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1)
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a - b).abs().sum(-1)
+
+
+def _js(a: torch.Tensor, logp_a: torch.Tensor, b: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     log_m = torch.log((a + b) / 2)
 
     def kl_to_m(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         return torch.where(p > 0, p * (logp - log_m), torch.zeros_like(p)).sum(-1)
 
     return (0.5 * kl_to_m(a, logp_a) + 0.5 * kl_to_m(b, logp_b)).clamp_(min=0)
+
+
+def distribution_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor) -> dict:
+    """The numbers of ``token_stats`` that depend on the two distributions (..., V) only, not on the token: each
+    distribution is exponentiated once for all of them (the vocabulary-wide passes are most of the labeling's
+    scoring time), with the same arithmetic as ``entropy``, ``tv_distance`` and ``js_divergence``."""
+    q, p = logp_draft_dist.exp(), logp_target_dist.exp()
+    return {
+        "entropy_draft": _entropy(q, logp_draft_dist),
+        "entropy_target": _entropy(p, logp_target_dist),
+        "tv": _tv(q, p),
+        "js": _js(q, logp_draft_dist, p, logp_target_dist),
+        "greedy_match": logp_draft_dist.argmax(-1) == logp_target_dist.argmax(-1),
+    }
 
 
 def acceptance_probability(logp_draft: torch.Tensor, logp_target: torch.Tensor) -> torch.Tensor:
@@ -136,8 +161,10 @@ def top2_margin(logprobs: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
-def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, token: torch.Tensor) -> dict:
-    """Every per-token number the label shards store, for ``token`` (...) under the two distributions (..., V)."""
+def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, token: torch.Tensor,
+                dists: dict | None = None) -> dict:
+    """Every per-token number the label shards store, for ``token`` (...) under the two distributions (..., V);
+    ``dists``: their ``distribution_stats``, when already computed for another token at the same positions."""
     lp_d = logp_draft_dist.gather(-1, token.unsqueeze(-1)).squeeze(-1)
     lp_t = logp_target_dist.gather(-1, token.unsqueeze(-1)).squeeze(-1)
     return {
@@ -145,11 +172,7 @@ def token_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Tensor, t
         "logp_target": lp_t,
         "acceptance": acceptance_probability(lp_d, lp_t),
         "ratio": draft_target_ratio(lp_d, lp_t),
-        "entropy_draft": entropy(logp_draft_dist),
-        "entropy_target": entropy(logp_target_dist),
-        "tv": tv_distance(logp_draft_dist, logp_target_dist),
-        "js": js_divergence(logp_draft_dist, logp_target_dist),
-        "greedy_match": logp_draft_dist.argmax(-1) == logp_target_dist.argmax(-1),
+        **(distribution_stats(logp_draft_dist, logp_target_dist) if dists is None else dists),
     }
 
 

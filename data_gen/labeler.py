@@ -300,9 +300,10 @@ class Labeler:
         logq = self.warp(self.draft.logits(h_prev_x))
         y = lm.sample_from_logprobs(logq, u[:, U_Y, :n])
         rows = []
+        dists = lm.distribution_stats(logq, logp)  # the same positions for the target rows and the token-mixed ones
         if category == "target":
             feats, taps = self._candidate_pass(cache, full_mask, y, a, resp_pos)
-            stats = lm.token_stats(logq, logp, y)
+            stats = lm.token_stats(logq, logp, y, dists)
             extra = self._extra(taps, taps_d[:, p_len - 1 : p_len - 1 + n], logq, stale_x)
             rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets, extra))
 
@@ -315,7 +316,7 @@ class Labeler:
         h_prev_z = torch.cat([h_d[:, p_len - 1 : p_len], h_z[:, :-1]], dim=1)
         taps_prev_z = torch.cat([taps_d[:, p_len - 1 : p_len], taps_z[:, :-1]], dim=1)
         logq_z = self.warp(self.draft.logits(h_prev_z))
-        stats = {**lm.token_stats(logq, logp, z), **read_scores(logq_z, z)}  # the head reads q at Z<i, as decoding
+        stats = {**lm.token_stats(logq, logp, z, dists), **read_scores(logq_z, z)}  # the head reads q at Z<i, as decoding
         extra = self._extra(taps_z, taps_prev_z, logq_z, stale_x)
         rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets,
                                extra))
