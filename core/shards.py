@@ -265,6 +265,13 @@ def load_split(out_dir: str | Path, split: str) -> Dataset:
     return concatenate_datasets([Dataset.from_file(str(p)) for p in paths])
 
 
+def manifest_sha256(out_dir: str | Path) -> str:
+    """The digest of a finished dataset's ``manifest.json`` (which lists every shard's digest), the dataset's identity
+    in the records of what was chosen or measured on it; one clear error when there is none."""
+    read_manifest(out_dir, verify=False)
+    return file_sha256(Path(out_dir) / "manifest.json")
+
+
 def read_manifest(out_dir: str | Path, verify: bool = True) -> dict:
     """The manifest of a finished dataset; with ``verify``, its shards checked against it (``ShardError``)."""
     path = Path(out_dir) / "manifest.json"

@@ -382,7 +382,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     measured on. Written to ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
     prompts), and chosen again when that changes."""
     from core.cache import file_sha256
-    from core.shards import read_manifest
+    from core.shards import manifest_sha256, read_manifest
     from decoding.policies import simulated
     from evaluation.simulate import simulated_choice
 
@@ -402,7 +402,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     chosen_here = [s for s in sweeps if s.family in simulated(exact=True)]
     heads = sorted({str(h) for s in chosen_here for h in [s.fixed.get("head"), *s.grid.get("head", [])] if h})
     inputs = json.loads(json.dumps({
-        "labels_manifest_sha256": file_sha256(Path(cfg.labels_dir) / "manifest.json"),
+        "labels_manifest_sha256": manifest_sha256(cfg.labels_dir),
         "heads_sha256": {h: file_sha256(Path(h)) for h in heads},
         "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept, fit.draft_step,
                   fit.verify_s],

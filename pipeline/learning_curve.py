@@ -257,14 +257,10 @@ def inputs_record(labels: str, test_labels: str, timing: str | None) -> dict:
     """What a curve was trained, judged and timed on: the two label folders and the timing file, with the digests
     of the labels' manifests and of the timing file (None without one)."""
     from core.cache import file_sha256
-    from core.shards import read_manifest
+    from core.shards import manifest_sha256
 
-    def digest(folder: str) -> str:
-        read_manifest(folder, verify=False)  # a finished labeling run, or one line saying what is wrong
-        return file_sha256(Path(folder) / "manifest.json")
-
-    return {"labels": labels, "labels_manifest_sha256": digest(labels), "test_labels": test_labels,
-            "test_labels_manifest_sha256": digest(test_labels), "timing": timing,
+    return {"labels": labels, "labels_manifest_sha256": manifest_sha256(labels), "test_labels": test_labels,
+            "test_labels_manifest_sha256": manifest_sha256(test_labels), "timing": timing,
             "timing_sha256": file_sha256(Path(timing)) if timing else None}
 
 

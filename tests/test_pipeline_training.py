@@ -382,6 +382,15 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
         (tmp_path / "half" / "curve.json").write_text(json.dumps(other))
         with pytest.raises(SettingError, match=message):
             learning_curve.main([*merge, str(tmp_path / "x")])
+    # labels redone in place since the curves were made: their digests no longer name what the heads trained on
+    import core.shards
+
+    real = core.shards.manifest_sha256
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(core.shards, "manifest_sha256", lambda folder: "f" * 64)
+        with pytest.raises(SettingError, match="labeled again since"):
+            learning_curve.main(["--merge", str(tmp_path / "c"), "--out", str(tmp_path / "x")])
+    assert core.shards.manifest_sha256 is real
     del curve["inputs"]
     (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
     with pytest.raises(SettingError, match="does not record the labels"):
