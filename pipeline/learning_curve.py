@@ -279,17 +279,16 @@ def read_curve(folder: str) -> dict:
             raise SettingError(f"{path} does not record the labels it was trained and judged on; run that curve "
                                "again")
         curve["points"] = [Point.from_record(r) for r in curve["points"]]
-        missing = [k for k in ("labels", "labels_manifest_sha256", "test_labels", "test_labels_manifest_sha256")
-                   if k not in curve["inputs"]]
-        if missing:
-            raise KeyError(missing[0])
+        for key in ("labels", "labels_manifest_sha256", "test_labels", "test_labels_manifest_sha256"):
+            if key not in curve["inputs"]:
+                raise KeyError(key)
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise SettingError(f"{path} is not a learning curve's record ({e.__class__.__name__}: {e})") from None
     return curve
 
 
 def merge(folders: list[str], out: Path) -> tuple[list[Point], list[Cost], dict, dict]:
-    """The points of earlier curves (their ``curve.json``): (points, the cost models they were compared at, the
+    """The points of earlier curves (their ``curve.json``): (points, the cost models they were compared at, their
     inputs record, the training-free estimates' ECE recomputed on those labels). Refused unless every curve was
     trained and judged on the same labels, which are still the ones in those folders, and timed on the same file;
     unless no head and share appears twice; and when ``out`` is one of the curves or holds a trained curve."""
@@ -333,21 +332,21 @@ def merge(folders: list[str], out: Path) -> tuple[list[Point], list[Cost], dict,
     points.sort(key=lambda p: (heads.index(p.run.name), p.share))
     costs = [Cost(name) for name in dict.fromkeys(name for p in points for name in p.speedups)]
     held_out = load_label_traces(inputs["test_labels"], ("test",))
-    return points, costs, {**inputs, MERGED_FROM: folders}, estimate_calibration(inputs["labels"], held_out)
+    return points, costs, inputs, estimate_calibration(inputs["labels"], held_out)
 
 
-def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict) -> None:
-    """``curve.txt``, ``curve.json`` and ``curve.png`` in ``out``."""
+def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict,
+          merged_from: list[str] | None = None) -> None:
+    """``curve.txt``, ``curve.json`` and ``curve.png`` in ``out``; ``merged_from``: the curves a join read."""
     text = table(points, costs) + "\nECE against min(1, p/q) on the held-out traces' rows, training-free estimates: " \
         + ", ".join(f"{k} {v:.3f}" for k, v in ece.items())
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     plot(points, costs, out / "curve.png")
     (out / "curve.txt").write_text(text + "\n")
-    record = {"inputs": {k: v for k, v in inputs.items() if k != MERGED_FROM}, "estimate_ece": ece,
-              "points": [p.record() for p in points]}
-    if MERGED_FROM in inputs:
-        record[MERGED_FROM] = inputs[MERGED_FROM]
+    record = {"inputs": inputs, "estimate_ece": ece, "points": [p.record() for p in points]}
+    if merged_from is not None:
+        record[MERGED_FROM] = merged_from
     (out / "curve.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     print(f"table: {out / 'curve.txt'}; plot: {out / 'curve.png'}")
 
@@ -356,7 +355,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     a = parse_args(argv)
     if a.merge:
         points, costs, inputs, ece = merge(a.merge, Path(a.out))
-        write(Path(a.out), points, costs, inputs, ece)
+        write(Path(a.out), points, costs, inputs, ece, merged_from=a.merge)
         return points
     inputs = inputs_record(a.labels, a.test_labels, a.timing)
     costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
