@@ -75,16 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ns = p.instantiate(p.parse_args(argv))
         n_prompts, gen_batches = ns.pop("bench_prompts"), ns.pop("generate_batches")
+        if n_prompts < 1 or any(b < 1 for b in gen_batches):
+            raise UserError(f"--bench_prompts and --generate_batches must be 1 or more, got {n_prompts} and "
+                            f"{gen_batches}")
         cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
         draft, target, tok, _ = load_pair(cfg)  # as labeling loads them, int8 models with its numerics
         device = torch.device("cuda" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "cpu")
         draft.to(device)
         target.to(device)
-        records = build_records(cfg, tok, min(context_window(draft), context_window(target)))
+        records = bench_records(build_records(cfg, tok, min(context_window(draft), context_window(target))),
+                                n_prompts)
+        if not records:
+            raise UserError("the config's train split holds no prompt to time (split_fractions, prompts.limit)")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    records = bench_records(records, n_prompts)
     batches = make_batches(records, cfg.batch_size)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     labeler = Labeler(
