@@ -321,9 +321,10 @@ def split_summary(out_dir: Path, split: str) -> dict:
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
                    mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
                    seconds: float, inputs: dict | None = None, keys: list[str] | None = None,
-                   tapped_layers: tuple[int, ...] | None = None) -> dict:
+                   tapped_layers: tuple[int, ...] | None = None, snapshot: dict | None = None) -> dict:
     """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
-    shards' own counts; return it. ``read_manifest`` reads it back."""
+    shards' own counts; return it. ``read_manifest`` reads it back. ``snapshot``: where the dataset holds the
+    batches a run had finished when it was copied (``data_gen.snapshot``), which run and how much of it."""
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -349,6 +350,7 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
         "settings_sha256": settings_sha256,
         "inputs": inputs,
         "seconds": seconds,
+        **({"snapshot": snapshot} if snapshot else {}),
     }
     write_json(out_dir / "manifest.json", manifest)
     return manifest

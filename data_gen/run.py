@@ -3,7 +3,9 @@
 ``Trainer.predict`` drives the loop, so the same command runs on N GPUs or nodes under Lightning's DDP: every
 rank labels every world_size-th batch and writes its own shards. Batches are fixed before the run (grouped by
 split and category, sorted by length), each with a stable key; a shard named after its key exists only once
-its batch is fully written, so a resumed run skips exactly the finished batches.
+its batch is fully written, so a resumed run skips exactly the finished batches. They are labeled spread over the
+splits and lengths (``labeling_order``), so the batches finished at any time are a sample of the whole run, which
+``data_gen.snapshot`` turns into a dataset to train on while the run goes on.
 """
 
 from __future__ import annotations
@@ -127,6 +129,24 @@ def make_batches(records: list[dict], batch_size: int) -> list[dict]:
     return batches
 
 
+GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def labeling_order(batches: list[dict]) -> list[dict]:
+    """The order a run labels ``batches`` in (the same on every resume and rank): each split and category's batches
+    in a golden-ratio sequence through its longest-first list, the groups interleaved in proportion to their sizes.
+    So the batches finished at any time cover every split and the whole range of lengths, rather than the longest
+    train prompts first."""
+    groups: dict[str, list[dict]] = {}
+    for b in batches:
+        groups.setdefault(b["key"].rsplit("-", 1)[0], []).append(b)
+    timed = []
+    for group in groups.values():
+        spread = sorted(range(len(group)), key=lambda i: ((i * GOLDEN) % 1, i))
+        timed += [((rank + 0.5) / len(group), group[i]["key"], group[i]) for rank, i in enumerate(spread)]
+    return [b for _, _, b in sorted(timed, key=lambda t: t[:2])]
+
+
 class BatchList(torch.utils.data.Dataset):
     def __init__(self, batches: list[dict]):
         self.batches = batches
@@ -200,7 +220,7 @@ RUN_FILE = "run.json"
 """The run's settings and input digests, written before its first shard: a folder holding it is a labeling run's."""
 
 
-def _differences(previous: dict, record: dict) -> list[str]:
+def run_differences(previous: dict, record: dict) -> list[str]:
     """The settings, and the inputs, in which ``previous`` (a ``run.json``) differs from ``record``."""
     changed = sorted(k for k in record if k != "inputs" and previous.get(k) != record[k])
     old = previous.get("inputs") or {}
@@ -210,12 +230,12 @@ def _differences(previous: dict, record: dict) -> list[str]:
     return changed
 
 
-def _run_record(cfg: LabelConfig, inputs: dict) -> dict:
+def run_record(cfg: LabelConfig, inputs: dict) -> dict:
     """``run.json``: the settings, and the digests of the inputs, that a resume must match."""
     return json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))  # tuples -> lists, as stored
 
 
-def _previous_run(out: Path) -> dict | None:
+def previous_run(out: Path) -> dict | None:
     """The ``run.json`` of the run in ``out``, None when there is none."""
     path = out / RUN_FILE
     if not path.exists():
@@ -233,9 +253,9 @@ def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
     shards that no run of this folder wrote)."""
     if cfg.overwrite and (out / RUN_FILE).exists():  # this folder's run, started over whatever its record says
         return
-    previous = _previous_run(out)
+    previous = previous_run(out)
     if previous is not None:
-        changed = _differences(previous, _run_record(cfg, inputs))
+        changed = run_differences(previous, run_record(cfg, inputs))
         if changed:
             raise LabelingError(
                 f"{out} holds a labeling run with other settings or inputs ({', '.join(changed)}); "
@@ -258,7 +278,7 @@ def _start_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
     if cfg.overwrite:
         for p in [*shards.dataset_files(out), out / "manifest.json"]:
             p.unlink(missing_ok=True)
-    shards.write_json(out / RUN_FILE, _run_record(cfg, inputs))
+    shards.write_json(out / RUN_FILE, run_record(cfg, inputs))
 
 
 def _refuse_unlisted(out: Path, names, manifest: bool) -> None:
@@ -322,18 +342,24 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
                 return {}  # another rank: rank 0 writes the manifest
             _check_complete(out, batches)
-            manifest = shards.write_manifest(
-                out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": len(records)},
-                response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
-                keys=[b["key"] for b in batches],
-                mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
-                settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
-                seconds=round(time.perf_counter() - t_start, 1),
-                tapped_layers=tap_layers(draft.config.num_hidden_layers),
-            )
+            manifest = write_run_manifest(out, cfg, models, inputs, batches, draft.config.num_hidden_layers,
+                                          seconds=time.perf_counter() - t_start)
     if not quiet:
         print_summary(manifest, out)
     return manifest
+
+
+def write_run_manifest(out: Path, cfg: LabelConfig, models: dict, inputs: dict, batches: list[dict],
+                       draft_layers: int, seconds: float, snapshot: dict | None = None) -> dict:
+    """The manifest of the dataset of ``batches`` in ``out``, labeled by a run of ``cfg`` from ``inputs``."""
+    return shards.write_manifest(
+        out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": sum(len(b["prompts"]) for b in batches)},
+        response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
+        keys=[b["key"] for b in batches],
+        mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
+        settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
+        seconds=round(seconds, 1), tapped_layers=tap_layers(draft_layers), snapshot=snapshot,
+    )
 
 
 def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dict | None:
@@ -342,8 +368,8 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
     and its damaged shards are redone; shards its manifest does not list are refused."""
     if cfg.overwrite or not (out / "manifest.json").exists():
         return None
-    previous = _previous_run(out)
-    if previous is None or _differences(previous, _run_record(cfg, inputs)):
+    previous = previous_run(out)
+    if previous is None or run_differences(previous, run_record(cfg, inputs)):
         return None
     try:
         manifest = shards.read_manifest(out, verify=False)
@@ -361,17 +387,23 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
     return None
 
 
+def finished(shard: Path) -> bool:
+    """Whether a batch's shard and its sequences are written and intact (read only)."""
+    seqs = shards.sequences_path(shard)
+    try:
+        return shard.exists() and shards.shard_problem(shard) is None and seqs.exists() \
+            and shards.shard_problem(seqs) is None
+    except FileNotFoundError:  # removed while it was read (another rank, or the run a snapshot reads)
+        return False
+
+
 def _done(shard: Path) -> bool:
     """Whether a batch's shard and its sequences are written and intact; a damaged shard is removed, so that the
     batch is labeled again."""
     if not shard.exists():
         return False
-    seqs = shards.sequences_path(shard)
-    try:
-        if shards.shard_problem(shard) is None and seqs.exists() and shards.shard_problem(seqs) is None:
-            return True
-    except FileNotFoundError:  # another rank removed it first
-        return False
+    if finished(shard):
+        return True
     shard.unlink(missing_ok=True)  # every rank checks the same list
     return False
 
@@ -390,7 +422,7 @@ def load_pair(cfg: LabelConfig):
 def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict, batches: list[dict],
                    callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
-    todo = [b for b in batches if not _done(out / f"{b['key']}.arrow")]
+    todo = [b for b in labeling_order(batches) if not _done(out / f"{b['key']}.arrow")]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     module = LabelingModule(
         draft,

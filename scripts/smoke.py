@@ -2,16 +2,23 @@
 
 Outputs stay under ``runs/smoke/`` (ignored): the tiny models, the prompts, and the labeled dataset with its
 ``manifest.json``, the trained and exported heads, and the evaluation report.
+
+    python -m scripts.smoke                  # on the CPU (what ``make test`` runs)
+    python -m scripts.smoke --device cuda    # labeling, training and decoding on the GPU, then the labels audited
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import torch
+
+from core.errors import SettingError, run_main
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from data_gen.run import run_labels
@@ -20,23 +27,25 @@ from testing.tiny import label_config, make_pair, write_prompts
 ROOT = Path("runs/smoke")
 
 
-def stage_labels(root: Path) -> None:
+def stage_labels(root: Path, device: str) -> None:
     draft, target = make_pair(root / "models")
     prompts = write_prompts(root / "prompts.jsonl", n=24)
     # a quarter of the prompts each in val and test, so every category (and so every head's rows) is in each split
-    cfg = label_config(draft, target, prompts, root / "labels", split_fractions=(0.5, 0.25, 0.25))
+    cfg = label_config(draft, target, prompts, root / "labels", split_fractions=(0.5, 0.25, 0.25),
+                       accelerator="gpu" if device == "cuda" else "cpu")
     manifest = run_labels(cfg)
     assert (root / "labels" / "manifest.json").exists()
     assert manifest["splits"]["train"]["rows"] > 0
 
 
-def stage_train(root: Path) -> None:
+def stage_train(root: Path, device: str) -> None:
     from heads.export import load_head
     from pipeline import train_all
 
     results = train_all.main([
         "--labels", str(root / "labels"), "--out", str(root / "train"), "--checkpoints", str(root / "checkpoints"),
         "--heads-dir", str(root / "heads"), "--max-epochs", "3", "--quiet",
+        "--accelerator", "gpu" if device == "cuda" else "cpu",
     ])
     draft = json.loads((root / "labels" / "manifest.json").read_text())["models"]["draft"]
     for r in results:
@@ -45,7 +54,7 @@ def stage_train(root: Path) -> None:
     assert (root / "train" / "roc.png").exists()
 
 
-def stage_eval(root: Path) -> None:
+def stage_eval(root: Path, device: str) -> None:
     """Every policy and the HF peer on the tiny pair with the smoke-trained heads; report under ``eval/``."""
     from evaluation.config import EvalConfig, HFPeer, Mode, Sweep
     from evaluation.run import run_eval
@@ -65,7 +74,7 @@ def stage_eval(root: Path) -> None:
             Sweep("fuzzy", grid={"T": [0.5]}),
         ],
         max_new_tokens=6, sweep_prompts=2, hf_peer=HFPeer(confidence_thresholds=[0.6]), select_by="simulated",
-        train_dir=str(root / "train"), labels_dir=str(root / "labels"), output_dir=str(root / "eval"), device="cpu",
+        train_dir=str(root / "train"), labels_dir=str(root / "labels"), output_dir=str(root / "eval"), device=device,
     )
     out = run_eval(cfg, quiet=True)
     report = json.loads((out / "report.json").read_text())
@@ -80,20 +89,33 @@ def stage_eval(root: Path) -> None:
     assert report["selection"]["sample"], "the simulator chose no setting"
 
 
-STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval)]
+def stage_audit(root: Path, device: str) -> None:
+    """Labels written on the GPU, recomputed on the CPU with plain unbatched forwards."""
+    from data_gen import audit
+
+    if device == "cuda":
+        assert audit.main([str(root / "labels"), "--rows", "8"]) == 0, "the GPU's labels disagree with the CPU's"
 
 
-def main() -> int:
+STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval), ("audit", stage_audit)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.smoke", description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every stage runs")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SettingError("--device cuda: no CUDA GPU that torch can use on this machine")
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     t0 = time.perf_counter()
     for name, stage in STAGES:
         t = time.perf_counter()
-        stage(ROOT)
+        stage(ROOT, args.device)
         print(f"smoke: {name} ok ({time.perf_counter() - t:.1f} s)")
-    print(f"smoke: all stages ok in {time.perf_counter() - t0:.1f} s; outputs under {ROOT}/")
+    print(f"smoke: all stages ok on {args.device} in {time.perf_counter() - t0:.1f} s; outputs under {ROOT}/")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
