@@ -11,9 +11,9 @@ import json
 import math
 from pathlib import Path
 
-import torch
 
 from core.device import describe_device
+from core.models import resolve_device
 from core.intervals import mean_interval, speedup_interval
 from decoding.policies import POLICIES
 from evaluation import quality
@@ -118,7 +118,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     refs = {p["prompt"]: p["reference"] for p in prompts}
     fits = cfg.latency_fits(records)
     select_fit = selection_fit(fits)
-    device = describe_device("cuda" if torch.cuda.is_available() else "cpu")
+    device = describe_device(resolve_device(cfg.device))  # where the runs decoded, not the best the machine has
     out = {"device": device, "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,

@@ -557,3 +557,13 @@ def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
     assert unseen_prompts(prompts, [], tok, False) == prompts
     with pytest.raises(EvalError, match="a head has seen every prompt"):
         unseen_prompts(prompts, [head("all", range(5))], tok, False)
+
+
+def test_report_names_the_device_the_eval_ran_on_not_the_best_one_present(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    cfg = make_cfg(tmp_path, device="cpu", policies=[Sweep("target_only")], modes=[Mode("sample", 1.0)])
+    rep = json.loads((run_eval(cfg, fake_engine(), quiet=True) / "report.json").read_text())
+    assert rep["device"].startswith("cpu (")
