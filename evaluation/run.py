@@ -375,11 +375,12 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
 
 
 def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool,
-                        decoded: set[str]) -> dict[str, dict]:
+                        decoded: set[str], traces: tuple | None) -> dict[str, dict]:
     """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
     like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). The choice never replays
     a prompt the eval decodes (``decoded``: their digests), so that no setting is chosen on the prompts it is then
-    measured on. Written to ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
+    measured on (``traces``: ``evaluation.simulate.selection_traces`` of them, as read before the runs). Written to
+    ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
     prompts), and chosen again when that changes."""
     from core.cache import file_sha256
     from core.shards import manifest_sha256, read_manifest
@@ -410,7 +411,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
         "decoded_prompts": sorted(decoded),
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
     if selection["inputs"].get(mode.name) != inputs:
-        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded)
+        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded, traces=traces)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
         write_json(path, selection)
@@ -455,19 +456,21 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         prompts = unseen_prompts(prompts, heads, engine.tokenizer, cfg.prompts.chat_template)
         decoded = set().union(*(text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template)
                                 for p in prompts))
+        traces = None
         if cfg.select_by == "simulated":  # labels left to choose on, before the folder changes
             from evaluation.simulate import selection_traces
-            selection_traces(cfg.labels_dir, decoded)
+            traces = selection_traces(cfg.labels_dir, decoded)
         flag_other_devices(cfg)
         _commit_output(cfg, out, settings)
-        _evaluate(cfg, engine, prompts, decoded, out, quiet)
+        _evaluate(cfg, engine, prompts, decoded, traces, out, quiet)
     return out
 
 
-def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set[str], out: Path,
-              quiet: bool) -> None:
+def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set[str], traces: tuple | None,
+              out: Path, quiet: bool) -> None:
     """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report; ``decoded``:
-    the digests of the prompts it decodes (``text_digests``), which the simulated choice leaves out."""
+    the digests of the prompts it decodes (``text_digests``), which the simulated choice leaves out; ``traces``: the
+    label traces it chooses on (``select_by: simulated``), read once before the folder changed."""
     from evaluation.hf_peer import peer_runs
     from evaluation.likelihood import score_records
     from evaluation.report import write_report
@@ -482,7 +485,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set
         sampling = mode.sampling(cfg.max_new_tokens)
         pair = engine.make_pair(sampling)
         sweeps = [s for s in cfg.policies if mode.runs(s.family)]
-        simulated = _simulated_settings(cfg, mode, sweeps, out, quiet, decoded)
+        simulated = _simulated_settings(cfg, mode, sweeps, out, quiet, decoded, traces)
         settings = {s.family: [simulated[s.family]] if s.family in simulated else s.settings() or [{}]
                     for s in sweeps}
         # Every setting on the sweep prompts; then every run on every prompt in one pass (one-setting families,

@@ -437,14 +437,20 @@ def test_a_goodput_peer_that_cannot_run_is_one_line_before_anything_runs(tmp_pat
     assert not (tmp_path / "eval").exists()
 
 
-def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_path):
+def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_path, monkeypatch):
     """select_by: simulated: in the mode sampled like the labels, each exact family's setting is the one the trace
-    simulator predicts fastest at the costs of the timing file, and only it is decoded; other modes sweep."""
+    simulator predicts fastest at the costs of the timing file, and only it is decoded; other modes sweep. The
+    label traces are read once, before the folder changes."""
     from test_eval_latency import timing_file
 
+    import evaluation.simulate
     from data_gen.run import run_labels
     from decoding.costs import timing_fit
     from evaluation.simulate import selection_traces, simulate
+
+    reads = []
+    monkeypatch.setattr(evaluation.simulate, "selection_traces",
+                        lambda *a, **k: reads.append(a) or selection_traces(*a, **k))
 
     labels = label_config(split_fractions=(0.5, 0.25, 0.25))
     run_labels(labels, quiet=True)
@@ -455,6 +461,7 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
                    policies=[Sweep("target_only"), Sweep("sd", grid={"k": grid}),
                              Sweep("confidence", grid={"threshold": [0.1, 0.5, 0.9]})])
     out = run_eval(cfg, fake_engine(), quiet=True)
+    assert len(reads) == 1
     every, _ = selection_traces(labels.output_dir)
     fit = timing_fit(timing_file())
     predicted = [simulate(every, "sd", k=k).predicted_speedup(fit, cfg.max_new_tokens) for k in grid]
