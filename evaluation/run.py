@@ -166,12 +166,13 @@ def flag_other_devices(cfg: EvalConfig) -> None:
             print(f"note: {note}", file=sys.stderr)
 
 
-def unseen_prompts(prompts: list[dict], heads: list[str], tokenizer, chat_template: bool) -> list[dict]:
+def unseen_prompts(prompts: list[dict], heads: list[str], digests: dict[int, set[str]]) -> list[dict]:
     """The prompts no head of ``heads`` has seen (trained on, or had its threshold chosen on: the prompts its file
     records, ``heads.export.seen_prompts``); every policy decodes only these, so that ratios stay paired by prompt
-    and no head is timed on prompts it learned. The others are named in one line."""
+    and no head is timed on prompts it learned. ``digests``: each prompt's ``text_digests`` by its id. The others
+    are named in one line."""
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
-    kept = [p for p in prompts if not text_digests(p["text"], tokenizer, chat_template) & seen]
+    kept = [p for p in prompts if not digests[p["prompt"]] & seen]
     left = [p["prompt"] for p in prompts if p not in kept]
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
@@ -453,9 +454,9 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
             for path in heads:
                 engine.check_head(path)
-        prompts = unseen_prompts(prompts, heads, engine.tokenizer, cfg.prompts.chat_template)
-        decoded = set().union(*(text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template)
-                                for p in prompts))
+        digests = {p["prompt"]: text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template) for p in prompts}
+        prompts = unseen_prompts(prompts, heads, digests)
+        decoded = set().union(*(digests[p["prompt"]] for p in prompts))
         traces = None
         if cfg.select_by == "simulated":  # labels left to choose on, before the folder changes
             from evaluation.simulate import selection_traces

@@ -542,7 +542,7 @@ def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
     saw every prompt is refused."""
     from core.identity import prompt_digest
     from core.prompts import tokenize_prompt
-    from evaluation.run import unseen_prompts
+    from evaluation.run import text_digests, unseen_prompts
     from heads.export import export_head
     from heads.sprinter import SprinterHead
     from testing.tiny import WORDS, make_tokenizer
@@ -558,12 +558,13 @@ def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
                                trained_on={"labels": "x", "splits": ["train"], "prompts": len(digests),
                                            "digests": "".join(sorted(digests))}))
 
-    kept = unseen_prompts(prompts, [head("a", [1]), head("b", [3])], tok, False)
+    digests = {p["prompt"]: text_digests(p["text"], tok, False) for p in prompts}
+    kept = unseen_prompts(prompts, [head("a", [1]), head("b", [3])], digests)
     assert [p["prompt"] for p in kept] == [0, 2, 4]
     assert "left out 2 of 5 prompts that a head trained on" in capsys.readouterr().err
-    assert unseen_prompts(prompts, [], tok, False) == prompts
+    assert unseen_prompts(prompts, [], digests) == prompts
     with pytest.raises(EvalError, match="a head has seen every prompt"):
-        unseen_prompts(prompts, [head("all", range(5))], tok, False)
+        unseen_prompts(prompts, [head("all", range(5))], digests)
 
 
 def test_report_names_the_device_the_eval_ran_on_not_the_best_one_present(tmp_path, monkeypatch):
