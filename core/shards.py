@@ -130,6 +130,13 @@ def sequences_path(shard: Path) -> Path:
     return shard.parent / "sequences" / shard.name
 
 
+def batch_files(key: str) -> list[Path]:
+    """The files of a batch ``<split>/<key>`` relative to its dataset: its shard and its sequences, each with the
+    record written with it."""
+    shard = Path(f"{key}.arrow")
+    return [path for p in (shard, sequences_path(shard)) for path in (p, _record_path(p))]
+
+
 def write_sequences(path: Path, seqs: dict[str, list]) -> int:
     """Write a batch's token sequences atomically, with their record; return the prompt count."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -103,6 +103,15 @@ class LabelConfig:
         gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
         return resolve_dtype(self.dtype, torch.device("cuda" if gpu else "cpu"))
 
+    @classmethod
+    def from_record(cls, record: dict, output_dir: str | Path) -> "LabelConfig":
+        """The settings of the run that wrote ``record`` (its ``run.json``: ``settings()`` and the inputs) into
+        ``output_dir``."""
+        d = {k: v for k, v in record.items() if k not in ("schema_version", "inputs")}
+        return cls(**{**d, "draft": ModelSpec(**d["draft"]), "target": ModelSpec(**d["target"]),
+                      "prompts": PromptConfig(**d["prompts"]), "sampling": Sampling(**d["sampling"]),
+                      "split_fractions": tuple(d["split_fractions"]), "output_dir": str(output_dir)})
+
     def settings(self) -> dict:
         """What a resume must match (everything that changes the rows, the shards' schema included)."""
         d = dataclasses.asdict(self)
@@ -135,8 +144,8 @@ GOLDEN = (5 ** 0.5 - 1) / 2
 def labeling_order(batches: list[dict]) -> list[dict]:
     """The order a run labels ``batches`` in (the same on every resume and rank): each split and category's batches
     in a golden-ratio sequence through its longest-first list, the groups interleaved in proportion to their sizes.
-    So the batches finished at any time cover every split and the whole range of lengths, rather than the longest
-    train prompts first."""
+    So the batches finished at any time cover every split and the whole range of lengths, rather than one split's
+    longest prompts first."""
     groups: dict[str, list[dict]] = {}
     for b in batches:
         groups.setdefault(b["key"].rsplit("-", 1)[0], []).append(b)
@@ -352,8 +361,9 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
 def write_run_manifest(out: Path, cfg: LabelConfig, models: dict, inputs: dict, batches: list[dict],
                        draft_layers: int, seconds: float, snapshot: dict | None = None) -> dict:
     """The manifest of the dataset of ``batches`` in ``out``, labeled by a run of ``cfg`` from ``inputs``."""
+    count = sum(len(b["prompts"]) for b in batches)
     return shards.write_manifest(
-        out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": sum(len(b["prompts"]) for b in batches)},
+        out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": count},
         response_source=cfg.response_source, sampling=dataclasses.asdict(cfg.sampling), inputs=inputs,
         keys=[b["key"] for b in batches],
         mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,

@@ -9,66 +9,82 @@ manifest of their own, to train and evaluate on while the run goes on:
 
 The run's folder is only read (the run may be labeling into it meanwhile); shards are hard links where the file
 system allows, else copies. The snapshot's manifest is the one the run itself would write for these batches, with
-``snapshot`` saying which run, how many of its batches and prompts, and when. Its models' identity is read by loading
-them, as the run does, and the prompts and models must still be the ones the run recorded.
+``snapshot`` saying which run, how much of each split, and whether the batches are the first of the run's order (a
+run started before that order, or resumed with other batches done, holds others: then they are not a sample).
+Its models' identity is read by loading them, as the run does, and the prompts and models must still be the ones
+the run recorded. Every split the run labels needs a finished batch (training reads train and val).
 """
 
 from __future__ import annotations
 
-import argparse
+import errno
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from core import shards
-from core.errors import UserError, run_main
-from core.lock import folder_lock
-from core.models import ModelSpec
-from core.prompts import PromptConfig, input_digests, load_prompt_table
-from core.sampling import Sampling
+from core.errors import UserError
+from core.lock import LOCK_FILE, folder_lock
+
+LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
+"""Why a hard link fails where a copy does: another file system, or one without links."""
 
 
 class SnapshotError(UserError):
     """A folder that holds no unfinished labeling run to copy, or an output folder that is not new."""
 
 
-def run_config(run_dir: Path):
-    """The ``LabelConfig`` of the labeling run recorded in ``run_dir/run.json``."""
-    from data_gen.run import RUN_FILE, LabelConfig, previous_run
+def _refuse_output(out: Path, run_dir: Path) -> None:
+    if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
+        raise SnapshotError(f"{out} is inside the run's folder {run_dir}; choose a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise SnapshotError(f"{out} is a file; choose a new folder")
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        raise SnapshotError(f"{out} is not empty; choose a new folder (a snapshot deletes nothing)")
 
-    record = previous_run(run_dir)
-    if record is None:
-        raise SnapshotError(f"{run_dir} holds no labeling run (no {RUN_FILE})")
-    settings = {k: v for k, v in record.items() if k not in ("schema_version", "inputs")}
-    if record.get("schema_version") != shards.SCHEMA_VERSION:
-        raise SnapshotError(f"{run_dir} was labeled with label schema {record.get('schema_version')}, this version "
-                            f"writes {shards.SCHEMA_VERSION}")
-    try:
-        return LabelConfig(**{**settings, "draft": ModelSpec(**settings["draft"]),
-                              "target": ModelSpec(**settings["target"]),
-                              "prompts": PromptConfig(**settings["prompts"]), "sampling": Sampling(**settings["sampling"]),
-                              "split_fractions": tuple(settings["split_fractions"]), "output_dir": str(run_dir)}), record
-    except (TypeError, KeyError) as e:
-        raise SnapshotError(f"{run_dir / RUN_FILE} is not a run record this version reads ({e})") from None
+
+def coverage(batches: list[dict], done: list[dict]) -> dict:
+    """How much of the run ``done`` holds: batches and prompts, each split's batches, and whether they are the first
+    of the run's labeling order (only then a sample of the whole run)."""
+    from data_gen.run import labeling_order
+
+    keys = {b["key"] for b in done}
+    order = [b["key"] for b in labeling_order(batches)]
+    splits = sorted({b["key"].split("/")[0] for b in batches})
+    return {
+        "batches": [len(done), len(batches)],
+        "prompts": [sum(len(b["prompts"]) for b in done), sum(len(b["prompts"]) for b in batches)],
+        "splits": {s: [sum(b["key"].startswith(f"{s}/") for b in done), sum(b["key"].startswith(f"{s}/")
+                                                                           for b in batches)] for s in splits},
+        "first_of_order": set(order[: len(done)]) == keys,
+    }
 
 
 def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     """Copy the finished batches of the labeling run in ``run_dir`` into the new folder ``out`` with their manifest;
     return it."""
     from core.models import context_window
-    from data_gen.run import (build_records, finished, load_pair, make_batches, run_differences, run_record,
-                              write_run_manifest)
+    from core.prompts import input_digests, load_prompt_table
+    from data_gen.run import (RUN_FILE, LabelConfig, build_records, finished, load_pair, make_batches, previous_run,
+                              print_summary, run_differences, run_record, write_run_manifest)
 
     t_start = time.perf_counter()
     run_dir, out = Path(run_dir), Path(out)
     if (run_dir / "manifest.json").exists():
         raise SnapshotError(f"{run_dir} is a finished dataset: train on it as it is")
-    cfg, record = run_config(run_dir)
-    if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
-        raise SnapshotError(f"{out} is inside the run's folder {run_dir}; choose a folder outside it")
-    if out.exists() and any(out.iterdir()):
-        raise SnapshotError(f"{out} is not empty; choose a new folder (a snapshot deletes nothing)")
+    record = previous_run(run_dir)
+    if record is None:
+        raise SnapshotError(f"{run_dir} holds no labeling run (no {RUN_FILE})")
+    if record.get("schema_version") != shards.SCHEMA_VERSION:
+        raise SnapshotError(f"{run_dir} was labeled with label schema {record.get('schema_version')}; this version "
+                            f"writes {shards.SCHEMA_VERSION}")
+    try:
+        cfg = LabelConfig.from_record(record, run_dir)
+    except (TypeError, KeyError) as e:
+        raise SnapshotError(f"{run_dir / RUN_FILE} is not a run record this version reads ({e})") from None
+    _refuse_output(out, run_dir)
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     inputs = input_digests(table, cfg.response_source == "dataset", {"draft": cfg.draft, "target": cfg.target})
     changed = run_differences(record, run_record(cfg, inputs))
@@ -79,55 +95,84 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
     batches = make_batches(records, cfg.batch_size)
     done = [b for b in batches if finished(run_dir / f"{b['key']}.arrow")]
-    if not done:
-        raise SnapshotError(f"{run_dir} has no finished batch yet")
+    covered = coverage(batches, done)
+    empty = [s for s, (n, _) in covered["splits"].items() if n == 0]
+    if empty:
+        raise SnapshotError(f"{run_dir} has no finished batch of {', '.join(empty)} yet ({len(done)} of "
+                            f"{len(batches)} batches done); training needs train and val: snapshot it later")
     written: list[Path] = []
     with folder_lock(out, "a snapshot"):
+        _refuse_output(out, run_dir)  # again, now that no other snapshot can write into it
         try:
             for b in done:
-                shard = Path(f"{b['key']}.arrow")
-                for rel in (shard, shards.sequences_path(shard)):
-                    for name in (rel, rel.with_name(rel.name + ".json")):
-                        written.append(out / name)
-                        _link_or_copy(run_dir / name, out / name)
-            n_prompts = sum(len(b["prompts"]) for b in done)
+                for rel in shards.batch_files(b["key"]):
+                    _link_or_copy(run_dir / rel, out / rel, written)
+            if previous_run(run_dir) != record:
+                raise SnapshotError(f"the run in {run_dir} was started over while it was copied; run the snapshot "
+                                    "again")
             written.append(out / "manifest.json")
-            manifest = write_run_manifest(
-                out, cfg, models, inputs, done, draft.config.num_hidden_layers, seconds=time.perf_counter() - t_start,
-                snapshot={"run": str(run_dir), "batches": len(done), "of_batches": len(batches), "prompts": n_prompts,
-                          "of_prompts": len(records), "order": "data_gen.run.labeling_order"},
-            )
+            manifest = write_run_manifest(out, cfg, models, inputs, done, draft.config.num_hidden_layers,
+                                          seconds=time.perf_counter() - t_start,
+                                          snapshot={"run": str(run_dir.resolve()), **covered})
             shards.read_manifest(out)  # the copies, read back against the records the run wrote with them
-        except BaseException:  # an interrupted or failed snapshot leaves no half dataset (only its own files go)
+        except BaseException:  # an interrupted or failed snapshot leaves no half dataset, only what it found
             for path in written:
                 path.unlink(missing_ok=True)
+            for folder in sorted({p.parent for p in written}, key=lambda p: len(p.parts), reverse=True):
+                if folder != out and folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
             raise
     if not quiet:
-        from data_gen.run import print_summary
-
         print_summary(manifest, out)
-        missing = sorted({b["key"].split("/")[0] for b in batches} - {b["key"].split("/")[0] for b in done})
-        print(f"snapshot of {run_dir}: {len(done)} of {len(batches)} batches, {n_prompts} of {len(records)} prompts"
-              + (f"; no batch of {', '.join(missing)} finished yet" if missing else ""))
+        n, of = covered["prompts"]
+        print(f"snapshot of {run_dir}: {len(done)} of {len(batches)} batches, {n} of {of} prompts"
+              + ("" if covered["first_of_order"] else "; not the first batches of the run's labeling order (it was "
+                 "started before that order, or its batches were done out of it): they may not be a sample of the "
+                 "whole run"))
     return manifest
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def _link_or_copy(src: Path, dst: Path, written: list[Path]) -> None:
+    """``dst`` as a hard link to ``src`` (a copy where the file system has no links), never over a file."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    written.append(dst)
     try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        try:
+            os.link(src, dst)
+        except OSError as e:
+            if e.errno not in LINKLESS:
+                raise
+            with open(src, "rb") as f, open(dst, "xb") as g:
+                shutil.copyfileobj(f, g)
+    except FileNotFoundError:
+        raise SnapshotError(f"{src} went while it was copied (the run started over?); run the snapshot again") \
+            from None
+    except FileExistsError:
+        written.pop()  # not ours
+        raise SnapshotError(f"{dst} appeared while the snapshot wrote its folder; choose a new folder") from None
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     p = argparse.ArgumentParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
     p.add_argument("run", help="the folder of a labeling run (finished or not)")
     p.add_argument("out", help="a new folder for the snapshot")
     a = p.parse_args(argv)
-    snapshot(a.run, a.out)
+    created = not Path(a.out).exists()
+    try:
+        snapshot(a.run, a.out)
+    except KeyboardInterrupt:
+        print(f"interrupted: stopped by Ctrl-C; {a.out} holds nothing of the snapshot", file=sys.stderr)
+        return 130
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if created and Path(a.out).is_dir() and not any(Path(a.out).iterdir()):
+            Path(a.out).rmdir()  # a folder it made for nothing
     return 0
 
 
 if __name__ == "__main__":
-    run_main(main)
+    sys.exit(main())

@@ -11,10 +11,11 @@ import json
 import math
 from pathlib import Path
 
+import torch
 
 from core.device import describe_device
-from core.models import resolve_device
 from core.intervals import mean_interval, speedup_interval
+from core.models import resolve_device
 from decoding.policies import POLICIES
 from evaluation import quality
 from evaluation.config import (ESTIMATE_FILES, HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES,
@@ -118,7 +119,9 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     refs = {p["prompt"]: p["reference"] for p in prompts}
     fits = cfg.latency_fits(records)
     select_fit = selection_fit(fits)
-    device = describe_device(resolve_device(cfg.device))  # where the runs decoded, not the best the machine has
+    device = resolve_device(cfg.device)  # where the runs decoded, not the best the machine has
+    # a report rewritten (``report_only``) away from the GPU its runs decoded on names that GPU as configured
+    device = describe_device(device) if device.type != "cuda" or torch.cuda.is_available() else str(device)
     out = {"device": device, "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,

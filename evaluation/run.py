@@ -412,7 +412,8 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
         "decoded_prompts": sorted(decoded),
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
     if selection["inputs"].get(mode.name) != inputs:
-        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded, traces=traces)
+        choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded,
+                                  label_traces=traces)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
         write_json(path, selection)

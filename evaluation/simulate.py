@@ -133,16 +133,16 @@ def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
 
 
 def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int,
-                     exclude: set[str] = frozenset(), traces: tuple | None = None) -> dict[str, dict]:
+                     exclude: set[str] = frozenset(), label_traces: tuple | None = None) -> dict[str, dict]:
     """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the families of
     ``decoding.policies.simulated(exact=True)`` with more than one setting) with the highest predicted speedup for ``tokens``-token
     responses, with every setting's prediction: over every labeled prompt, heads over the prompts they did not
     train on (their scores on training prompts are optimistic); never the prompts whose digests are in ``exclude``
-    (those an eval decodes). ``traces``: ``selection_traces(labels, exclude)`` when the caller has read them."""
+    (those an eval decodes). ``label_traces``: ``selection_traces(labels, exclude)`` when the caller has read them."""
     sweeps = [s for s in sweeps if s.family in simulated(exact=True) and len(s.settings()) > 1]
     if not sweeps:
         return {}
-    every, held_out = traces or selection_traces(labels, exclude)
+    every, held_out = label_traces or selection_traces(labels, exclude)
     out = {}
     for s in sweeps:
         def traces(params):  # a head's own: the prompts it has not seen

@@ -573,5 +573,10 @@ def test_report_names_the_device_the_eval_ran_on_not_the_best_one_present(tmp_pa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cfg = make_cfg(tmp_path, device="cpu", policies=[Sweep("target_only")], modes=[Mode("sample", 1.0)])
-    rep = json.loads((run_eval(cfg, fake_engine(), quiet=True) / "report.json").read_text())
-    assert rep["device"].startswith("cpu (")
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    assert json.loads((out / "report.json").read_text())["device"].startswith("cpu (")
+    # a report rewritten on a machine without the GPU its runs decoded on
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg.device = "cuda"
+    records = ResultStore(out / "results.jsonl").records()
+    assert write_report(out, cfg, records, load_prompts(cfg.prompts))["device"] == "cuda"

@@ -4,9 +4,12 @@ its batches in, which makes those batches a sample of the whole run."""
 import pytest
 
 from core import shards
-from data_gen.run import labeling_order, run_labels
+from data_gen import snapshot as snap_module
+from data_gen.run import LabelingInterrupted, labeling_order, run_labels
 from data_gen.snapshot import main as snapshot_main
-from data_gen.snapshot import SnapshotError, snapshot
+
+# what a snapshot's manifest may hold that the finished run's does not
+OWN_KEYS = {"created", "seconds", "splits", "shards", "snapshot", "prompts"}
 
 
 def _batches(groups: dict[str, int]) -> list[dict]:
@@ -24,9 +27,6 @@ def test_labeling_order_spreads_every_prefix_over_splits_and_lengths():
         # a group's batches are longest first: a prefix reaches across the whole list, not its head
         train = sorted(int(k[-4:]) for k in prefix if k.startswith("train/"))
         assert max(b - a for a, b in zip([-1, *train], [*train, 169])) <= 2.5 * 169 / len(train), (n, train)
-    # the order a plain run had (a group after another, each from its longest batch) fails the same check
-    plain = [b["key"] for b in batches][:40]
-    assert sum(k.startswith("val/") for k in plain) == 0
 
 
 def _interrupt_after(n: int):
@@ -40,43 +40,88 @@ def _interrupt_after(n: int):
     return CtrlC()
 
 
-def test_snapshot_of_an_unfinished_run_is_a_dataset_of_its_finished_batches(label_config, tmp_path, capsys):
-    from data_gen.run import LabelingInterrupted
-
+@pytest.fixture
+def unfinished(label_config, tmp_path):
+    """(config, folder) of a run of the tiny pair stopped after 6 of its batches."""
     cfg = label_config(categories=["target"], batch_size=2)
     with pytest.raises(LabelingInterrupted):
         run_labels(cfg, callbacks=[_interrupt_after(6)], quiet=True)
-    run, snap = tmp_path / "labels", tmp_path / "snap"
+    return cfg, tmp_path / "labels"
+
+
+def test_snapshot_of_an_unfinished_run_is_the_dataset_the_run_writes_for_those_batches(unfinished, tmp_path, capsys):
+    cfg, run = unfinished
+    snap = tmp_path / "snap"
+    # a batch still being written (its shard's record missing) is not finished: left out, and left alone
+    in_flight = sorted(run.glob("train/*.arrow"))[-1]
+    record = in_flight.with_name(in_flight.name + ".json")
+    record.rename(record.with_name("held"))
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     assert snapshot_main([str(run), str(snap)]) == 0
     assert "snapshot of" in capsys.readouterr().out
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # the run's folder is only read
     manifest = shards.read_manifest(snap)
-    assert manifest["snapshot"]["batches"] == len(list(run.glob("*/*.arrow"))) < manifest["snapshot"]["of_batches"]
-    assert {"train", "val", "test"} <= {k.split("/")[0] for k in manifest["shards"]}  # spread over the splits
-    # the finished run's rows of those batches are the snapshot's
+    done = len(list(run.glob("*/*.arrow"))) - 1
+    assert manifest["snapshot"]["batches"][0] == done and not (snap / in_flight.relative_to(run)).exists()
+    assert manifest["snapshot"]["first_of_order"] is False  # one of the first batches is missing
+    assert all(n > 0 for n, _ in manifest["snapshot"]["splits"].values())  # spread over the splits
+    record.with_name("held").rename(record)
+    in_flight.unlink()  # redone by the resume
     full = run_labels(cfg, quiet=True)
     assert set(manifest["shards"]) < set(full["shards"])
     for key, rec in manifest["shards"].items():
         assert full["shards"][key]["sha256"] == rec["sha256"]
-    assert manifest["settings_sha256"] == full["settings_sha256"] and manifest["models"] == full["models"]
-    assert manifest["prompts"]["count"] == manifest["snapshot"]["prompts"] < full["prompts"]["count"]
+    assert {k: v for k, v in manifest.items() if k not in OWN_KEYS} == {k: v for k, v in full.items()
+                                                                         if k not in OWN_KEYS}
+    assert manifest["prompts"]["count"] == manifest["snapshot"]["prompts"][0] < full["prompts"]["count"]
+    assert {**manifest["prompts"], "count": None} == {**full["prompts"], "count": None}
+
+
+def test_snapshot_interrupted_leaves_nothing_and_runs_again(unfinished, tmp_path, monkeypatch, capsys):
+    _, run = unfinished
+    snap = tmp_path / "snap"
+    link = snap_module._link_or_copy
+    calls = []
+
+    def stop_after_five(src, dst, written):
+        calls.append(dst)
+        if len(calls) > 5:
+            raise KeyboardInterrupt
+        link(src, dst, written)
+
+    monkeypatch.setattr(snap_module, "_link_or_copy", stop_after_five)
+    assert snapshot_main([str(run), str(snap)]) == 130
+    assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C")
+    assert not snap.exists()
+    monkeypatch.setattr(snap_module, "_link_or_copy", link)
+    assert snapshot_main([str(run), str(snap)]) == 0
+    shards.read_manifest(snap)
+
+
+def _one_line(capsys) -> str:
+    """The message a command ended with, after the models' loading bars (if it got that far), and no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
 
 
 def test_snapshot_refuses_in_one_line(label_config, tmp_path, capsys):
-    from data_gen.run import LabelingInterrupted
-
     run, snap = tmp_path / "labels", tmp_path / "snap"
-    with pytest.raises(SnapshotError, match="holds no labeling run"):
-        snapshot(tmp_path / "nothing", snap)
-    with pytest.raises(LabelingInterrupted):
-        run_labels(label_config(), callbacks=[_interrupt_after(2)], quiet=True)
+    assert snapshot_main([str(tmp_path / "nothing"), str(snap)]) == 2
+    assert "holds no labeling run" in _one_line(capsys)
+    with pytest.raises(LabelingInterrupted):  # the first batches of the order are all train: no val yet
+        run_labels(label_config(categories=["target"], batch_size=2), callbacks=[_interrupt_after(1)], quiet=True)
+    assert snapshot_main([str(run), str(snap)]) == 2
+    assert "no finished batch of test, val yet" in _one_line(capsys)
     (snap / "notes").mkdir(parents=True)
-    with pytest.raises(SnapshotError, match="not empty"):
-        snapshot(run, snap)
-    with pytest.raises(SnapshotError, match="inside the run's folder"):
-        snapshot(run, run / "snap")
-    run_labels(label_config(), quiet=True)
-    with pytest.raises(SnapshotError, match="finished dataset"):
-        snapshot(run, tmp_path / "snap2")
-    assert list(snap.iterdir()) == [snap / "notes"]
+    assert snapshot_main([str(run), str(snap)]) == 2
+    assert "not empty" in _one_line(capsys)
+    (tmp_path / "file").write_text("")
+    assert snapshot_main([str(run), str(tmp_path / "file")]) == 2
+    assert "is a file" in _one_line(capsys)
+    assert snapshot_main([str(run), str(run / "snap")]) == 2
+    assert "inside the run's folder" in _one_line(capsys)
+    run_labels(label_config(categories=["target"], batch_size=2), quiet=True)
+    assert snapshot_main([str(run), str(tmp_path / "snap2")]) == 2
+    assert "finished dataset" in _one_line(capsys)
+    assert list(snap.iterdir()) == [snap / "notes"] and not (tmp_path / "snap2").exists()
