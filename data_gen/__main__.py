@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
+from core.interrupt import ctrl_c_always_stops
 
 
 def parser():
@@ -20,12 +21,13 @@ def parser():
 
 def main(argv: list[str] | None = None) -> int:
     try:  # the imports too: Ctrl-C while torch and Lightning load is one line as well
-        from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
+        with ctrl_c_always_stops():
+            from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
-        p = parser()
-        ns = p.instantiate(p.parse_args(argv))
-        cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
-        run_labels(cfg)
+            p = parser()
+            ns = p.instantiate(p.parse_args(argv))
+            cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
+            run_labels(cfg)
     except KeyboardInterrupt:
         print("interrupted: stopped by Ctrl-C; every finished batch is kept: run the same command again to resume",
               file=sys.stderr)

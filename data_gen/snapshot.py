@@ -26,6 +26,7 @@ from pathlib import Path
 
 from core import shards
 from core.errors import UserError
+from core.interrupt import ctrl_c_always_stops
 from core.lock import LOCK_FILE, folder_lock
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     created = not Path(a.out).exists()
     try:
-        snapshot(a.run, a.out)
+        with ctrl_c_always_stops():
+            snapshot(a.run, a.out)
     except KeyboardInterrupt:
         print(f"interrupted: stopped by Ctrl-C; {a.out} holds nothing of the snapshot", file=sys.stderr)
         return 130

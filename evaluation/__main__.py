@@ -5,27 +5,29 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
+from core.interrupt import ctrl_c_always_stops
 
 
 def main(argv: list[str] | None = None) -> int:
     try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
-        from evaluation.config import parse
-        from evaluation.results import ResultStore
-        from evaluation.run import load_prompts, run_eval
-        from evaluation.rundir import RunDir
+        with ctrl_c_always_stops():
+            from evaluation.config import parse
+            from evaluation.results import ResultStore
+            from evaluation.run import load_prompts, run_eval
+            from evaluation.rundir import RunDir
 
-        cfg, report_only = parse(argv)
-        if report_only:
-            from pathlib import Path
+            cfg, report_only = parse(argv)
+            if report_only:
+                from pathlib import Path
 
-            from evaluation.report import write_report
+                from evaluation.report import write_report
 
-            out = Path(cfg.output_dir)
-            records = ResultStore(RunDir(out).results).records()
-            decoded = {r["prompt"] for r in records}  # without the prompts a head had seen (``unseen_prompts``)
-            write_report(out, cfg, records, [p for p in load_prompts(cfg.prompts) if p["prompt"] in decoded])
-        else:
-            out = run_eval(cfg)
+                out = Path(cfg.output_dir)
+                records = ResultStore(RunDir(out).results).records()
+                decoded = {r["prompt"] for r in records}  # without the prompts a head had seen (``unseen_prompts``)
+                write_report(out, cfg, records, [p for p in load_prompts(cfg.prompts) if p["prompt"] in decoded])
+            else:
+                out = run_eval(cfg)
     except KeyboardInterrupt:
         print("interrupted: stopped by Ctrl-C; every finished run is kept in results.jsonl: run the same command "
               "again to resume", file=sys.stderr)

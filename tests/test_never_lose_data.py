@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from test_eval_run import make_cfg
 
 from core import shards
 from core.errors import UserError
+from core.interrupt import ctrl_c_always_stops
 from core.lock import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
@@ -455,6 +457,45 @@ def test_ctrl_c_while_loading_or_scoring_is_one_line(label_config, tmp_path, cap
     assert eval_main(["--config", config]) == 130
     assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C; every finished run is kept")
     assert not (tmp_path / "eval" / LOCK_FILE).exists()
+
+
+def _interrupt_inside_a_weakref_callback():
+    """What an import lock's clean-up does with a Ctrl-C while torch loads: CPython prints it and carries on."""
+
+    def callback(ref):
+        raise KeyboardInterrupt
+
+    class Collected:
+        pass
+
+    obj = Collected()
+    ref = weakref.ref(obj, callback)
+    del obj  # the callback runs here
+    return ref
+
+
+def test_a_ctrl_c_cpython_would_ignore_still_stops(monkeypatch):
+    ignored = []  # what CPython hands sys.unraisablehook to print as "Exception ignored in …"
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_type))
+    _interrupt_inside_a_weakref_callback()  # the broken case: without the guard the interrupt is lost
+    assert ignored == [KeyboardInterrupt]
+    # raised again once the callback has returned, while the block still runs
+    with pytest.raises(KeyboardInterrupt), ctrl_c_always_stops():
+        _interrupt_inside_a_weakref_callback()
+        time.sleep(5)
+    # or when the block ends first
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), ctrl_c_always_stops():
+        _interrupt_inside_a_weakref_callback()
+    time.sleep(0.2)  # the timer delivers nothing more after the block
+    assert time.monotonic() - started < 1 and ignored == [KeyboardInterrupt]  # and nothing printed
+
+
+def test_a_block_ending_in_its_own_error_drops_the_owed_interrupt():
+    with pytest.raises(UserError), ctrl_c_always_stops():
+        _interrupt_inside_a_weakref_callback()
+        raise UserError("bad input")
+    time.sleep(0.2)  # no KeyboardInterrupt arrives from the dropped redelivery
 
 
 @pytest.mark.parametrize("command", ["data_gen", "evaluation"])
