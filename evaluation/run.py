@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -173,7 +173,7 @@ def unseen_prompts(prompts: list[dict], heads: list[str], digests: dict[int, set
     are named in one line."""
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
     kept = [p for p in prompts if not digests[p["prompt"]] & seen]
-    left = [p["prompt"] for p in prompts if p not in kept]
+    left = [p["prompt"] for p in prompts if digests[p["prompt"]] & seen]
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
         print(f"left out {len(left)} of {len(prompts)} prompts that a head trained on or had its threshold chosen "
@@ -375,16 +375,36 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
     write_json(path, {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens), "timed_at": timed_at})
 
 
+class LabelTraces(NamedTuple):
+    """The label traces a simulated choice replays (``evaluation.simulate.selection_traces``) and the digest of the
+    labels' manifest they were read under, which ``selection.json`` records."""
+
+    manifest_sha256: str
+    traces: tuple[list, list]
+
+
+def read_label_traces(labels: str | Path, decoded: set[str]) -> LabelTraces:
+    """The label traces, less the ``decoded`` prompts; labels whose manifest changes during the read are refused."""
+    from core.shards import manifest_sha256
+    from evaluation.simulate import selection_traces
+
+    before = manifest_sha256(labels)
+    traces = selection_traces(labels, decoded)
+    if manifest_sha256(labels) != before:
+        raise EvalError(f"{labels} changed while the eval read its traces; run the eval again once it is written")
+    return LabelTraces(before, traces)
+
+
 def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool,
-                        decoded: set[str], traces: tuple | None) -> dict[str, dict]:
+                        decoded: set[str], traces: LabelTraces) -> dict[str, dict]:
     """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
     like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). The choice never replays
     a prompt the eval decodes (``decoded``: their digests), so that no setting is chosen on the prompts it is then
-    measured on (``traces``: ``evaluation.simulate.selection_traces`` of them, as read before the runs). Written to
+    measured on (``traces``: as read before the runs, ``read_label_traces``). Written to
     ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
     prompts), and chosen again when that changes."""
     from core.cache import file_sha256
-    from core.shards import manifest_sha256, read_manifest
+    from core.shards import read_manifest
     from decoding.policies import simulated
     from evaluation.simulate import simulated_choice
 
@@ -404,7 +424,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     chosen_here = [s for s in sweeps if s.family in simulated(exact=True)]
     heads = sorted({str(h) for s in chosen_here for h in [s.fixed.get("head"), *s.grid.get("head", [])] if h})
     inputs = json.loads(json.dumps({
-        "labels_manifest_sha256": manifest_sha256(cfg.labels_dir),
+        "labels_manifest_sha256": traces.manifest_sha256,
         "heads_sha256": {h: file_sha256(Path(h)) for h in heads},
         "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept, fit.draft_step,
                   fit.verify_s],
@@ -413,7 +433,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))
     if selection["inputs"].get(mode.name) != inputs:
         choice = simulated_choice(cfg.labels_dir, sweeps, fit, cfg.max_new_tokens, exclude=decoded,
-                                  label_traces=traces)
+                                  label_traces=traces.traces)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
         write_json(path, selection)
@@ -458,21 +478,20 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         digests = {p["prompt"]: text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template) for p in prompts}
         prompts = unseen_prompts(prompts, heads, digests)
         decoded = set().union(*(digests[p["prompt"]] for p in prompts))
-        traces = None
-        if cfg.select_by == "simulated":  # labels left to choose on, before the folder changes
-            from evaluation.simulate import selection_traces
-            traces = selection_traces(cfg.labels_dir, decoded)
+        # labels left to choose on, before the folder changes
+        traces = read_label_traces(cfg.labels_dir, decoded) if cfg.select_by == "simulated" else None
         flag_other_devices(cfg)
         _commit_output(cfg, out, settings)
         _evaluate(cfg, engine, prompts, decoded, traces, out, quiet)
     return out
 
 
-def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set[str], traces: tuple | None,
+def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set[str], traces: LabelTraces | None,
               out: Path, quiet: bool) -> None:
     """Every run of the config that ``results.jsonl`` lacks, the scores, the traces, and the report; ``decoded``:
     the digests of the prompts it decodes (``text_digests``), which the simulated choice leaves out; ``traces``: the
-    label traces it chooses on (``select_by: simulated``), read once before the folder changed."""
+    label traces it chooses on (``select_by: simulated``, ``read_label_traces``), read once before the folder
+    changed."""
     from evaluation.hf_peer import peer_runs
     from evaluation.likelihood import score_records
     from evaluation.report import write_report

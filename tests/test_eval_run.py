@@ -437,6 +437,34 @@ def test_a_goodput_peer_that_cannot_run_is_one_line_before_anything_runs(tmp_pat
     assert not (tmp_path / "eval").exists()
 
 
+def test_labels_rewritten_while_their_traces_are_read_are_refused(label_config, tmp_path, monkeypatch):
+    """selection.json names the labels the choice replayed: a manifest that changes during the read is refused in
+    one line before the eval's folder exists."""
+    import evaluation.simulate
+    from test_eval_latency import timing_file
+
+    from data_gen.run import run_labels
+    from evaluation.simulate import selection_traces
+
+    labels = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(labels, quiet=True)
+    manifest = Path(labels.output_dir) / "manifest.json"
+
+    def read_while_relabeled(*args, **kwargs):
+        traces = selection_traces(*args, **kwargs)
+        manifest.write_text(manifest.read_text().replace("{", '{"relabeled": true, ', 1))
+        return traces
+
+    monkeypatch.setattr(evaluation.simulate, "selection_traces", read_while_relabeled)
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps(timing_file()))
+    cfg = make_cfg(tmp_path, select_by="simulated", labels_dir=str(labels.output_dir), timing=str(timing),
+                   policies=[Sweep("target_only"), Sweep("sd", grid={"k": [1, 2]})])
+    with pytest.raises(EvalError, match="changed while the eval read its traces"):
+        run_eval(cfg, fake_engine(), quiet=True)
+    assert not (Path(cfg.output_dir) / "results.jsonl").exists()
+
+
 def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_path, monkeypatch):
     """select_by: simulated: in the mode sampled like the labels, each exact family's setting is the one the trace
     simulator predicts fastest at the costs of the timing file, and only it is decoded; other modes sweep. The
