@@ -171,7 +171,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
 
     A quantized model (``spec.quantization``) loads in float32, the precision its int8 kernels read, whatever
     ``dtype`` says."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
@@ -180,9 +180,9 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
     where, identity = resolve(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype])
-        tok = AutoTokenizer.from_pretrained(where)
     except OSError as e:
         raise UserError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+    tok = _tokenizer(where, spec)
     model.eval()
     model.requires_grad_(False)
     model = quantization.quantize(model, spec.quantization)
@@ -197,6 +197,20 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         "weights": weights_sha256(model),
     }
     return model, tok, identity
+
+
+def load_tokenizer(spec: ModelSpec):
+    """The tokenizer of the model ``spec`` names, without loading its weights."""
+    return _tokenizer(resolve(spec)[0], spec)
+
+
+def _tokenizer(where: str, spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except OSError as e:
+        raise UserError(f"cannot load model {spec.display_name!r}: {str(e).splitlines()[0]}") from None
 
 
 def resolve_device(name: str) -> torch.device:

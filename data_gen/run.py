@@ -229,6 +229,32 @@ RUN_FILE = "run.json"
 """The run's settings and input digests, written before its first shard: a folder holding it is a labeling run's."""
 
 
+PAIR_FILE = "pair.json"
+"""The pair as the run loaded it, written beside ``run.json`` when the run starts: ``load_pair``'s identities, the
+draft's layer count and the context both models read, with the ``run.json`` they were loaded for. A snapshot reads
+it instead of loading both models again."""
+
+
+def pair_fields(models: dict, draft, target) -> dict:
+    """What ``PAIR_FILE`` records of a loaded pair (``load_pair``'s models and identities)."""
+    return {"models": models, "draft_layers": draft.config.num_hidden_layers,
+            "context": min(context_window(draft), context_window(target))}
+
+
+def write_pair_record(out: Path, record: dict, models: dict, draft, target) -> None:
+    shards.write_json(out / PAIR_FILE, {"run": record, **pair_fields(models, draft, target)})
+
+
+def read_pair_record(out: Path, record: dict) -> dict | None:
+    """The pair the run of ``record`` (its ``run.json``) loaded; None when the run wrote none (it started before the
+    record was kept), or wrote it for another ``run.json``."""
+    path = out / PAIR_FILE
+    if not path.exists():
+        return None
+    pair = shards.read_json(path, f"delete {path} to have it read from the models again")
+    return pair if isinstance(pair, dict) and pair.get("run") == record else None
+
+
 def run_differences(previous: dict, record: dict) -> list[str]:
     """The settings, and the inputs, in which ``previous`` (a ``run.json``) differs from ``record``."""
     changed = sorted(k for k in record if k != "inputs" and previous.get(k) != record[k])
@@ -344,7 +370,8 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             batches = make_batches(records, cfg.batch_size)
             if launching_process():  # the ranks it starts write into the folder it prepared
                 _start_run(out, cfg, inputs)
-                shards.clean_temporaries(out, (RUN_FILE,))  # the folder is this run's now
+                write_pair_record(out, run_record(cfg, inputs), models, draft, target)
+                shards.clean_temporaries(out, (RUN_FILE, PAIR_FILE))  # the folder is this run's now
                 _refuse_unlisted(out, [f"{b['key']}.arrow" for b in batches]
                                  + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches],
                                  manifest=False)

@@ -11,8 +11,9 @@ The run's folder is only read (the run may be labeling into it meanwhile); shard
 system allows, else copies. The snapshot's manifest is the one the run itself would write for these batches, with
 ``snapshot`` saying which run, how much of each split, and whether the batches are the first of the run's order (a
 run started before that order, or resumed with other batches done, holds others: then they are not a sample).
-Its models' identity is read by loading them, as the run does, and the prompts and models must still be the ones
-the run recorded. Every split the run labels needs a finished batch (training reads train and val).
+Its models' identity is the one the run recorded when it loaded them (``data_gen.run.PAIR_FILE``; a run started
+before that record was kept has its models loaded again), and the prompts and models must still be the ones the
+run recorded. Every split the run labels needs a finished batch (training reads train and val).
 """
 
 from __future__ import annotations
@@ -66,9 +67,8 @@ def coverage(batches: list[dict], done: list[dict]) -> dict:
 def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     """Copy the finished batches of the labeling run in ``run_dir`` into the new folder ``out`` with their manifest;
     return it."""
-    from core.models import context_window
     from core.prompts import input_digests, load_prompt_table
-    from data_gen.run import (RUN_FILE, LabelConfig, build_records, finished, load_pair, make_batches, previous_run,
+    from data_gen.run import (RUN_FILE, LabelConfig, build_records, finished, make_batches, previous_run,
                               print_summary, run_differences, run_record, write_run_manifest)
 
     t_start = time.perf_counter()
@@ -92,8 +92,8 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     if changed:
         raise SnapshotError(f"the run in {run_dir} was labeled from other inputs or settings than these "
                             f"({', '.join(changed)}); its batches cannot be listed again")
-    draft, target, tok, models = load_pair(cfg)
-    records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
+    tok, pair = _pair(cfg, run_dir, record)
+    records = build_records(cfg, tok, pair["context"], table)
     batches = make_batches(records, cfg.batch_size)
     done = [b for b in batches if finished(run_dir / f"{b['key']}.arrow")]
     covered = coverage(batches, done)
@@ -112,7 +112,7 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
                 raise SnapshotError(f"the run in {run_dir} was started over while it was copied; run the snapshot "
                                     "again")
             written.append(out / "manifest.json")
-            manifest = write_run_manifest(out, cfg, models, inputs, done, draft.config.num_hidden_layers,
+            manifest = write_run_manifest(out, cfg, pair["models"], inputs, done, pair["draft_layers"],
                                           seconds=time.perf_counter() - t_start,
                                           snapshot={"run": str(run_dir.resolve()), **covered})
             shards.read_manifest(out)  # the copies, read back against the records the run wrote with them
@@ -131,6 +131,19 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
                  "started before that order, or its batches were done out of it): they may not be a sample of the "
                  "whole run"))
     return manifest
+
+
+def _pair(cfg, run_dir: Path, record: dict) -> tuple:
+    """(the target's tokenizer, the pair as the run loaded it: ``data_gen.run.PAIR_FILE``'s fields). From the run's
+    record when it wrote one; else (a run started before that record was kept) by loading both models, as it did."""
+    from core.models import load_tokenizer
+    from data_gen.run import load_pair, pair_fields, read_pair_record
+
+    pair = read_pair_record(run_dir, record)
+    if pair is not None:
+        return load_tokenizer(cfg.target), pair
+    draft, target, tok, models = load_pair(cfg)
+    return tok, pair_fields(models, draft, target)
 
 
 def _link_or_copy(src: Path, dst: Path, written: list[Path]) -> None:
