@@ -7,6 +7,7 @@ import math
 import shutil
 from pathlib import Path
 
+from core.cache import file_sha256
 from evaluation import quality
 from evaluation.config import EvalConfig
 from evaluation.rundir import RunDir
@@ -76,11 +77,18 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
     if train_dir is None or not (train_dir / "metrics.json").exists():
         return [f"_No training output under `{train_dir}`: ROC curves skipped._"], None
     metrics = json.loads((train_dir / "metrics.json").read_text())
+    stale = [m["name"] for m in metrics if not _still_exported(m)]
+    metrics = [m for m in metrics if _still_exported(m)]
     lines = []
-    if (train_dir / "roc.png").exists():
+    if stale:  # another training wrote those files since: its figures are not the decoded heads'
+        lines += [f"_Left out: {', '.join(stale)}, whose exported head files are no longer the ones `{train_dir}` "
+                  "measured (trained again since, elsewhere); so is its ROC figure._", ""]
+    elif (train_dir / "roc.png").exists():
         roc = RunDir(out).roc_png
         shutil.copy(train_dir / "roc.png", roc)
         lines += [f"![ROC curves]({roc.name})", ""]
+    if not metrics:
+        return lines, None
     lines += [f"Held-out test rows of `{train_dir}` (training's figures, not recomputed here).", "",
               "| head | label | threshold | scorer | AUROC | AP |", "|---|---|---|---|---|---|"]
     for m in metrics:
@@ -90,6 +98,12 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
             lines.append(f"| {m['name']} | {m['label']} | {thr} | {s} | {m['test'][f'{s}/auroc']:.3f} | "
                          f"{cell(m['test'].get(f'{s}/ap'), '.3f')} |")
     return lines, metrics
+
+
+def _still_exported(m: dict) -> bool:
+    """Whether a training row's head file is still the one it exported (its digest as trained)."""
+    path = m.get("export")
+    return not path or (Path(path).is_file() and m.get("export_sha256") == file_sha256(Path(path)))
 
 
 def theorem7_md(t7: dict) -> str:

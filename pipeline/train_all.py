@@ -30,6 +30,7 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
+from core.cache import file_sha256
 from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
 from core.shards import prompt_digests
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     (out / "metrics.json").write_text(json.dumps(
         [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
           "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
-          "export": str(r.export) if r.export else None} for r in results], indent=2) + "\n")
+          "export": str(r.export) if r.export else None,
+          "export_sha256": file_sha256(Path(r.export)) if r.export else None} for r in results], indent=2) + "\n")
     png = plot_roc(results, out / "roc.png") if not a.sweep else None
     for r in results:
         if r.export:

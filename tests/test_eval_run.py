@@ -608,3 +608,29 @@ def test_report_names_the_device_the_eval_ran_on_not_the_best_one_present(tmp_pa
     cfg.device = "cuda"
     records = ResultStore(out / "results.jsonl").records()
     assert write_report(out, cfg, records, load_prompts(cfg.prompts))["device"] == "cuda"
+
+
+def test_report_shows_training_figures_only_of_the_head_files_still_exported(tmp_path):
+    """A head trained again elsewhere (other labels, another folder) is not the one ``runs/train`` measured: its rows
+    and the ROC figure are left out, named in one line, rather than shown beside the head the eval decoded."""
+    from core.cache import file_sha256
+    from evaluation.markdown import training_md
+
+    train, out = tmp_path / "train", tmp_path / "eval"
+    train.mkdir()
+    out.mkdir()
+    (train / "roc.png").write_bytes(b"png")
+    heads = {name: tmp_path / f"{name}.safetensors" for name in ("kept", "retrained")}
+    for path in heads.values():
+        path.write_bytes(path.name.encode())
+    rows = [{"name": name, "label": "soft", "threshold": {"name": "h", "value": 0.9}, "export": str(path),
+             "export_sha256": file_sha256(path), "test": {"head/auroc": 0.85, "head/ap": 0.98}}
+            for name, path in heads.items()]
+    (train / "metrics.json").write_text(json.dumps(rows))
+    lines, metrics = training_md(train, out)
+    assert [m["name"] for m in metrics] == ["kept", "retrained"] and (out / "roc.png").exists()
+    (out / "roc.png").unlink()
+    heads["retrained"].write_bytes(b"another head")
+    lines, metrics = training_md(train, out)
+    assert [m["name"] for m in metrics] == ["kept"] and not (out / "roc.png").exists()
+    assert "Left out: retrained" in lines[0] and not any("| retrained |" in line for line in lines)

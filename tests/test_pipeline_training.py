@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from core import label_math as lm
+from core.cache import file_sha256
 from core.errors import SettingError
 from core.shards import load_split, read_manifest
 from pipeline.cli import HeadCLI
@@ -235,6 +236,9 @@ def test_train_all_exports_loadable_heads(tiny_labels, tmp_path):
     assert (tmp_path / "train" / "roc.png").stat().st_size > 0
     table = (tmp_path / "train" / "metrics.txt").read_text()
     assert "p_draft" in table and "η_FP*" in table
+    # which file each row measured, for an eval's report to show only the heads it decoded
+    metrics = json.loads((tmp_path / "train" / "metrics.json").read_text())
+    assert [m["export_sha256"] for m in metrics] == [file_sha256(r.export) for r in results]
 
 
 def test_feature_family_heads_train_export_and_name_what_they_read(tiny_labels, tmp_path):
