@@ -4,13 +4,15 @@ CPython raises SIGINT's ``KeyboardInterrupt`` in whatever Python code the main t
 code is a callback whose exceptions have nowhere to go (an import lock's weakref clean-up while torch loads, a
 ``__del__``), CPython prints "Exception ignored in …" with a traceback and carries on: a command interrupted while it
 starts up would print a traceback and then run to its end. Inside ``ctrl_c_always_stops`` such an interrupt is not
-printed but raised again in the main thread once it has left the callback, or when the block ends, whichever comes
-first, so the command's own ``except KeyboardInterrupt`` reports it in one line.
+printed but raised again in the main thread once it has left the callback, so the command's own
+``except KeyboardInterrupt`` reports it in one line. A block that finishes before that has done its work: the
+interrupt is dropped, as it would be had it come a moment later.
 """
 
 from __future__ import annotations
 
 import _thread
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -18,6 +20,16 @@ from contextlib import contextmanager
 
 REDELIVERY_DELAY_S = 0.05
 """How long after a swallowed interrupt it is raised again: long enough for the callback it landed in to return."""
+
+
+def _interrupt_main_thread() -> None:
+    """SIGINT to the main thread again. A real signal wakes a main thread blocked in a sleep, a lock or a wait
+    (``_thread.interrupt_main`` only sets a flag it reads when it next runs Python code); it is sent only while
+    SIGINT has a Python handler, which turns it into ``KeyboardInterrupt`` rather than ending the process."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
 
 
 class _OwedInterrupt:
@@ -38,13 +50,12 @@ class _OwedInterrupt:
         with self._lock:
             if self._owed:
                 self._owed = False
-                _thread.interrupt_main()  # SIGINT again: the main thread raises it at its next bytecode
+                _interrupt_main_thread()
 
-    def settle(self) -> bool:
-        """Whether an interrupt was still owed; the timer delivers none after this."""
+    def drop(self) -> None:
+        """Deliver nothing from now on."""
         with self._lock:
-            owed, self._owed = self._owed, False
-        return owed
+            self._owed = False
 
 
 @contextmanager
@@ -54,7 +65,9 @@ def ctrl_c_always_stops() -> Iterator[None]:
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
-        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        # SIGINT is handled in the main thread only: another thread's KeyboardInterrupt is no Ctrl-C
+        if (unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt)
+                and threading.current_thread() is threading.main_thread()):
             owed.owe()
         else:
             previous(unraisable)
@@ -63,7 +76,7 @@ def ctrl_c_always_stops() -> Iterator[None]:
     try:
         yield
     finally:
-        sys.unraisablehook = previous
-        still_owed = owed.settle()  # dropped when the block ends in an exception of its own
-    if still_owed:
-        raise KeyboardInterrupt
+        try:
+            owed.drop()  # first: once dropped, no interrupt arrives while the hook is put back
+        finally:
+            sys.unraisablehook = previous

@@ -178,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         with ctrl_c_always_stops():
             snapshot(a.run, a.out)
     except KeyboardInterrupt:
-        print(f"interrupted: stopped by Ctrl-C; {a.out} holds nothing of the snapshot", file=sys.stderr)
+        # a half-written snapshot is removed, manifest last: one with its manifest was finished before the Ctrl-C
+        done = (Path(a.out) / "manifest.json").exists()
+        print(f"interrupted: stopped by Ctrl-C; {a.out} " + ("holds the whole snapshot" if done else
+                                                               "holds nothing of the snapshot"), file=sys.stderr)
         return 130
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -77,16 +77,22 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
     if train_dir is None or not (train_dir / "metrics.json").exists():
         return [f"_No training output under `{train_dir}`: ROC curves skipped._"], None
     metrics = json.loads((train_dir / "metrics.json").read_text())
-    stale = [m["name"] for m in metrics if not _still_exported(m)]
-    metrics = [m for m in metrics if _still_exported(m)]
+    state = {m["name"]: _export_state(m) for m in metrics}
+    stale = [name for name, st in state.items() if st == "changed"]
+    unrecorded = [name for name, st in state.items() if st == "unrecorded"]
+    metrics = [m for m in metrics if state[m["name"]] != "changed"]
+    roc = RunDir(out).roc_png
     lines = []
     if stale:  # another training wrote those files since: its figures are not the decoded heads'
+        roc.unlink(missing_ok=True)
         lines += [f"_Left out: {', '.join(stale)}, whose exported head files are no longer the ones `{train_dir}` "
                   "measured (trained again since, elsewhere); so is its ROC figure._", ""]
     elif (train_dir / "roc.png").exists():
-        roc = RunDir(out).roc_png
         shutil.copy(train_dir / "roc.png", roc)
         lines += [f"![ROC curves]({roc.name})", ""]
+    if unrecorded:
+        lines += [f"_{', '.join(unrecorded)}: `{train_dir}` did not record which head files it measured (trained "
+                  "before that was kept); train again to have them checked._", ""]
     if not metrics:
         return lines, None
     lines += [f"Held-out test rows of `{train_dir}` (training's figures, not recomputed here).", "",
@@ -100,10 +106,17 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
     return lines, metrics
 
 
-def _still_exported(m: dict) -> bool:
-    """Whether a training row's head file is still the one it exported (its digest as trained)."""
+def _export_state(m: dict) -> str:
+    """Whether a training row's head file is still the one it exported: "same" (or it exported none), "changed"
+    (another file at its path, or none), or "unrecorded" (a table from before the digests were kept)."""
     path = m.get("export")
-    return not path or (Path(path).is_file() and m.get("export_sha256") == file_sha256(Path(path)))
+    if not path:
+        return "same"
+    if not Path(path).is_file():
+        return "changed"
+    if "export_sha256" not in m:
+        return "unrecorded"
+    return "same" if m["export_sha256"] == file_sha256(Path(path)) else "changed"
 
 
 def theorem7_md(t7: dict) -> str:

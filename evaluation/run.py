@@ -172,8 +172,9 @@ def unseen_prompts(prompts: list[dict], heads: list[str], digests: dict[int, set
     and no head is timed on prompts it learned. ``digests``: each prompt's ``text_digests`` by its id. The others
     are named in one line."""
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
-    kept = [p for p in prompts if not digests[p["prompt"]] & seen]
-    left = [p["prompt"] for p in prompts if digests[p["prompt"]] & seen]
+    kept, left = [], []
+    for p in prompts:
+        (left.append(p["prompt"]) if digests[p["prompt"]] & seen else kept.append(p))
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
         print(f"left out {len(left)} of {len(prompts)} prompts that a head trained on or had its threshold chosen "
@@ -376,27 +377,28 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
 
 
 class LabelTraces(NamedTuple):
-    """The label traces a simulated choice replays (``evaluation.simulate.selection_traces``) and the digest of the
-    labels' manifest they were read under, which ``selection.json`` records."""
+    """The label traces a simulated choice replays (``evaluation.simulate.selection_traces``), the digest of the
+    labels' manifest they were read under, which ``selection.json`` records, and how those labels were sampled."""
 
     manifest_sha256: str
+    sampling: dict
     traces: tuple[list, list]
 
 
-def read_label_traces(labels: str | Path, decoded: set[str]) -> LabelTraces:
-    """The label traces, less the ``decoded`` prompts; labels whose manifest changes during the read are refused."""
+def read_label_traces(labels: str | Path, decoded: set[str], manifest: dict, digest: str) -> LabelTraces:
+    """The traces, less the ``decoded`` prompts, of the labels whose manifest (``manifest``, its file's ``digest``)
+    the eval checked its heads against; labels rewritten since then are refused."""
     from core.shards import manifest_sha256
     from evaluation.simulate import selection_traces
 
-    before = manifest_sha256(labels)
     traces = selection_traces(labels, decoded)
-    if manifest_sha256(labels) != before:
-        raise EvalError(f"{labels} changed while the eval read its traces; run the eval again once it is written")
-    return LabelTraces(before, traces)
+    if manifest_sha256(labels) != digest:
+        raise EvalError(f"{labels} changed while the eval read it; run the eval again once it is written")
+    return LabelTraces(digest, manifest["sampling"], traces)
 
 
 def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, quiet: bool,
-                        decoded: set[str], traces: LabelTraces) -> dict[str, dict]:
+                        decoded: set[str], traces: LabelTraces | None) -> dict[str, dict]:
     """family → the setting the trace simulator predicts fastest (``select_by: simulated``), for a mode sampled
     like ``labels_dir``'s labels; {} otherwise (that mode's sweeps run and are measured). The choice never replays
     a prompt the eval decodes (``decoded``: their digests), so that no setting is chosen on the prompts it is then
@@ -404,7 +406,6 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     ``selection.json`` with what it was chosen from (labels, costs, grids, the decoded
     prompts), and chosen again when that changes."""
     from core.cache import file_sha256
-    from core.shards import read_manifest
     from decoding.policies import simulated
     from evaluation.simulate import simulated_choice
 
@@ -412,7 +413,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     selection = json.loads(path.read_text()) if path.exists() else {}
     selection.setdefault("modes", {})
     selection.setdefault("inputs", {})
-    if cfg.select_by != "simulated" or not mode.samples_like(read_manifest(cfg.labels_dir)["sampling"]):
+    if traces is None or not mode.samples_like(traces.sampling):  # traces: only with select_by: simulated
         if selection["modes"].pop(mode.name, None) is not None:  # a choice of other settings: not this run's
             selection["inputs"].pop(mode.name, None)
             write_json(path, selection)
@@ -458,10 +459,11 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         head_runs(cfg.hf_peer)
         goodput_runs(cfg.hf_peer)
     if cfg.select_by == "simulated":  # the labels the choice replays, checked against every head
-        from core.shards import read_manifest
+        from core.shards import manifest_sha256, read_manifest
         from heads.export import check_labels
 
         manifest = read_manifest(cfg.labels_dir)
+        labels_sha256 = manifest_sha256(cfg.labels_dir)
         for path in heads:
             check_labels(path, manifest, cfg.labels_dir)
     rows = [{"text": p["text"], "response": p["reference"]} for p in prompts]
@@ -479,7 +481,9 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         prompts = unseen_prompts(prompts, heads, digests)
         decoded = set().union(*(digests[p["prompt"]] for p in prompts))
         # labels left to choose on, before the folder changes
-        traces = read_label_traces(cfg.labels_dir, decoded) if cfg.select_by == "simulated" else None
+        traces = None
+        if cfg.select_by == "simulated":
+            traces = read_label_traces(cfg.labels_dir, decoded, manifest, labels_sha256)
         flag_other_devices(cfg)
         _commit_output(cfg, out, settings)
         _evaluate(cfg, engine, prompts, decoded, traces, out, quiet)

@@ -60,6 +60,8 @@ class RunResult:
     val: dict
     test: dict
     export: Path | None = None
+    export_sha256: str | None = None
+    """The exported file's digest as written, which an eval's report checks the file against."""
     curves: dict = field(default_factory=dict)
     intervals: dict = field(default_factory=dict)
     """Test AUROC of the head and its difference from the best training-free score, with 95 % intervals over
@@ -188,6 +190,7 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
             trained_on=seen,
         )
+        result.export_sha256 = file_sha256(result.export)  # now: the file may be trained over before the table
     return result
 
 
@@ -354,7 +357,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
           "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
           "export": str(r.export) if r.export else None,
-          "export_sha256": file_sha256(Path(r.export)) if r.export else None} for r in results], indent=2) + "\n")
+          "export_sha256": r.export_sha256} for r in results], indent=2) + "\n")
     png = plot_roc(results, out / "roc.png") if not a.sweep else None
     for r in results:
         if r.export:

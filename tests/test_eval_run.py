@@ -438,8 +438,8 @@ def test_a_goodput_peer_that_cannot_run_is_one_line_before_anything_runs(tmp_pat
 
 
 def test_labels_rewritten_while_their_traces_are_read_are_refused(label_config, tmp_path, monkeypatch):
-    """selection.json names the labels the choice replayed: a manifest that changes during the read is refused in
-    one line before the eval's folder exists."""
+    """selection.json names the labels the choice replayed: labels rewritten after the heads were checked against
+    them (while the models load, say) are refused in one line before the eval's folder holds any result."""
     import evaluation.simulate
     from test_eval_latency import timing_file
 
@@ -451,16 +451,15 @@ def test_labels_rewritten_while_their_traces_are_read_are_refused(label_config, 
     manifest = Path(labels.output_dir) / "manifest.json"
 
     def read_while_relabeled(*args, **kwargs):
-        traces = selection_traces(*args, **kwargs)
         manifest.write_text(manifest.read_text().replace("{", '{"relabeled": true, ', 1))
-        return traces
+        return selection_traces(*args, **kwargs)
 
     monkeypatch.setattr(evaluation.simulate, "selection_traces", read_while_relabeled)
     timing = tmp_path / "timing.json"
     timing.write_text(json.dumps(timing_file()))
     cfg = make_cfg(tmp_path, select_by="simulated", labels_dir=str(labels.output_dir), timing=str(timing),
                    policies=[Sweep("target_only"), Sweep("sd", grid={"k": [1, 2]})])
-    with pytest.raises(EvalError, match="changed while the eval read its traces"):
+    with pytest.raises(EvalError, match="changed while the eval read it"):
         run_eval(cfg, fake_engine(), quiet=True)
     assert not (Path(cfg.output_dir) / "results.jsonl").exists()
 
@@ -629,8 +628,14 @@ def test_report_shows_training_figures_only_of_the_head_files_still_exported(tmp
     (train / "metrics.json").write_text(json.dumps(rows))
     lines, metrics = training_md(train, out)
     assert [m["name"] for m in metrics] == ["kept", "retrained"] and (out / "roc.png").exists()
-    (out / "roc.png").unlink()
     heads["retrained"].write_bytes(b"another head")
     lines, metrics = training_md(train, out)
     assert [m["name"] for m in metrics] == ["kept"] and not (out / "roc.png").exists()
     assert "Left out: retrained" in lines[0] and not any("| retrained |" in line for line in lines)
+    # a table from before the digests were kept: shown, with a line saying it was not checked
+    for row in rows:
+        del row["export_sha256"]
+    (train / "metrics.json").write_text(json.dumps(rows))
+    lines, metrics = training_md(train, out)
+    assert [m["name"] for m in metrics] == ["kept", "retrained"]
+    assert any(line.startswith("_kept, retrained: ") and "did not record" in line for line in lines)

@@ -120,6 +120,16 @@ def test_snapshot_interrupted_leaves_nothing_and_runs_again(unfinished, tmp_path
     monkeypatch.setattr(snap_module, "_link_or_copy", link)
     assert snapshot_main([str(run), str(snap)]) == 0
     shards.read_manifest(snap)
+    # a Ctrl-C once the snapshot is written (while its summary prints) keeps it, and says so
+    import data_gen.run
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_gen.run, "print_summary", interrupt)
+    assert snapshot_main([str(run), str(tmp_path / "snap2")]) == 130
+    assert _one_line(capsys).endswith("holds the whole snapshot")
+    shards.read_manifest(tmp_path / "snap2")
 
 
 def _one_line(capsys) -> str:
