@@ -3,7 +3,7 @@
 CPython raises SIGINT's ``KeyboardInterrupt`` in whatever Python code the main thread runs at that moment. When that
 code is a callback whose exceptions have nowhere to go (an import lock's weakref clean-up while torch loads, a
 ``__del__``), CPython prints "Exception ignored in …" with a traceback and carries on: a command interrupted while it
-starts up would print a traceback and then run to its end. Inside ``ctrl_c_always_stops`` such an interrupt is not
+starts up would print a traceback and then run to its end. Inside a ``CtrlCGuard`` such an interrupt is not
 printed but raised again in the main thread once it has left the callback, so the command's own
 ``except KeyboardInterrupt`` reports it in one line. A block that finishes before that has done its work: the
 interrupt is dropped, as it would be had it come a moment later.
@@ -15,8 +15,6 @@ import _thread
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 REDELIVERY_DELAY_S = 0.05
 """How long after a swallowed interrupt it is raised again: long enough for the callback it landed in to return."""
@@ -58,25 +56,42 @@ class _OwedInterrupt:
             self._owed = False
 
 
-@contextmanager
-def ctrl_c_always_stops() -> Iterator[None]:
-    """Within the block, an interrupt CPython would print and ignore is raised again in the main thread instead."""
-    owed = _OwedInterrupt()
-    previous = sys.unraisablehook
+class CtrlCGuard:
+    """``with CtrlCGuard() as ctrl_c:`` around a command's work: within the block, an interrupt CPython would print
+    and ignore is raised again in the main thread instead, and ``ctrl_c.received`` tells afterwards whether Ctrl-C
+    was pressed at all. A library can catch the interrupt and fail its own way (an import cut in half, then a
+    ``RecursionError`` from a module half there): a command reports a failure after a Ctrl-C as the interrupt."""
 
-    def hook(unraisable) -> None:
+    def __init__(self):
+        self.received = False
+        self._owed = _OwedInterrupt()
+
+    def __enter__(self) -> CtrlCGuard:
+        self._previous_hook = sys.unraisablehook
+        self._previous_handler = signal.getsignal(signal.SIGINT)
+        sys.unraisablehook = self._hook
+        # only over a Python handler (a main thread's default): one that ignores SIGINT, or a thread, is left alone
+        self._handled = callable(self._previous_handler) and threading.current_thread() is threading.main_thread()
+        if self._handled:
+            signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.received = True
+        self._previous_handler(signum, frame)
+
+    def _hook(self, unraisable) -> None:
         # SIGINT is handled in the main thread only: another thread's KeyboardInterrupt is no Ctrl-C
         if (unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt)
                 and threading.current_thread() is threading.main_thread()):
-            owed.owe()
+            self._owed.owe()
         else:
-            previous(unraisable)
+            self._previous_hook(unraisable)
 
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
+    def __exit__(self, *exc) -> None:
         try:
-            owed.drop()  # first: once dropped, no interrupt arrives while the hook is put back
+            self._owed.drop()  # first: once dropped, no interrupt arrives while the handlers are put back
         finally:
-            sys.unraisablehook = previous
+            sys.unraisablehook = self._previous_hook
+            if self._handled:
+                signal.signal(signal.SIGINT, self._previous_handler)

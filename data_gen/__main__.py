@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
-from core.interrupt import ctrl_c_always_stops
+from core.interrupt import CtrlCGuard
 
 
 def parser():
@@ -20,8 +20,9 @@ def parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    ctrl_c = CtrlCGuard()
     try:  # the imports too: Ctrl-C while torch and Lightning load is one line as well
-        with ctrl_c_always_stops():
+        with ctrl_c:
             from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
             p = parser()
@@ -29,16 +30,26 @@ def main(argv: list[str] | None = None) -> int:
             cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
             run_labels(cfg)
     except KeyboardInterrupt:
-        print("interrupted: stopped by Ctrl-C; every finished batch is kept: run the same command again to resume",
-              file=sys.stderr)
-        return 130
+        return _interrupted()
     except UserError as e:
         if isinstance(e, LabelingInterrupted):  # bound: a UserError comes only once the imports are done
             print(f"interrupted: {e}", file=sys.stderr)
             return 130
+        if ctrl_c.received:  # a library caught the interrupt and failed its own way
+            return _interrupted()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception:
+        if ctrl_c.received:
+            return _interrupted()
+        raise
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted: stopped by Ctrl-C; every finished batch is kept: run the same command again to resume",
+          file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

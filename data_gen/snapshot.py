@@ -27,7 +27,7 @@ from pathlib import Path
 
 from core import shards
 from core.errors import UserError
-from core.interrupt import ctrl_c_always_stops
+from core.interrupt import CtrlCGuard
 from core.lock import LOCK_FILE, folder_lock
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -174,22 +174,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="a new folder for the snapshot")
     a = p.parse_args(argv)
     created = not Path(a.out).exists()
+    ctrl_c = CtrlCGuard()
     try:
-        with ctrl_c_always_stops():
+        with ctrl_c:
             snapshot(a.run, a.out)
     except KeyboardInterrupt:
-        # a half-written snapshot is removed, manifest last: one with its manifest was finished before the Ctrl-C
-        done = (Path(a.out) / "manifest.json").exists()
-        print(f"interrupted: stopped by Ctrl-C; {a.out} " + ("holds the whole snapshot" if done else
-                                                               "holds nothing of the snapshot"), file=sys.stderr)
-        return 130
+        return _interrupted(Path(a.out))
     except UserError as e:
+        if ctrl_c.received:  # a library caught the interrupt and failed its own way
+            return _interrupted(Path(a.out))
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception:
+        if ctrl_c.received:
+            return _interrupted(Path(a.out))
+        raise
     finally:
         if created and Path(a.out).is_dir() and not any(Path(a.out).iterdir()):
             Path(a.out).rmdir()  # a folder it made for nothing
     return 0
+
+
+def _interrupted(out: Path) -> int:
+    # a half-written snapshot is removed, manifest last: one with its manifest was finished before the Ctrl-C
+    done = (out / "manifest.json").exists()
+    print(f"interrupted: stopped by Ctrl-C; {out} " + ("holds the whole snapshot" if done else
+                                                     "holds nothing of the snapshot"), file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
-from core.interrupt import ctrl_c_always_stops
+from core.interrupt import CtrlCGuard
 
 
 def main(argv: list[str] | None = None) -> int:
+    ctrl_c = CtrlCGuard()
     try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
-        with ctrl_c_always_stops():
+        with ctrl_c:
             from evaluation.config import parse
             from evaluation.results import ResultStore
             from evaluation.run import load_prompts, run_eval
@@ -29,14 +30,24 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 out = run_eval(cfg)
     except KeyboardInterrupt:
-        print("interrupted: stopped by Ctrl-C; every finished run is kept in results.jsonl: run the same command "
-              "again to resume", file=sys.stderr)
-        return 130
+        return _interrupted()
     except UserError as e:
+        if ctrl_c.received:  # a library caught the interrupt and failed its own way
+            return _interrupted()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception:
+        if ctrl_c.received:
+            return _interrupted()
+        raise
     print(f"report: {RunDir(out).report_md}")
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted: stopped by Ctrl-C; every finished run is kept in results.jsonl: run the same command again "
+          "to resume", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from test_eval_run import make_cfg
 
 from core import shards
 from core.errors import UserError
-from core.interrupt import ctrl_c_always_stops
+from core.interrupt import CtrlCGuard
 from core.lock import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
@@ -481,7 +481,7 @@ def test_a_ctrl_c_cpython_would_ignore_still_stops(monkeypatch):
     assert ignored == [KeyboardInterrupt]
     # raised again once the callback has returned, even in a main thread that sleeps (or waits on a lock)
     started, reached = time.monotonic(), []
-    with pytest.raises(KeyboardInterrupt), ctrl_c_always_stops():
+    with pytest.raises(KeyboardInterrupt), CtrlCGuard():
         _interrupt_inside_a_weakref_callback()
         time.sleep(5)
         reached.append(True)
@@ -496,13 +496,43 @@ def _no_interrupt_arrives(seconds: float) -> None:
 
 
 def test_a_block_that_ends_first_drops_the_owed_interrupt():
-    with ctrl_c_always_stops():  # its work done before the interrupt came back: nothing to stop
+    with CtrlCGuard():  # its work done before the interrupt came back: nothing to stop
         _interrupt_inside_a_weakref_callback()
     _no_interrupt_arrives(0.3)
-    with pytest.raises(UserError), ctrl_c_always_stops():
+    with pytest.raises(UserError), CtrlCGuard():
         _interrupt_inside_a_weakref_callback()
         raise UserError("bad input")  # the block's own error is what the command reports
     _no_interrupt_arrives(0.3)
+
+
+@pytest.mark.parametrize("failure", [RecursionError("maximum recursion depth exceeded"),
+                                     UserError("cannot read prompts from prompts.jsonl: maximum recursion depth")])
+def test_a_failure_after_a_ctrl_c_a_library_caught_is_the_interrupt(failure, tiny_pair, tmp_path, monkeypatch,
+                                                                      capsys):
+    """``datasets`` imports scipy and numpy.linalg as it loads prompts: a Ctrl-C there can be caught below us and
+    come back as another error (numpy's half-imported linalg recursing). The user pressed Ctrl-C: that is what the
+    command reports."""
+    import evaluation.run
+    from evaluation.__main__ import main as eval_main
+
+    def caught_then_failed(cfg):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise failure
+
+    monkeypatch.setattr(evaluation.run, "run_eval", caught_then_failed)
+    assert eval_main(["--config", _eval_config(tmp_path, *tiny_pair)]) == 130
+    assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C")
+    # the same failure without a Ctrl-C is what it is
+    monkeypatch.setattr(evaluation.run, "run_eval", lambda cfg: (_ for _ in ()).throw(failure))
+    if isinstance(failure, UserError):
+        assert eval_main(["--config", _eval_config(tmp_path, *tiny_pair)]) == 2
+    else:
+        with pytest.raises(RecursionError):
+            eval_main(["--config", _eval_config(tmp_path, *tiny_pair)])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 @pytest.mark.parametrize("command", ["data_gen", "evaluation"])
