@@ -158,6 +158,14 @@ def _selection_md(selection: dict | None) -> list[str]:
     return lines
 
 
+def _contention_md(c: dict | None) -> list[str]:
+    if not c or not c["contended"]:
+        return []
+    return [f"- **Other work shared the CPU** during {c['contended']} of {c['runs']} runs (1-minute load above the "
+            f"eval's {c['threads']} threads + 1, up to {c['max_load']:.1f}): their timings, and the ratios that pair "
+            "them, are noisier than this machine's own. Run the eval again with nothing else running."]
+
+
 def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
     fit_names = list(s["latency_fit"])
     lines = [f"# Evaluation: {s['draft']} → {s['target']}", "",
@@ -172,7 +180,8 @@ def render_md(cfg: EvalConfig, s: dict, training: list[str]) -> str:
                f"{cfg.max_pass_drop * 100:.0f} pass@1 points of SD.",
              "- log p/token: the target's mean log-likelihood per token of each run's output (one target forward "
              "per completion); Δ vs exact: its difference from the mean of the mode's other exact runs, paired by "
-             "prompt. Exact policies sample the target's distribution, so their Δ is 0 up to noise.", ""]
+             "prompt. Exact policies sample the target's distribution, so their Δ is 0 up to noise.",
+             *_contention_md(s.get("cpu_contention")), ""]
     lines += ["## Latency model (SpecDec++ Eq. 5.1)", "",
               "T_total ≈ t_draft·N_draft + t_target·N_target (+ per-run intercept), fitted over every run of our "
               "decoder.", ""]

@@ -26,7 +26,8 @@ from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
 from evaluation.rundir import RunDir
 from evaluation.selection import choose, preset_runs
-from evaluation.summary import Totals, agreement, index, per_prompt_speedup, spread, sprinter_theorem7, totals
+from evaluation.summary import (Totals, agreement, contention, index, per_prompt_speedup, spread,
+                                sprinter_theorem7, totals)
 
 
 def _rouge_rows(run: dict[int, dict], other: dict[int, dict] | None, refs: dict[int, str | None]) -> dict:
@@ -125,7 +126,8 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
     out = {"device": device, "prompts": len(all_ids), "sweep_prompts": len(sweep_ids),
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
-           "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {}}
+           "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {},
+           "cpu_contention": contention(records) if resolve_device(cfg.device).type == "cpu" else None}
     selection = RunDir(cfg.output_dir).selection
     out["selection"] = json.loads(selection.read_text())["modes"] \
         if cfg.select_by == "simulated" and selection.exists() else None

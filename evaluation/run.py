@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import platform
 import sys
 import time
@@ -321,11 +322,19 @@ class Runner:
         for p, job in tqdm(todo, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2, file=sys.stderr):
             t0 = time.perf_counter()
             tokens, stats = job.generate(p["prompt"])
-            self.store.add(self._record(mode, job.family, job.params, p, tokens, stats))
+            self.store.add({**self._record(mode, job.family, job.params, p, tokens, stats), **_cpu_load()})
             spent.setdefault(job.label, []).append(time.perf_counter() - t0)
         if not self.quiet:
             for label, times in spent.items():
                 print(f"eval [{mode.name}] {label:<28} {len(times)} prompts in {sum(times):.1f} s", flush=True)
+
+
+def _cpu_load() -> dict:
+    """The machine's 1-minute load average as a run ends, and the threads the eval computes with: a load well above
+    those threads means other work shared the CPU while the run was timed (``evaluation.summary.contention``)."""
+    if not hasattr(os, "getloadavg"):  # not on every platform
+        return {}
+    return {"load_1min": round(os.getloadavg()[0], 2), "threads": torch.get_num_threads()}
 
 
 @dataclass

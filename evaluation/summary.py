@@ -229,6 +229,21 @@ def sprinter_theorem7(records: list[dict], modes: list, fixed_head: str | None, 
     return out
 
 
+CONTENDED_LOAD = 1.0
+"""How far the 1-minute load may exceed the eval's threads before a run counts as timed on a shared CPU: the eval's
+own Python and tokenizer work adds a little over its compute threads."""
+
+
+def contention(records: list[dict]) -> dict | None:
+    """How many runs were timed while other work shared the CPU (their 1-minute load above the eval's threads +
+    ``CONTENDED_LOAD``); None for records that carry no load (another platform, or written before it was kept)."""
+    loads = [(r["load_1min"], r["threads"]) for r in records if "load_1min" in r]
+    if not loads:
+        return None
+    return {"runs": len(loads), "contended": sum(load > threads + CONTENDED_LOAD for load, threads in loads),
+            "max_load": max(load for load, _ in loads), "threads": max(threads for _, threads in loads)}
+
+
 def spread(values: list[float]) -> dict:
     """Mean, std, and quartiles of per-prompt values."""
     if not values:

@@ -639,3 +639,27 @@ def test_report_shows_training_figures_only_of_the_head_files_still_exported(tmp
     lines, metrics = training_md(train, out)
     assert [m["name"] for m in metrics] == ["kept", "retrained"]
     assert any(line.startswith("_kept, retrained: ") and "did not record" in line for line in lines)
+
+
+def test_report_says_when_other_work_shared_the_cpu(tmp_path, monkeypatch):
+    """Each run records the machine's load as it ends; runs timed while other work ran are counted in one line of
+    the report, and a quiet machine's report says nothing."""
+    import os
+
+    import torch
+
+    (tmp_path / "quiet").mkdir()
+    (tmp_path / "busy").mkdir()
+    monkeypatch.setattr(os, "getloadavg", lambda: (torch.get_num_threads() + 0.5, 0.0, 0.0))
+    quiet = run_eval(make_cfg(tmp_path / "quiet", policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]})]),
+                     fake_engine(), quiet=True)
+    assert "shared the CPU" not in (quiet / "report.md").read_text()
+    assert json.loads((quiet / "report.json").read_text())["cpu_contention"]["contended"] == 0
+    loads = iter([torch.get_num_threads() + 3.0, torch.get_num_threads()] * 100)
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    busy = run_eval(make_cfg(tmp_path / "busy", policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]})]),
+                    fake_engine(), quiet=True)
+    c = json.loads((busy / "report.json").read_text())["cpu_contention"]
+    assert 0 < c["contended"] < c["runs"]
+    assert f"**Other work shared the CPU** during {c['contended']} of {c['runs']} runs" in \
+        (busy / "report.md").read_text()
