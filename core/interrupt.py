@@ -69,11 +69,15 @@ class CtrlCGuard:
     def __enter__(self) -> CtrlCGuard:
         self._previous_hook = sys.unraisablehook
         self._previous_handler = signal.getsignal(signal.SIGINT)
-        sys.unraisablehook = self._hook
         # only over a Python handler (a main thread's default): one that ignores SIGINT, or a thread, is left alone
         self._handled = callable(self._previous_handler) and threading.current_thread() is threading.main_thread()
-        if self._handled:
-            signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            sys.unraisablehook = self._hook
+            if self._handled:
+                signal.signal(signal.SIGINT, self._on_sigint)
+        except BaseException:  # a Ctrl-C as the guard is put in place: nothing of it stays behind
+            self.__exit__()
+            raise
         return self
 
     def _on_sigint(self, signum, frame) -> None:
@@ -94,4 +98,17 @@ class CtrlCGuard:
         finally:
             sys.unraisablehook = self._previous_hook
             if self._handled:
-                signal.signal(signal.SIGINT, self._previous_handler)
+                try:
+                    signal.signal(signal.SIGINT, self._previous_handler)
+                except KeyboardInterrupt:  # a pending Ctrl-C runs before the swap: swap, then raise it
+                    signal.signal(signal.SIGINT, self._previous_handler)
+                    raise
+
+
+def interrupted_line(then: BaseException | None = None) -> str:
+    """How a command reports a Ctrl-C: "interrupted: stopped by Ctrl-C", and the failure it turned into when a
+    library caught it (``then``), named in the same line."""
+    if then is None:
+        return "interrupted: stopped by Ctrl-C"
+    first = (str(then).splitlines() or [""])[0]
+    return f"interrupted: stopped by Ctrl-C (then {type(then).__name__}: {first})"

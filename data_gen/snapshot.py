@@ -27,7 +27,7 @@ from pathlib import Path
 
 from core import shards
 from core.errors import UserError
-from core.interrupt import CtrlCGuard
+from core.interrupt import CtrlCGuard, interrupted_line
 from core.lock import LOCK_FILE, folder_lock
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -182,12 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(Path(a.out))
     except UserError as e:
         if ctrl_c.received:  # a library caught the interrupt and failed its own way
-            return _interrupted(Path(a.out))
+            return _interrupted(Path(a.out), e)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception:
+    except Exception as e:
         if ctrl_c.received:
-            return _interrupted(Path(a.out))
+            return _interrupted(Path(a.out), e)
         raise
     finally:
         if created and Path(a.out).is_dir() and not any(Path(a.out).iterdir()):
@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _interrupted(out: Path) -> int:
+def _interrupted(out: Path, then: BaseException | None = None) -> int:
     # a half-written snapshot is removed, manifest last: one with its manifest was finished before the Ctrl-C
     done = (out / "manifest.json").exists()
-    print(f"interrupted: stopped by Ctrl-C; {out} " + ("holds the whole snapshot" if done else
-                                                     "holds nothing of the snapshot"), file=sys.stderr)
+    print(f"{interrupted_line(then)}; {out} " + ("holds the whole snapshot" if done else
+                                                 "holds nothing of the snapshot"), file=sys.stderr)
     return 130
 
 

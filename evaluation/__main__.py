@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
-from core.interrupt import CtrlCGuard
+from core.interrupt import CtrlCGuard, interrupted_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,20 +33,20 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted()
     except UserError as e:
         if ctrl_c.received:  # a library caught the interrupt and failed its own way
-            return _interrupted()
+            return _interrupted(e)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception:
+    except Exception as e:
         if ctrl_c.received:
-            return _interrupted()
+            return _interrupted(e)
         raise
     print(f"report: {RunDir(out).report_md}")
     return 0
 
 
-def _interrupted() -> int:
-    print("interrupted: stopped by Ctrl-C; every finished run is kept in results.jsonl: run the same command again "
-          "to resume", file=sys.stderr)
+def _interrupted(then: BaseException | None = None) -> int:
+    print(f"{interrupted_line(then)}; every finished run is kept in results.jsonl: run the same command again to "
+          "resume", file=sys.stderr)
     return 130
 
 

@@ -322,7 +322,8 @@ class Runner:
         for p, job in tqdm(todo, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2, file=sys.stderr):
             t0 = time.perf_counter()
             tokens, stats = job.generate(p["prompt"])
-            self.store.add({**self._record(mode, job.family, job.params, p, tokens, stats), **_cpu_load()})
+            load = _cpu_load() if resolve_device(self.cfg.device).type == "cpu" else {}
+            self.store.add({**self._record(mode, job.family, job.params, p, tokens, stats), **load})
             spent.setdefault(job.label, []).append(time.perf_counter() - t0)
         if not self.quiet:
             for label, times in spent.items():
@@ -332,9 +333,11 @@ class Runner:
 def _cpu_load() -> dict:
     """The machine's 1-minute load average as a run ends, and the threads the eval computes with: a load well above
     those threads means other work shared the CPU while the run was timed (``evaluation.summary.contention``)."""
-    if not hasattr(os, "getloadavg"):  # not on every platform
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform, nor in every container
         return {}
-    return {"load_1min": round(os.getloadavg()[0], 2), "threads": torch.get_num_threads()}
+    return {"load_1min": round(load, 2), "threads": torch.get_num_threads()}
 
 
 @dataclass

@@ -236,7 +236,8 @@ own Python and tokenizer work adds a little over its compute threads."""
 
 def contention(records: list[dict]) -> dict | None:
     """How many runs were timed while other work shared the CPU (their 1-minute load above the eval's threads +
-    ``CONTENDED_LOAD``); None for records that carry no load (another platform, or written before it was kept)."""
+    ``CONTENDED_LOAD``), among the runs that recorded a load (CPU runs); None when none did (a GPU eval, another
+    platform, or records written before the load was kept)."""
     loads = [(r["load_1min"], r["threads"]) for r in records if "load_1min" in r]
     if not loads:
         return None

@@ -651,14 +651,13 @@ def test_report_says_when_other_work_shared_the_cpu(tmp_path, monkeypatch):
     (tmp_path / "quiet").mkdir()
     (tmp_path / "busy").mkdir()
     monkeypatch.setattr(os, "getloadavg", lambda: (torch.get_num_threads() + 0.5, 0.0, 0.0))
-    quiet = run_eval(make_cfg(tmp_path / "quiet", policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]})]),
-                     fake_engine(), quiet=True)
+    policies = [Sweep("target_only"), Sweep("sd", grid={"k": [2]})]
+    quiet = run_eval(make_cfg(tmp_path / "quiet", device="cpu", policies=policies), fake_engine(), quiet=True)
     assert "shared the CPU" not in (quiet / "report.md").read_text()
     assert json.loads((quiet / "report.json").read_text())["cpu_contention"]["contended"] == 0
     loads = iter([torch.get_num_threads() + 3.0, torch.get_num_threads()] * 100)
     monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
-    busy = run_eval(make_cfg(tmp_path / "busy", policies=[Sweep("target_only"), Sweep("sd", grid={"k": [2]})]),
-                    fake_engine(), quiet=True)
+    busy = run_eval(make_cfg(tmp_path / "busy", device="cpu", policies=policies), fake_engine(), quiet=True)
     c = json.loads((busy / "report.json").read_text())["cpu_contention"]
     assert 0 < c["contended"] < c["runs"]
     assert f"**Other work shared the CPU** during {c['contended']} of {c['runs']} runs" in \

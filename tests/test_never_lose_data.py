@@ -474,7 +474,16 @@ def _interrupt_inside_a_weakref_callback():
     return ref
 
 
-def test_a_ctrl_c_cpython_would_ignore_still_stops(monkeypatch):
+@pytest.fixture
+def python_sigint():
+    """SIGINT raising KeyboardInterrupt, as in a terminal, also where the tests run with it ignored (a background
+    job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_cpython_would_ignore_still_stops(monkeypatch, python_sigint):
     ignored = []  # what CPython hands sys.unraisablehook to print as "Exception ignored in …"
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_type))
     _interrupt_inside_a_weakref_callback()  # the broken case: without the guard the interrupt is lost
@@ -495,7 +504,7 @@ def _no_interrupt_arrives(seconds: float) -> None:
         pytest.fail("an interrupt the guard had dropped arrived after its block")
 
 
-def test_a_block_that_ends_first_drops_the_owed_interrupt():
+def test_a_block_that_ends_first_drops_the_owed_interrupt(python_sigint):
     with CtrlCGuard():  # its work done before the interrupt came back: nothing to stop
         _interrupt_inside_a_weakref_callback()
     _no_interrupt_arrives(0.3)
@@ -508,7 +517,7 @@ def test_a_block_that_ends_first_drops_the_owed_interrupt():
 @pytest.mark.parametrize("failure", [RecursionError("maximum recursion depth exceeded"),
                                      UserError("cannot read prompts from prompts.jsonl: maximum recursion depth")])
 def test_a_failure_after_a_ctrl_c_a_library_caught_is_the_interrupt(failure, tiny_pair, tmp_path, monkeypatch,
-                                                                      capsys):
+                                                                      capsys, python_sigint):
     """``datasets`` imports scipy and numpy.linalg as it loads prompts: a Ctrl-C there can be caught below us and
     come back as another error (numpy's half-imported linalg recursing). The user pressed Ctrl-C: that is what the
     command reports."""
@@ -524,7 +533,7 @@ def test_a_failure_after_a_ctrl_c_a_library_caught_is_the_interrupt(failure, tin
 
     monkeypatch.setattr(evaluation.run, "run_eval", caught_then_failed)
     assert eval_main(["--config", _eval_config(tmp_path, *tiny_pair)]) == 130
-    assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C")
+    assert _one_line(capsys).startswith(f"interrupted: stopped by Ctrl-C (then {type(failure).__name__}: ")
     # the same failure without a Ctrl-C is what it is
     monkeypatch.setattr(evaluation.run, "run_eval", lambda cfg: (_ for _ in ()).throw(failure))
     if isinstance(failure, UserError):
