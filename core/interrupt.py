@@ -15,6 +15,9 @@ import _thread
 import signal
 import sys
 import threading
+from collections.abc import Callable
+
+from core.errors import UserError
 
 REDELIVERY_DELAY_S = 0.05
 """How long after a swallowed interrupt it is raised again: long enough for the callback it landed in to return."""
@@ -103,6 +106,18 @@ class CtrlCGuard:
                 except KeyboardInterrupt:  # a pending Ctrl-C runs before the swap: swap, then raise it
                     signal.signal(signal.SIGINT, self._previous_handler)
                     raise
+
+
+def command_failure(ctrl_c: CtrlCGuard, error: Exception, interrupted: Callable[[BaseException | None], int]) -> int:
+    """A command's exit status for ``error``, raised inside ``ctrl_c``'s block: after a Ctrl-C, the interrupt's
+    (``interrupted(error)``: a library caught it and failed its own way); else a ``UserError``'s one line and 2; any
+    other error is a bug, raised again for its traceback."""
+    if ctrl_c.received:
+        return interrupted(error)
+    if isinstance(error, UserError):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    raise error
 
 
 def interrupted_line(then: BaseException | None = None) -> str:

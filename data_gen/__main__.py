@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from core.errors import UserError
-from core.interrupt import CtrlCGuard, interrupted_line
+from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 
 
 def parser():
@@ -35,14 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, LabelingInterrupted):  # bound: a UserError comes only once the imports are done
             print(f"interrupted: {e}", file=sys.stderr)
             return 130
-        if ctrl_c.received:  # a library caught the interrupt and failed its own way
-            return _interrupted(e)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return command_failure(ctrl_c, e, _interrupted)
     except Exception as e:
-        if ctrl_c.received:
-            return _interrupted(e)
-        raise
+        return command_failure(ctrl_c, e, _interrupted)
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from core import shards
 from core.errors import UserError
-from core.interrupt import CtrlCGuard, interrupted_line
+from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 from core.lock import LOCK_FILE, folder_lock
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -180,15 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             snapshot(a.run, a.out)
     except KeyboardInterrupt:
         return _interrupted(Path(a.out))
-    except UserError as e:
-        if ctrl_c.received:  # a library caught the interrupt and failed its own way
-            return _interrupted(Path(a.out), e)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except Exception as e:
-        if ctrl_c.received:
-            return _interrupted(Path(a.out), e)
-        raise
+        return command_failure(ctrl_c, e, lambda then: _interrupted(Path(a.out), then))
     finally:
         if created and Path(a.out).is_dir() and not any(Path(a.out).iterdir()):
             Path(a.out).rmdir()  # a folder it made for nothing

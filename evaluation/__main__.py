@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from core.errors import UserError
-from core.interrupt import CtrlCGuard, interrupted_line
+from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,15 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = run_eval(cfg)
     except KeyboardInterrupt:
         return _interrupted()
-    except UserError as e:
-        if ctrl_c.received:  # a library caught the interrupt and failed its own way
-            return _interrupted(e)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except Exception as e:
-        if ctrl_c.received:
-            return _interrupted(e)
-        raise
+        return command_failure(ctrl_c, e, _interrupted)
     print(f"report: {RunDir(out).report_md}")
     return 0
 

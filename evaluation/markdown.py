@@ -11,6 +11,7 @@ from core.cache import file_sha256
 from evaluation import quality
 from evaluation.config import EvalConfig
 from evaluation.rundir import RunDir
+from evaluation.summary import CONTENDED_LOAD
 
 
 def cell(v, fmt=".2f", none="") -> str:
@@ -162,7 +163,7 @@ def _contention_md(c: dict | None) -> list[str]:
     if not c or not c["contended"]:
         return []
     return [f"- **Other work shared the CPU** during {c['contended']} of {c['runs']} runs (1-minute load above the "
-            f"eval's {c['threads']} threads + 1, up to {c['max_load']:.1f}): their timings, and the ratios that pair "
+            f"eval's {c['threads']} threads + {CONTENDED_LOAD:g}, up to {c['max_load']:.1f}): their timings, and the ratios that pair "
             "them, are noisier than this machine's own. Run the eval again with nothing else running."]
 
 

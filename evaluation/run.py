@@ -175,7 +175,10 @@ def unseen_prompts(prompts: list[dict], heads: list[str], digests: dict[int, set
     seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
     kept, left = [], []
     for p in prompts:
-        (left.append(p["prompt"]) if digests[p["prompt"]] & seen else kept.append(p))
+        if digests[p["prompt"]] & seen:
+            left.append(p["prompt"])
+        else:
+            kept.append(p)
     if left:
         shown = ", ".join(map(str, left[:8])) + (", …" if len(left) > 8 else "")
         print(f"left out {len(left)} of {len(prompts)} prompts that a head trained on or had its threshold chosen "
@@ -263,6 +266,7 @@ class Runner:
         self._ids = {p["prompt"]: tokenize_prompt(engine.tokenizer, p["text"], cfg.prompts.chat_template)
                      for p in prompts}
         self._warm: set[str] = set()
+        self._on_cpu = resolve_device(cfg.device).type == "cpu"  # only a CPU run's timing depends on the load
 
     def _record(self, mode: Mode, family: str, params: dict, prompt: dict, tokens: list[int], stats: dict) -> dict:
         text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -322,7 +326,7 @@ class Runner:
         for p, job in tqdm(todo, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2, file=sys.stderr):
             t0 = time.perf_counter()
             tokens, stats = job.generate(p["prompt"])
-            load = _cpu_load() if resolve_device(self.cfg.device).type == "cpu" else {}
+            load = _cpu_load() if self._on_cpu else {}
             self.store.add({**self._record(mode, job.family, job.params, p, tokens, stats), **load})
             spent.setdefault(job.label, []).append(time.perf_counter() - t0)
         if not self.quiet:
