@@ -137,6 +137,17 @@ def speculative_keeps(token: int, logp: torch.Tensor, logq: torch.Tensor, u: flo
     return u < acceptance_probability(logq[token], logp[token]).item()
 
 
+def acceptance_chances(candidates: list[int], logps: torch.Tensor, logqs: list[torch.Tensor]) -> list[float]:
+    """``speculative_keeps``'s probability min(1, p/q) of each candidate (``logps`` (≥ n, V): the target's log-probs
+    at their positions, ``logqs``: the draft's), computed together and read in one device-to-host transfer: the
+    same numbers as one ``speculative_keeps`` per candidate, at one synchronization per verification."""
+    if not candidates:
+        return []
+    logq = torch.stack([q[t] for q, t in zip(logqs, candidates)])
+    logp = logps[torch.arange(len(candidates), device=logps.device), torch.tensor(candidates, device=logps.device)]
+    return acceptance_probability(logq, logp).tolist()
+
+
 def check_token(token: int, logp: torch.Tensor, logq: torch.Tensor, draw_uniform: Callable[[], float],
                 sample: Callable[[torch.Tensor], int]) -> tuple[int, bool]:
     """Speculative sampling's check of one draft token (SPRINTER's check of the token its verifier rejected):

@@ -58,12 +58,18 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
             total += sprinter_counts(rules.verifier_accepts(head_logits(head, tr), head.threshold if tau is None
                                                             else tau))
             continue
-        if policy.head_role == "stop" and params.get("head") is not None:  # its rule over the head's estimates
-            head = cached_head(params["head"])
-            setting = {k: v for k, v in params.items() if k != "head"}
-            lengths = policy.replay_lengths(tr, max_k, head=head, log_accept=rules.log_accept(head_logits(head, tr)),
-                                            **setting)
-        else:  # a rule on the draft's own scores (goodput's on a calibration of them): the policy replays it
-            lengths = policy.replay_lengths(tr, max_k, **params)
-        total += expected_counts(tr.acceptance, lengths)
+        total += expected_counts(tr.acceptance, round_lengths(tr, family, max_k, **params))
     return total
+
+
+def round_lengths(trace: Trace, family: str, max_k: int = MAX_K, **params) -> np.ndarray:
+    """n(s), the round a policy with a stop rule (``simulate``'s families but the oracle and the verifiers) drafts
+    from every start s of the trace."""
+    policy = POLICIES.get_class(family)
+    if policy.head_role == "stop" and params.get("head") is not None:  # its rule over the head's estimates
+        head = cached_head(params["head"])
+        setting = {k: v for k, v in params.items() if k != "head"}
+        return policy.replay_lengths(trace, max_k, head=head, log_accept=rules.log_accept(head_logits(head, trace)),
+                                     **setting)
+    # a rule on the draft's own scores (goodput's on a calibration of them): the policy replays it
+    return policy.replay_lengths(trace, max_k, **params)

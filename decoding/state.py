@@ -27,6 +27,7 @@ from core.models import check_vocabularies
 from core.quantization import output_rows
 from core.sampling import Sampling, sample_token, uniform
 from decoding import rules
+from decoding.static import StaticLM, static_lm
 from heads.features import SCORES, VECTORS
 
 if TYPE_CHECKING:
@@ -82,15 +83,37 @@ class ModelPair:
     """Generation stops after any of these ids (empty: only at ``max_new_tokens``)."""
     sampling: Sampling = field(default_factory=Sampling)
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
+    decoder: str = "eager"
+    """How the models run (``DECODERS``): ``eager`` over transformers' dynamic cache, ``static`` over a preallocated
+    cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph (``decoding.static``)."""
+    forced: list[tuple[int, int]] | None = None
+    """Trace-forced decoding (``decoding.schedule``): every generation on this pair drafts and keeps exactly these
+    rounds, (candidates, kept) each, whatever the models draw; its clock starts after both models read the prompt.
+    Every forward, draw, stop rule and acceptance test still runs as it would (their cost is what is timed); only
+    their decisions are replaced. None: decode."""
 
     def __post_init__(self) -> None:
         check_vocabularies(*({"name": name, "vocab_size": output_rows(m)} for name, m in
                              (("draft", self.draft), ("target", self.target))))
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder {self.decoder!r} is not one of {', '.join(DECODERS)}")
+        if self.decoder == "graphs" and self.device.type != "cuda":
+            raise ValueError(f"decoder graphs replays CUDA graphs: the models are on {self.device}, not a CUDA GPU")
 
     @property
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
+
+
+DECODERS = ("eager", "static", "graphs")
+"""``ModelPair.decoder``'s values."""
+
+
+def default_decoder(device: torch.device | str) -> str:
+    """The decoder a device runs by default: CUDA graphs on a GPU, where eager forwards are bound by kernel launches
+    (``decoding.static``); eager on the CPU, where a forward's own arithmetic dominates."""
+    return "graphs" if torch.device(device).type == "cuda" else "eager"
 
 
 HEAD_FEATURES = (*SCORES, *VECTORS)
@@ -112,17 +135,20 @@ class CachedLM:
 
     ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
     (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
-    The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits).
+    The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits), over
+    transformers' ``DynamicCache``, or over ``static`` (``decoding.static.StaticLM``): there cropping only moves
+    the position the next forward writes at.
     """
 
-    def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = ()):
+    def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = (), static: StaticLM | None = None):
         self.lm = HFCausalLM(model)
+        self.static = static
         self.sampling = sampling
         self.layers = tuple(layers)
         """Layers whose outputs each forward also keeps (``last_taps``; none: a plain forward)."""
         self.last_taps: torch.Tensor | None = None
         """The tapped layers' outputs (T, len(layers)·d) of the tokens the last forward read (``core.adapter.tap``)."""
-        self.cache = self.lm.new_cache()
+        self.cache = self.lm.new_cache() if static is None else None
         self.device = next(model.parameters()).device
         self.ids: list[int] = []
         self.calls = 0
@@ -132,7 +158,7 @@ class CachedLM:
 
     def _crop(self, n: int) -> None:
         if n < len(self.ids):
-            remove = self.cache.get_seq_length() - n
+            remove = 0 if self.static is not None else self.cache.get_seq_length() - n
             if remove > 0:
                 self.cache.crop(-remove)
             del self.ids[n:]
@@ -156,15 +182,19 @@ class CachedLM:
             return hidden, logprobs
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
-        x = torch.tensor([new], dtype=torch.long, device=self.device)
         start = len(self.ids)
-        positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-        if self.layers:
+        if self.static is None:
+            x = torch.tensor([new], dtype=torch.long, device=self.device)
+            positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
+        if self.static is not None:
+            hidden, taps = self.static.forward(new, start)
+            self.last_taps = taps
+        elif self.layers:
             hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
             self.last_taps = taps[0]
+            hidden = hidden[0]
         else:
-            hidden, _ = self.lm.forward(x, None, positions, self.cache)
-        hidden = hidden[0]
+            hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
         s = self.sampling
         logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
@@ -239,8 +269,16 @@ class Decoding:
         self.n_prompt = len(self.seq)
         self.max_new_tokens = pair.sampling.max_new_tokens
         self.eos = set(pair.eos_token_ids)
-        self.draft = CachedLM(pair.draft, pair.sampling, draft_layers)
-        self.target = CachedLM(pair.target, pair.sampling)
+        static = {}
+        if pair.decoder != "eager":  # room for the prompt, the response and the draft's reading of its last token
+            positions = self.n_prompt + self.max_new_tokens + 1
+            graphs = pair.decoder == "graphs"
+            static = {"draft": static_lm(pair.draft, positions, draft_layers, graphs),
+                      "target": static_lm(pair.target, positions, (), graphs)}
+        self.draft = CachedLM(pair.draft, pair.sampling, draft_layers, static.get("draft"))
+        self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
+        self.schedule = list(pair.forced) if pair.forced else None
+        """The forced rounds still to run (``ModelPair.forced``)."""
         self.stale: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
         target's hidden state that produced that token's distribution, and that distribution's entropy and top-1
@@ -249,6 +287,9 @@ class Decoding:
         self.discarded = 0
         self.accepted_lengths: list[int] = []
         self._cuda = pair.device.type == "cuda"
+        if pair.forced is not None:  # a forced run's time is the generation's alone: the prompt is read first
+            self.draft.advance(self.seq)
+            self.target.advance(self.seq)
         self._sync()
         self._t0 = time.perf_counter()
 
@@ -352,12 +393,19 @@ class Decoding:
         candidates: list[int] = []
         logqs: list[torch.Tensor] = []
         cap = min(max_k, self.remaining - 1)
+        forced = None if self.schedule is None else self.schedule[0][0]
         stopping = False
         while len(candidates) < cap:
             step = self.draft_step(candidates)
             y = self.sample(step.logq)
             candidates.append(y)
             logqs.append(step.logq)
+            if forced is not None:  # the rule still decides (its cost is timed); the schedule stops the round
+                if len(candidates) == forced:
+                    break
+                if stop is not None:
+                    stop(self, candidates, step, self.draft_confidence(step))
+                continue
             if stopping or y in self.eos or len(candidates) == cap:
                 break
             if stop is not None and stop(self, candidates, step, self.draft_confidence(step)):
@@ -372,8 +420,23 @@ class Decoding:
         (drawn from ``on_reject(p, q)`` at the rejection, or from p after the last candidate); return the number
         of candidates kept. With the defaults this is exact speculative sampling (Leviathan et al. 2023, Alg. 1)."""
         logps = self.target_dist(candidates, rows=len(candidates) + 1)
+        # exact speculative sampling: min(1, p/q) of every candidate read in one transfer, one draw per candidate tested
+        chances = rules.acceptance_chances(candidates, logps, logqs) if accept is exact_accept else None
+        kept = None
+        if self.schedule is not None:
+            drafted, kept = self.schedule.pop(0)
+            if drafted != len(candidates):
+                raise RuntimeError(f"a forced round drafted {len(candidates)} candidates, not its {drafted}")
+            if not self.schedule:
+                self.schedule = None
         n = 0
-        while n < len(candidates) and accept(self, logps[n], logqs[n], candidates[n]):
+        while n < len(candidates):
+            if chances is not None:
+                keep = self.uniform() < chances[n]
+            else:
+                keep = accept(self, logps[n], logqs[n], candidates[n])
+            if not (keep if kept is None else n < kept):
+                break
             n += 1
         new = candidates[:n]
         if n < len(candidates):

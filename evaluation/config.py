@@ -239,6 +239,10 @@ class EvalConfig:
     natively, else float32)."""
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
+    decoder: str = "auto"
+    """How our decoder runs the models (``decoding.state.DECODERS``): ``eager`` (transformers' dynamic cache),
+    ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only), or
+    ``auto``: graphs on CUDA, eager on the CPU."""
     warmup: bool = True
     """One untimed short generation per mode before the timed runs."""
     overwrite: bool = False
@@ -261,6 +265,8 @@ class EvalConfig:
             raise EvalError(f"each family appears once in `policies`, got {fams}")
         if self.select_by == "simulated" and not self.labels_dir:
             raise EvalError("select_by: simulated replays the label traces of `labels_dir`; set it")
+        if self.decoder not in ("auto", "eager", "static", "graphs"):
+            raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
         ours = {str(s.fixed["timing"]) for s in self.policies if s.family == "goodput" and s.fixed.get("timing")}
@@ -281,10 +287,22 @@ class EvalConfig:
             "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
+            # the decoder changes every timing; named only where it is not the eager one runs were made with before
+            **({"decoder": decoder} if (decoder := self.resolved_decoder()) != "eager" else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
             "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None
                                for t in sorted(self.goodput_timing_files())},
         }
+
+    def resolved_decoder(self) -> str:
+        """``decoder`` with ``auto`` resolved for the device the eval runs on; graphs off CUDA refused in one line."""
+        from decoding.state import default_decoder
+
+        device = resolve_device(self.device)
+        if self.decoder == "graphs" and device.type != "cuda":
+            raise EvalError(f"decoder: graphs replays CUDA graphs, and this eval runs on {device}; set decoder: "
+                            "eager or static, or device: cuda")
+        return default_decoder(device) if self.decoder == "auto" else self.decoder
 
     def goodput_timing_files(self) -> set[str]:
         """The timing files goodput stops price rounds with (a policy's ``timing``, ``hf_peer.timing``): their

@@ -117,7 +117,8 @@ class Engine:
 
         return cls(
             tokenizer=t_tok,
-            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
+            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s,
+                                          decoder=cfg.resolved_decoder()),
             build_policy=build_policy,
             hf_generate=peer,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
@@ -290,8 +291,8 @@ class Runner:
         policy.generate(warm_pair, self._ids[self.prompts[0]["prompt"]], self._generator(pair, 0))
 
     def _generator(self, pair, prompt: int) -> torch.Generator:
-        device = getattr(pair, "device", torch.device("cpu"))
-        return prompt_generator(self.cfg.seed, prompt, device)
+        # on the host whatever the device: the same draws on every device, and no device sync per uniform
+        return prompt_generator(self.cfg.seed, prompt)
 
     def policy(self, mode: Mode, pair, family: str, fixed: dict, params: dict) -> "Job":
         """Our decoder with one policy setting, as a ``Job`` (the policy is built, and the mode warmed up, when

@@ -1,0 +1,88 @@
+"""Trace-forced schedules: the rounds a policy drafts over acceptance traces, drawn once, so that a GPU can run
+exactly those forwards (``ModelPair.forced``) with weights of the real shapes, and its wall time be set against
+what the cost table predicts for the same rounds.
+
+The simulator (``decoding.replay``) gives each policy's round length n(s) at every start s of a trace and prices
+expected counts. A schedule draws one realisation: from s = 0, the round drafts n(s) candidates and keeps them up to
+the first rejection, candidate j kept with the trace's probability min(1, p/q) at s + j; the next round starts after
+the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), the price
+``decoding.replay.RoundCosts`` puts on every round; target-only is one T(1) per token. A schedule file is small
+(the rounds alone) and names the policies' settings, so the GPU side needs no traces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import UserError
+from decoding.replay import RoundCosts
+
+SCHEDULE_KIND = "trace-forced schedule"
+
+
+class ScheduleFileError(UserError):
+    """A schedule file that cannot be read, or does not hold rounds that tile its traces."""
+
+
+def draw_rounds(acceptance: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """One realisation of a policy's rounds over a trace: (candidates n(s), candidates kept) for each round, the
+    rounds tiling the trace (each ends with the target's token)."""
+    rounds, s = [], 0
+    while s < len(acceptance):
+        n = int(lengths[s])
+        kept = 0
+        while kept < n and rng.random() < acceptance[s + kept]:
+            kept += 1
+        rounds.append((n, kept))
+        s += kept + 1
+    return rounds
+
+
+def target_only_rounds(length: int) -> list[tuple[int, int]]:
+    """Target-only decoding as rounds: one target call of one token per token."""
+    return [(0, 0)] * length
+
+
+def predicted_seconds(rounds: list[tuple[int, int]], costs: RoundCosts) -> float:
+    """What ``costs`` charges for these rounds: n draft steps and one target forward of n + 1 tokens each."""
+    return float(sum(costs.draft * n + costs.verify(n + 1) for n, _ in rounds))
+
+
+def tokens(rounds: list[tuple[int, int]]) -> int:
+    """Tokens the rounds produce: the kept candidates and the target's token of each."""
+    return sum(kept + 1 for _, kept in rounds)
+
+
+def write_schedule(path: str | Path, schedule: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(json.dumps({"kind": SCHEDULE_KIND, **schedule}, indent=1))
+    tmp.replace(path)
+
+
+def read_schedule(path: str | Path) -> dict:
+    """A schedule file (``evaluation.schedule``), checked: every policy's rounds tile each trace's length."""
+    try:
+        schedule = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ScheduleFileError(f"schedule file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScheduleFileError(f"schedule file {path}: not JSON ({e})") from None
+    if not isinstance(schedule, dict) or schedule.get("kind") != SCHEDULE_KIND:
+        raise ScheduleFileError(f"{path} is not a trace-forced schedule (make it with python -m evaluation.schedule)")
+    try:
+        lengths = [int(t["length"]) for t in schedule["traces"]]
+        for policy in schedule["policies"]:
+            rounds = policy["rounds"]
+            if len(rounds) != len(lengths):
+                raise ValueError(f"{policy['name']} has rounds for {len(rounds)} traces, not {len(lengths)}")
+            for i, (trace_rounds, length) in enumerate(zip(rounds, lengths)):
+                trace_rounds = [(int(n), int(k)) for n, k in trace_rounds]
+                if any(n < 0 or not 0 <= k <= n for n, k in trace_rounds) or tokens(trace_rounds) != length:
+                    raise ValueError(f"{policy['name']}'s rounds on trace {i} do not tile its {length} tokens")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ScheduleFileError(f"schedule file {path}: {e}") from None
+    return schedule

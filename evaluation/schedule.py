@@ -1,0 +1,83 @@
+"""``python -m evaluation.schedule``: a trace-forced schedule (``decoding.schedule``) from held-out label traces, for
+timing the decoder's real rounds on a GPU that has no real weights (``scripts/gpu_check.sh``).
+
+    python -m evaluation.schedule --labels runs/labels/heldout-20 --head checkpoints/heads/<stop head>.safetensors \\
+        --calibration checkpoints/calibration.json --c 0.7 --out runs/gpu/schedule.json
+
+Each policy's setting (SD's K, the confidence threshold, SpecDec++'s h, the goodput stop's λ) is the one the
+simulator finds fastest over these traces at cost ratio c (Eq. 5.1: a draft step costs c target steps, every
+verification one), which should be the c the GPU will show (0.5–0.7 for the pair's shapes on an H100 under CUDA
+graphs, docs/results.md). Then one realisation of its rounds is drawn on every trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import SettingError, run_main
+from decoding.replay import RoundCosts
+from decoding.schedule import draw_rounds, target_only_rounds, write_schedule
+from decoding.simulate import round_lengths
+from decoding.traces import load_label_traces
+from evaluation.simulate import best_settings, default_grid, goodput_grid, table
+
+FAMILIES = ("sd", "confidence", "specdecpp", "goodput")
+"""The policies a schedule holds beside target-only (the issue's trace-forced set)."""
+
+
+def portable(params: dict) -> dict:
+    """A policy's settings as the schedule file records them: the cost model is the file's ``c``, not an object."""
+    return {k: v for k, v in params.items() if k != "costs"}
+
+
+def make_schedule(labels: str, heads: list[str], calibration: str | None, c: float, traces: int | None,
+                  seed: int) -> tuple[dict, str]:
+    every = load_label_traces(labels, splits=("train", "val", "test"))
+    chosen = sorted(every, key=lambda t: t.prompt_id)[:traces]
+    costs = RoundCosts.eq51(c)
+    grid = [(f, p) for f, p in default_grid(heads) if f in FAMILIES]
+    grid += goodput_grid(chosen, heads, costs, calibration)
+    text, rows = table(chosen, grid, [c])
+    rng = np.random.default_rng(seed)
+    policies = [{"name": "target_only", "family": "target_only", "params": {}, "predicted_speedup": 1.0,
+                 "rounds": [target_only_rounds(len(t)) for t in chosen]}]
+    for key, row in sorted(best_settings(rows, c).items()):
+        params = row["params"]
+        policies.append({"name": key, "family": row["family"], "params": portable(params),
+                         "predicted_speedup": row["counts"].speedup(c),
+                         "rounds": [draw_rounds(t.acceptance, round_lengths(t, row["family"], **params), rng)
+                                    for t in chosen]})
+    oracle = rows[0]["counts"].speedup(c)
+    schedule = {"labels": str(labels), "c": c, "seed": seed, "oracle_speedup": oracle,
+                "traces": [{"prompt_id": t.prompt_id, "length": len(t)} for t in chosen], "policies": policies}
+    return schedule, text
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m evaluation.schedule", description=__doc__.splitlines()[0])
+    p.add_argument("--labels", required=True, help="a label folder with held-out traces (e.g. runs/labels/heldout-20)")
+    p.add_argument("--head", nargs="*", default=[], help="exported stop heads (SpecDec++, and goodput on each)")
+    p.add_argument("--calibration", default=None, help="a calibration file (make calibrate): goodput on the confidence")
+    p.add_argument("--c", type=float, default=0.7, help="cost ratio the settings are chosen at (default 0.7)")
+    p.add_argument("--traces", type=int, default=20, help="the first N traces by prompt id (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
+    p.add_argument("--out", default="runs/gpu/schedule.json")
+    a = p.parse_args(argv)
+    if not (0 < a.c < 10) or a.traces < 1:
+        raise SettingError(f"need 0 < --c < 10 and --traces >= 1, got {a.c} and {a.traces}")
+    for path in [*a.head, *([a.calibration] if a.calibration else [])]:
+        if not Path(path).is_file():
+            raise SettingError(f"{path}: no such file")
+    schedule, text = make_schedule(a.labels, a.head, a.calibration, a.c, a.traces, a.seed)
+    print(text)
+    write_schedule(a.out, schedule)
+    print(f"wrote {a.out}: {len(schedule['traces'])} traces, {len(schedule['policies'])} policies "
+          f"({', '.join(p['name'] for p in schedule['policies'])})")
+    return schedule
+
+
+if __name__ == "__main__":
+    run_main(main)

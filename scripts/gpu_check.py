@@ -1,0 +1,345 @@
+"""The decoder's graph path checked on one GPU, in one go (``scripts/gpu_check.sh`` runs it on a lent machine):
+
+(a) the tiny pair, eager against CUDA graphs: every policy, greedy and sampling on the same seeds, token for token;
+(b) the decoder's forward (the model, its logits and their warp, as ``CachedLM.advance`` runs it) of the pair's draft
+    and target shapes and of a 7B target shape, at every verification length 1 … 21 after 256 cached tokens, eager and
+    under graphs, and the bare compiled step of ``scripts.bench_compiled_step`` for the pair's target;
+(c) trace-forced decoding (``ModelPair.forced``) of a schedule's policies (``python -m evaluation.schedule``) with
+    random weights of the pair's shapes, under graphs: wall time per token against what (b)'s graph costs charge for
+    the same rounds;
+(d) the same with the 7B target shape and the pair's draft.
+
+    python -m scripts.gpu_check --schedule runs/gpu/schedule.json --out runs/gpu-check
+
+Writes ``results.json`` (every figure), ``report.md`` (the tables) and ``timing-graphs-<target>.json`` (the graph
+costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from core.errors import SettingError, run_main
+from core.lock import folder_lock
+from core.sampling import Sampling
+from decoding.policies import build_policy
+from decoding.replay import RoundCosts
+from decoding.schedule import predicted_seconds, read_schedule, tokens
+from decoding.state import HEAD_FEATURES, CachedLM, ModelPair
+from decoding.static import static_lm
+from evaluation.bench_timing import BUILTIN, build, model_config
+from heads.exported import ExportedHead
+
+SHAPES = {"qwen2.5-coder-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                   num_attention_heads=28, num_key_value_heads=4, vocab_size=151936,
+                                   tie_word_embeddings=False)}
+"""Target shapes beyond ``bench_timing.BUILTIN``: Qwen2.5-Coder-7B. Its output head has 152,064 rows, padding beyond
+the 151,936 tokens it shares with the 0.5B draft; the shape here has the shared 151,936 (0.08 % fewer rows), since a
+pair must have one vocabulary (``core.models.check_vocabularies``)."""
+PREFIX = 256
+LENGTHS = tuple(range(1, 22))
+OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-qwen2.5-coder-7b.json")
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (a) the tiny pair, eager against graphs
+
+
+def tiny_exactness(device: torch.device) -> dict:
+    """Tokens of every policy on the tiny pair (float32) eager, on the static cache and under graphs: how many
+    generations agree token for token, and the first position where any differs."""
+    from transformers import AutoModelForCausalLM
+
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+    from testing.tiny import make_pair
+
+    folder = Path(tempfile.mkdtemp())
+    models = [AutoModelForCausalLM.from_pretrained(d).eval().to(device) for d in make_pair(folder)]
+    torch.manual_seed(0)
+    head = ResNetHead(hidden_size=models[0].config.hidden_size, depth=2)
+    with torch.no_grad():
+        head.out.weight.normal_(0, 1)
+    head_file = str(export_head(head, folder / "stop.safetensors", draft={"name": "tiny-draft", "source": "test"},
+                                vocab_size=models[0].config.vocab_size, label={"kind": "test"}, role="stop",
+                                threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={}, position="own"))
+    policies = {"target_only": {}, "sd k=3": {"k": 3}, "confidence 0.5": {"threshold": 0.5}, "svip 0.5": {"h": 0.5},
+                "specdecpp": {"head": head_file},
+                "goodput": {"head": head_file, "costs": RoundCosts.eq51(0.5), "lam": 1.0}}
+    out = {}
+    for name, kwargs in policies.items():
+        family = name.split()[0]
+        for temperature in (0.0, 1.0):
+            runs = {}
+            for decoder in ("eager", "static", "graphs"):
+                pair = ModelPair(*models, eos_token_ids=[], decoder=decoder,
+                                 sampling=Sampling(temperature=temperature, max_new_tokens=24))
+                policy = build_policy(family, **kwargs)
+                runs[decoder] = [policy.generate(pair, prompt, torch.Generator().manual_seed(seed)).tokens
+                                 for prompt in ([1, 10, 11, 12], [1, 30, 5]) for seed in range(4)]
+            mode = "greedy" if temperature == 0 else "sampling"
+            out[f"{name} {mode}"] = {other: sum(a == b for a, b in zip(runs["eager"], runs[other]))
+                                     for other in ("static", "graphs")} | {"of": len(runs["eager"])}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (b) the decoder's forwards, eager and under graphs
+
+
+@torch.no_grad()
+def forward_times(model, graphs: bool, repeats: int, lengths=LENGTHS) -> dict[int, float]:
+    """Median seconds of ``CachedLM.advance`` reading m new tokens after ``PREFIX`` cached ones (with the logits and
+    warp of all m rows, as a verification reads them), each m timed in turns."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (PREFIX,), generator=g).tolist()
+    static = static_lm(model, PREFIX + max(lengths) + 1, graphs=True) if graphs else None
+    lm = CachedLM(model, Sampling(temperature=1.0), static=static)
+    lm.advance(prefix)
+    if static is not None:
+        static.capture(lengths)
+    times: dict[int, list[float]] = {m: [] for m in lengths}
+    for r in range(repeats + 2):
+        for m in lengths:
+            new = torch.randint(0, vocab, (m,), generator=g).tolist()  # other tokens each time: a real forward
+            sync()
+            t = time.perf_counter()
+            lm.advance(prefix + new, rows=m)
+            sync()
+            if r >= 2:
+                times[m].append(time.perf_counter() - t)
+    return {m: statistics.median(ts) for m, ts in times.items()}
+
+
+def compiled_step(model, repeats: int) -> float:
+    """``scripts.bench_compiled_step``'s bare step: the model alone under ``torch.compile(mode="reduce-overhead")``."""
+    from scripts.bench_compiled_step import time_forwards
+
+    return time_forwards(model, PREFIX, (1,), repeats, compiled=True)[1]
+
+
+def timing_layout(device: str, draft: dict[int, float], target: dict[int, float], prefill: dict[str, float]) -> dict:
+    """Graph costs in ``evaluation.bench_timing``'s JSON layout (``decoding.costs.read_timing`` reads it)."""
+
+    def entry(name: str, times: dict[int, float]) -> dict:
+        out = {"name": name, "precision": "bfloat16", "prefill": {"tokens": PREFIX, "median_s": prefill[name]},
+               "decode": {str(PREFIX): {"median_s": times[1]}}}
+        if 8 in times:
+            out["verify"] = {"tokens": 8, "cache": PREFIX, "median_s": times[8]}
+            out["verify_short"] = {"tokens": 3, "cache": PREFIX, "median_s": times[3]}
+            out["verify_by_tokens"] = {str(m): {"cache": PREFIX, "median_s": s} for m, s in times.items() if m > 1}
+        else:
+            out["verify"] = {"tokens": 1, "cache": PREFIX, "median_s": times[1]}
+        return out
+
+    return {"device": device, "device_type": "cuda", "decoder": "graphs", "prefill": PREFIX,
+            "models": [entry("draft", draft), entry("target", target)]}
+
+
+@torch.no_grad()
+def prefill_time(model) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (1, PREFIX), device=model.device)
+    for _ in range(2):
+        model(ids)
+    sync()
+    t = time.perf_counter()
+    model(ids)
+    sync()
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (c, d) trace-forced decoding
+
+
+def schedule_policy(entry: dict, c: float):
+    """A schedule entry's policy, built as an eval builds it. Its head reads a random-weight draft here, which the
+    head's record of its draft would (rightly) refuse: the check is skipped, since only the head's cost is timed and
+    its decisions are forced."""
+    params = dict(entry["params"])
+    if "head" in params:
+        head = ExportedHead(params["head"], role="stop", computes=HEAD_FEATURES)
+        head.check = lambda *args, **kwargs: None
+        params["head"] = head
+    if entry["family"] == "goodput":
+        params["costs"] = RoundCosts.eq51(c)
+    return build_policy(entry["family"], **params)
+
+
+def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tokens: int,
+                    decoder: str = "graphs") -> dict:
+    """Every policy of the schedule decoded (under graphs) with its rounds forced, trace by trace: wall seconds and
+    tokens, and the seconds ``costs`` charges for the same rounds."""
+    vocab = min(draft.config.vocab_size, target.config.vocab_size)
+    g = torch.Generator().manual_seed(1)
+    lengths = [t["length"] for t in schedule["traces"]]
+    prompts = [torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist() for _ in lengths]
+    positions = prompt_tokens + max(lengths) + 1
+    for model in (draft, target):  # every graph captured before any clock runs
+        static_lm(model, positions, graphs=decoder == "graphs").capture(LENGTHS)
+    out = {}
+    for entry in schedule["policies"]:
+        policy = schedule_policy(entry, schedule["c"])
+        forced = entry["rounds"] if entry["family"] != "target_only" else [[] for _ in lengths]
+        runs = []
+        for i, (rounds, prompt) in enumerate(zip(forced, prompts)):
+            rounds = [tuple(r) for r in rounds]
+            pair = ModelPair(draft, target, eos_token_ids=[], decoder=decoder, forced=rounds,
+                             sampling=Sampling(temperature=1.0, max_new_tokens=lengths[i]))
+            if i == 0:  # a warm-up of this policy (its head on the device, its first draws)
+                policy.generate(pair, prompt, torch.Generator().manual_seed(i))
+            result = policy.generate(pair, prompt, torch.Generator().manual_seed(i))
+            if len(result.tokens) != lengths[i]:
+                raise RuntimeError(f"{entry['name']} made {len(result.tokens)} tokens on trace {i}, not {lengths[i]}")
+            runs.append(result.stats.wall_s)
+        priced = [predicted_seconds([tuple(r) for r in rounds] if rounds else [(0, 0)] * n, costs)
+                  for rounds, n in zip(forced, lengths)]
+        n_tokens = sum(lengths)
+        out[entry["name"]] = {"tokens": n_tokens, "wall_s": sum(runs), "predicted_s": sum(priced),
+                              "wall_over_predicted": sum(runs) / sum(priced),
+                              "ms_per_token": 1e3 * sum(runs) / n_tokens,
+                              "schedule_speedup_at_c": entry.get("predicted_speedup"),
+                              "rounds": sum(len(r) for r in forced) or n_tokens,
+                              "candidates": sum(n for r in forced for n, _ in r)}
+    base = out["target_only"]
+    for row in out.values():
+        row["speedup"] = base["wall_s"] / row["wall_s"]
+        row["predicted_speedup"] = base["predicted_s"] / row["predicted_s"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the report
+
+
+def report(results: dict) -> str:
+    lines = [f"# GPU check: {results['device']}", "", f"torch {results['torch']}, transformers "
+             f"{results['transformers']}; {results['seconds']:.0f} s in all.", "",
+             "## (a) The tiny pair: generations identical to the eager decoder's", "",
+             "| policy | static cache | graphs | of |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['static']} | {v['graphs']} | {v['of']} |" for k, v in results["tiny"].items()]
+    for name, shapes in results["pairs"].items():
+        f = shapes["forwards"]
+        lines += ["", f"## (b) Forward times, {name} (ms, after {PREFIX} tokens; the decoder's forward with its "
+                  "logits and warp)", "", "| tokens | draft eager | draft graphs | target eager | target graphs |",
+                  "|---|---|---|---|---|"]
+        for m in LENGTHS:
+            d_e, d_g = f["draft"]["eager"].get(str(m)), f["draft"]["graphs"].get(str(m))
+            cells = [f"{1e3 * x:.2f}" if x is not None else "" for x in
+                     (d_e, d_g, f["target"]["eager"][str(m)], f["target"]["graphs"][str(m)])]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        c = f["draft"]["graphs"]["1"] / f["target"]["graphs"]["1"]
+        lines += ["", f"c under graphs = {c:.3f} per step (eager: "
+                  f"{f['draft']['eager']['1'] / f['target']['eager']['1']:.3f})."]
+        if "compiled_step_s" in shapes:
+            step = shapes["forced"]["target_only"]["ms_per_token"] / 1e3
+            lines.append(f"Bare compiled target step {1e3 * shapes['compiled_step_s']:.2f} ms; the decoder's "
+                         f"target-only step under graphs {1e3 * step:.2f} ms: {step / shapes['compiled_step_s']:.2f}×.")
+        lines += ["", f"## (c) Trace-forced decoding, {name}", "",
+                  "| policy | ms/token | predicted ms/token | wall / predicted | speedup | predicted | at the "
+                  "schedule's c |", "|---|---|---|---|---|---|---|"]
+        for pol, r in shapes["forced"].items():
+            at_c = r["schedule_speedup_at_c"]
+            lines.append(f"| {pol} | {r['ms_per_token']:.2f} | {1e3 * r['predicted_s'] / r['tokens']:.2f} | "
+                         f"{r['wall_over_predicted']:.3f} | {r['speedup']:.3f} | {r['predicted_speedup']:.3f} | "
+                         f"{'' if at_c is None else f'{at_c:.3f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def check_out(out: Path) -> None:
+    """The output folder holds nothing but this check's own files (which a new run replaces)."""
+    if out.is_file():
+        raise SettingError(f"--out {out} is a file: give a folder")
+    other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not p.name.startswith(".")) \
+        if out.is_dir() else []
+    if other:
+        raise SettingError(f"--out {out} holds files this check did not write ({', '.join(other[:3])}): "
+                           "give an empty or new folder")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--schedule", required=True, help="a trace-forced schedule (python -m evaluation.schedule)")
+    p.add_argument("--out", default="runs/gpu-check")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats of each forward (median)")
+    p.add_argument("--prompt-tokens", type=int, default=160, help="prompt length of the forced runs")
+    p.add_argument("--skip-7b", action="store_true", help="leave out the 7B target shape")
+    p.add_argument("--skip-compile", action="store_true", help="leave out the bare compiled step (about 30 s)")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SettingError("this checks CUDA graphs: it needs a CUDA GPU")
+    if a.repeats < 1 or a.prompt_tokens < 1:
+        raise SettingError("--repeats and --prompt-tokens must be at least 1")
+    schedule = read_schedule(a.schedule)
+    out = Path(a.out)
+    check_out(out)
+    started = time.perf_counter()
+    import transformers
+
+    device = torch.device("cuda")
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "transformers": transformers.__version__, "schedule": a.schedule, "c": schedule["c"],
+               "prompt_tokens": a.prompt_tokens, "pairs": {}}
+    with folder_lock(out, "a GPU check"):
+        print("(a) the tiny pair, eager against graphs", flush=True)
+        results["tiny"] = tiny_exactness(device)
+        print(json.dumps(results["tiny"]), flush=True)
+        draft = build(model_config("qwen2.5-0.5b"), device, "bfloat16")
+        targets = {"qwen2.5-1.5b": model_config("qwen2.5-1.5b")}
+        if not a.skip_7b:
+            from transformers import Qwen2Config
+
+            targets["qwen2.5-coder-7b"] = Qwen2Config(**SHAPES["qwen2.5-coder-7b"], max_position_embeddings=32768)
+        draft_times = None
+        for name, config in targets.items():
+            print(f"(b) forward times, {name}", flush=True)
+            target = build(config, device, "bfloat16")
+            if draft_times is None:
+                draft_times = {"eager": forward_times(draft, False, a.repeats, (1, 2)),
+                               "graphs": forward_times(draft, True, a.repeats, (1, 2))}
+            target_times = {"eager": forward_times(target, False, a.repeats),
+                            "graphs": forward_times(target, True, a.repeats)}
+            shapes = {"forwards": {"draft": {k: {str(m): s for m, s in v.items()} for k, v in draft_times.items()},
+                                   "target": {k: {str(m): s for m, s in v.items()} for k, v in target_times.items()}}}
+            costs = RoundCosts(draft=draft_times["graphs"][1],
+                               verify=lambda m, t=target_times["graphs"]: t[min(m, max(t))], name="graphs")
+            print(f"(c) trace-forced decoding, {name}", flush=True)
+            shapes["forced"] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens)
+            if name == "qwen2.5-1.5b" and not a.skip_compile:
+                shapes["compiled_step_s"] = compiled_step(target, a.repeats)
+            layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"],
+                                   {"draft": prefill_time(draft), "target": prefill_time(target)})
+            results["pairs"][name] = shapes
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomic(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
+            print(json.dumps(shapes["forced"], indent=1), flush=True)
+            del target
+            torch.cuda.empty_cache()
+        results["seconds"] = time.perf_counter() - started
+        write_atomic(out / "results.json", json.dumps(results, indent=1))
+        write_atomic(out / "report.md", report(results))
+    print(report(results))
+    print(f"wrote {out}/results.json, report.md and the graph timings ({results['seconds']:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    run_main(main)

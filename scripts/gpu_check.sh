@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The decoder's graph path on one lent GPU, in one go (scripts/gpu_check.py says what it checks):
+#   scripts/gpu_check.sh <schedule.json> <out folder> [more gpu_check flags]
+# Wheels under .whl/ (transformers of the version pyproject.toml admits, and what the project imports that the GPU
+# image lacks) are installed into /tmp/site first, leaving the image's own packages as they are.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+schedule=${1:?usage: scripts/gpu_check.sh <schedule.json> <out folder> [flags]}
+out=${2:?usage: scripts/gpu_check.sh <schedule.json> <out folder> [flags]}
+shift 2
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false
+python3 -m scripts.gpu_check --schedule "$schedule" --out "$out" "$@"
