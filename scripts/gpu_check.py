@@ -11,8 +11,9 @@
 
     python -m scripts.gpu_check --schedule runs/gpu/schedule.json --out runs/gpu-check
 
-Writes ``results.json`` (every figure), ``report.md`` (the tables) and ``timing-graphs-<target>.json`` (the graph
-costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) into ``--out``.
+Writes ``results.json`` (every figure), ``report.md`` (the tables), ``timing-graphs[-compiled]-<target>.json`` (the
+graph costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) and ``profile.txt`` (torch.profiler
+over one forced generation) into ``--out``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ the 151,936 tokens it shares with the 0.5B draft; the shape here has the shared 
 pair must have one vocabulary (``core.models.check_vocabularies``)."""
 PREFIX = 256
 LENGTHS = tuple(range(1, 22))
-OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-qwen2.5-coder-7b.json")
+OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-compiled-qwen2.5-1.5b.json",
+           "timing-graphs-qwen2.5-coder-7b.json", "profile.txt")
 
 
 def sync() -> None:
@@ -99,13 +101,18 @@ def tiny_exactness(device: torch.device) -> dict:
 
 
 @torch.no_grad()
-def forward_times(model, graphs: bool, repeats: int, lengths=LENGTHS) -> dict[int, float]:
+def runner(model, decoder: str, positions: int):
+    """The model's ``StaticLM`` for ``decoder`` (static, graphs or compiled), as ``Decoding`` asks for it."""
+    return static_lm(model, positions, graphs=decoder != "static", compiled=decoder == "compiled")
+
+
+def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
     """Median seconds of ``CachedLM.advance`` reading m new tokens after ``PREFIX`` cached ones (with the logits and
-    warp of all m rows, as a verification reads them), each m timed in turns."""
+    warp of all m rows, as a verification reads them) under ``decoder``, each m timed in turns."""
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (PREFIX,), generator=g).tolist()
-    static = static_lm(model, PREFIX + max(lengths) + 1, graphs=True) if graphs else None
+    static = None if decoder == "eager" else runner(model, decoder, PREFIX + max(LENGTHS) + 1)
     lm = CachedLM(model, Sampling(temperature=1.0), static=static)
     lm.advance(prefix)
     if static is not None:
@@ -188,7 +195,7 @@ def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tok
     prompts = [torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist() for _ in lengths]
     positions = prompt_tokens + max(lengths) + 1
     for model in (draft, target):  # every graph captured before any clock runs
-        static_lm(model, positions, graphs=decoder == "graphs").capture(LENGTHS)
+        runner(model, decoder, positions).capture(LENGTHS)
     out = {}
     for entry in schedule["policies"]:
         policy = schedule_policy(entry, schedule["c"])
@@ -220,6 +227,23 @@ def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tok
     return out
 
 
+def profile_policy(draft, target, schedule: dict, entry: dict, prompt_tokens: int, decoder: str) -> str:
+    """torch.profiler's table of one forced generation of ``entry`` (its first trace): where the time the cost table
+    does not price goes (host-side work, syncs, sampling kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    policy = schedule_policy(entry, schedule["c"])
+    length = schedule["traces"][0]["length"]
+    prompt = torch.randint(0, min(draft.config.vocab_size, target.config.vocab_size), (prompt_tokens,),
+                           generator=torch.Generator().manual_seed(1)).tolist()
+    pair = ModelPair(draft, target, eos_token_ids=[], decoder=decoder, forced=[tuple(r) for r in entry["rounds"][0]],
+                     sampling=Sampling(temperature=1.0, max_new_tokens=length))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        result = policy.generate(pair, prompt, torch.Generator().manual_seed(0))
+    return (f"{entry['name']}, trace 0, {decoder}: {len(result.tokens)} tokens in {1e3 * result.stats.wall_s:.1f} ms "
+            f"(under the profiler)\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the report
 
@@ -232,29 +256,30 @@ def report(results: dict) -> str:
     lines += [f"| {k} | {v['static']} | {v['graphs']} | {v['of']} |" for k, v in results["tiny"].items()]
     for name, shapes in results["pairs"].items():
         f = shapes["forwards"]
+        columns = [(model, decoder) for model in ("draft", "target") for decoder in f[model]]
         lines += ["", f"## (b) Forward times, {name} (ms, after {PREFIX} tokens; the decoder's forward with its "
-                  "logits and warp)", "", "| tokens | draft eager | draft graphs | target eager | target graphs |",
-                  "|---|---|---|---|---|"]
+                  "logits and warp)", "", "| tokens | " + " | ".join(f"{m} {d}" for m, d in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
         for m in LENGTHS:
-            d_e, d_g = f["draft"]["eager"].get(str(m)), f["draft"]["graphs"].get(str(m))
-            cells = [f"{1e3 * x:.2f}" if x is not None else "" for x in
-                     (d_e, d_g, f["target"]["eager"][str(m)], f["target"]["graphs"][str(m)])]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        c = f["draft"]["graphs"]["1"] / f["target"]["graphs"]["1"]
-        lines += ["", f"c under graphs = {c:.3f} per step (eager: "
-                  f"{f['draft']['eager']['1'] / f['target']['eager']['1']:.3f})."]
-        if "compiled_step_s" in shapes:
-            step = shapes["forced"]["target_only"]["ms_per_token"] / 1e3
-            lines.append(f"Bare compiled target step {1e3 * shapes['compiled_step_s']:.2f} ms; the decoder's "
-                         f"target-only step under graphs {1e3 * step:.2f} ms: {step / shapes['compiled_step_s']:.2f}×.")
-        lines += ["", f"## (c) Trace-forced decoding, {name}", "",
-                  "| policy | ms/token | predicted ms/token | wall / predicted | speedup | predicted | at the "
-                  "schedule's c |", "|---|---|---|---|---|---|---|"]
-        for pol, r in shapes["forced"].items():
-            at_c = r["schedule_speedup_at_c"]
-            lines.append(f"| {pol} | {r['ms_per_token']:.2f} | {1e3 * r['predicted_s'] / r['tokens']:.2f} | "
-                         f"{r['wall_over_predicted']:.3f} | {r['speedup']:.3f} | {r['predicted_speedup']:.3f} | "
-                         f"{'' if at_c is None else f'{at_c:.3f}'} |")
+            cells = [f[model][decoder].get(str(m)) for model, decoder in columns]
+            lines.append(f"| {m} | " + " | ".join("" if x is None else f"{1e3 * x:.2f}" for x in cells) + " |")
+        lines.append("")
+        for decoder in f["target"]:
+            lines.append(f"- c {decoder} = {f['draft'][decoder]['1'] / f['target'][decoder]['1']:.3f} per step.")
+        for decoder, forced in shapes["forced"].items():
+            if "compiled_step_s" in shapes:
+                step = forced["target_only"]["ms_per_token"] / 1e3
+                lines.append(f"- The decoder's target-only step under {decoder} {1e3 * step:.2f} ms against the bare "
+                             f"compiled step's {1e3 * shapes['compiled_step_s']:.2f} ms: "
+                             f"{step / shapes['compiled_step_s']:.2f}×.")
+            lines += ["", f"## (c) Trace-forced decoding, {name}, {decoder}", "",
+                      "| policy | ms/token | predicted ms/token | wall / predicted | speedup | predicted | at the "
+                      "schedule's c |", "|---|---|---|---|---|---|---|"]
+            for pol, r in forced.items():
+                at_c = r["schedule_speedup_at_c"]
+                lines.append(f"| {pol} | {r['ms_per_token']:.2f} | {1e3 * r['predicted_s'] / r['tokens']:.2f} | "
+                             f"{r['wall_over_predicted']:.3f} | {r['speedup']:.3f} | {r['predicted_speedup']:.3f} | "
+                             f"{'' if at_c is None else f'{at_c:.3f}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -308,29 +333,39 @@ def main(argv: list[str] | None = None) -> dict:
             from transformers import Qwen2Config
 
             targets["qwen2.5-coder-7b"] = Qwen2Config(**SHAPES["qwen2.5-coder-7b"], max_position_embeddings=32768)
-        draft_times = None
+        draft_times: dict[str, dict[int, float]] = {}
         for name, config in targets.items():
-            print(f"(b) forward times, {name}", flush=True)
+            # graphs of the compiled forward cost two compiles a model: timed on the pair's shapes only
+            decoders = ["graphs"] + (["compiled"] if name == "qwen2.5-1.5b" and not a.skip_compile else [])
+            print(f"(b) forward times, {name}: eager, {', '.join(decoders)}", flush=True)
             target = build(config, device, "bfloat16")
-            if draft_times is None:
-                draft_times = {"eager": forward_times(draft, False, a.repeats, (1, 2)),
-                               "graphs": forward_times(draft, True, a.repeats, (1, 2))}
-            target_times = {"eager": forward_times(target, False, a.repeats),
-                            "graphs": forward_times(target, True, a.repeats)}
+            for decoder in ("eager", *decoders):
+                if decoder not in draft_times:
+                    draft_times[decoder] = forward_times(draft, decoder, a.repeats, (1, 2))
+            target_times = {decoder: forward_times(target, decoder, a.repeats) for decoder in ("eager", *decoders)}
             shapes = {"forwards": {"draft": {k: {str(m): s for m, s in v.items()} for k, v in draft_times.items()},
-                                   "target": {k: {str(m): s for m, s in v.items()} for k, v in target_times.items()}}}
-            costs = RoundCosts(draft=draft_times["graphs"][1],
-                               verify=lambda m, t=target_times["graphs"]: t[min(m, max(t))], name="graphs")
-            print(f"(c) trace-forced decoding, {name}", flush=True)
-            shapes["forced"] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens)
-            if name == "qwen2.5-1.5b" and not a.skip_compile:
-                shapes["compiled_step_s"] = compiled_step(target, a.repeats)
-            layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"],
-                                   {"draft": prefill_time(draft), "target": prefill_time(target)})
+                                   "target": {k: {str(m): s for m, s in v.items()} for k, v in target_times.items()}},
+                      "forced": {}}
+            for decoder in decoders:
+                print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
+                costs = RoundCosts(draft=draft_times[decoder][1],
+                                   verify=lambda m, t=target_times[decoder]: t[min(m, max(t))], name=decoder)
+                shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder)
+                print(json.dumps(shapes["forced"][decoder]), flush=True)
+            if name == "qwen2.5-1.5b":
+                drafting = [e for e in schedule["policies"] if e["family"] != "target_only"]
+                if drafting:
+                    write_atomic(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
+                                                                     a.prompt_tokens, "graphs"))
+                if not a.skip_compile:
+                    shapes["compiled_step_s"] = compiled_step(target, a.repeats)
+            prefill = {"draft": prefill_time(draft), "target": prefill_time(target)}
             results["pairs"][name] = shapes
             out.mkdir(parents=True, exist_ok=True)
-            write_atomic(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
-            print(json.dumps(shapes["forced"], indent=1), flush=True)
+            for decoder in decoders:
+                layout = timing_layout(results["device"], draft_times[decoder], target_times[decoder], prefill)
+                suffix = "" if decoder == "graphs" else f"-{decoder}"
+                write_atomic(out / f"timing-graphs{suffix}-{name}.json", json.dumps(layout, indent=1))
             del target
             torch.cuda.empty_cache()
         results["seconds"] = time.perf_counter() - started

@@ -1,0 +1,186 @@
+"""The decoder's static-cache path (``decoding.static``, the cache CUDA graphs are captured over) against today's
+dynamic cache on the tiny pair, trace-forced decoding, and schedules. Graph capture itself needs a GPU
+(``scripts/gpu_check.sh``); everything it replays is the static path tested here.
+
+- every policy, greedy and sampling on the same seeds, gives the same tokens on both caches; where floating-point
+  order could flip a near tie the count of differing generations is bounded (it is 0 here, in float32), and a static
+  cache whose mask lets stale positions through is caught;
+- a forced generation drafts and keeps exactly its rounds, on both caches;
+- a schedule's rounds tile each trace, a damaged schedule is refused in one line, and ``python -m
+  evaluation.schedule`` writes one from a label folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_decode_policies import CALIBRATED_GOODPUT, PROMPTS, example_kwargs, heads, models  # noqa: F401
+
+import decoding.static
+from core.sampling import Sampling
+from decoding import rules
+from decoding.policies import build_policy
+from decoding.replay import RoundCosts, sd_round_lengths
+from decoding.schedule import (ScheduleFileError, draw_rounds, predicted_seconds, read_schedule, target_only_rounds,
+                               tokens, write_schedule)
+from decoding.state import ModelPair
+from decoding.static import StaticLM, static_lm
+
+POLICIES = ["target_only", "draft_only", "sd", "hf_heuristic", "confidence", "svip", "specdecpp", "goodput",
+            "goodput_calibrated", "fuzzy", "sprinter"]
+SEEDS = range(3)
+
+
+def decode(models, heads, name: str, decoder: str, temperature: float, forced=None, max_new_tokens: int = 20):
+    kwargs = CALIBRATED_GOODPUT if name == "goodput_calibrated" else example_kwargs(heads)[name]
+    family = "goodput" if name == "goodput_calibrated" else name
+    pair = ModelPair(*models, eos_token_ids=[], decoder=decoder, forced=forced,
+                     sampling=Sampling(temperature=temperature, max_new_tokens=max_new_tokens))
+    policy = build_policy(family, **kwargs)
+    return [policy.generate(pair, prompt, torch.Generator().manual_seed(seed)) for prompt in PROMPTS
+            for seed in SEEDS]
+
+
+def differing(models, heads, temperature: float) -> dict[str, int]:
+    """Per policy, how many generations differ between the two caches."""
+    return {name: sum(a.tokens != b.tokens for a, b in zip(decode(models, heads, name, "eager", temperature),
+                                                           decode(models, heads, name, "static", temperature)))
+            for name in POLICIES}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_policy_gives_the_same_tokens_on_the_static_cache(models, heads, temperature):
+    differ = differing(models, heads, temperature)
+    generations = len(PROMPTS) * len(SEEDS) * len(POLICIES)
+    # float32 on the CPU: a masked attention over the padded cache sums in another order than the dynamic cache's,
+    # which can flip a near tie; none has here, and more than one in a hundred would be a bug
+    assert sum(differ.values()) <= generations // 100, differ
+
+
+def test_hidden_states_agree_between_the_caches(models):
+    from decoding.state import CachedLM
+
+    dynamic, static = (CachedLM(models[1], Sampling(), static=None if kind == "eager" else StaticLM(models[1], 64))
+                       for kind in ("eager", "static"))
+    seq = [1, 10, 11, 12, 5, 6]
+    for step in ([7, 8, 9], [7, 20], [7, 20, 21, 22]):  # each moves back over the last forward's candidates
+        (h1, p1), (h2, p2) = (lm.advance(seq + step, rows=len(step)) for lm in (dynamic, static))
+        assert torch.allclose(h1, h2, atol=1e-5) and torch.allclose(p1, p2, atol=1e-5)
+
+
+def test_a_static_cache_that_reads_stale_positions_is_caught(models, heads, monkeypatch):
+    """Rejected candidates stay in the static cache until overwritten: a mask that does not hide them (here: one
+    that hides nothing) changes the tokens, so the comparison above can fail."""
+    run = StaticLM._run
+
+    def unmasked(self, ids, positions):
+        self.key_positions = torch.zeros_like(self.key_positions)  # every position looks like the first
+        return run(self, ids, positions)
+
+    monkeypatch.setattr(StaticLM, "_run", unmasked)
+    decoding.static._runners.clear()
+    try:
+        differ = differing(models, heads, 1.0)
+    finally:
+        decoding.static._runners.clear()
+    assert differ["sd"] > 0 and differ["target_only"] > 0
+
+
+def test_a_static_cache_is_shared_and_grows(models):
+    draft = models[0]
+    first = static_lm(draft, 100)
+    assert static_lm(draft, 50) is first and first.capacity == 256
+    larger = static_lm(draft, 300)
+    assert larger is not first and larger.capacity == 512
+    with pytest.raises(ValueError, match="past the static cache"):
+        larger.forward(list(range(10)), 505)
+
+
+def test_graphs_are_refused_off_a_gpu(models):
+    with pytest.raises(ValueError, match="not a CUDA GPU"):
+        ModelPair(*models, eos_token_ids=[], decoder="graphs")
+    with pytest.raises(ValueError, match="not one of"):
+        ModelPair(*models, eos_token_ids=[], decoder="fast")
+
+
+def test_acceptance_read_at_once_equals_one_test_per_candidate():
+    g = torch.Generator().manual_seed(0)
+    logps = torch.randn(4, 50, generator=g).log_softmax(-1)
+    logqs = [torch.randn(50, generator=g).log_softmax(-1) for _ in range(3)]
+    candidates = [3, 17, 40]
+    chances = rules.acceptance_chances(candidates, logps, logqs)
+    for n, token in enumerate(candidates):
+        for u in (0.0, chances[n] - 1e-7, chances[n], 0.999):
+            assert (u < chances[n]) == rules.speculative_keeps(token, logps[n], logqs[n], u)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trace-forced decoding and schedules
+
+
+@pytest.mark.parametrize("decoder", ["eager", "static"])
+@pytest.mark.parametrize("name", ["sd", "confidence", "specdecpp", "goodput"])
+def test_a_forced_generation_drafts_and_keeps_its_rounds(models, heads, name, decoder):
+    rng = np.random.default_rng(3)
+    length = 20
+    lengths = np.minimum(sd_round_lengths(length, 3), rng.integers(1, 4, length))  # within SD's k = 3
+    rounds = draw_rounds(rng.uniform(0.2, 1.0, length), lengths, rng)
+    for result in decode(models, heads, name, decoder, 1.0, forced=rounds, max_new_tokens=length):
+        assert len(result.tokens) == length == tokens(rounds)
+        assert result.stats.accepted_lengths == [kept for _, kept in rounds]
+        assert result.stats.discarded == sum(n - kept for n, kept in rounds)
+
+
+def test_a_forced_round_the_policy_cannot_draft_is_an_error(models, heads):
+    with pytest.raises(RuntimeError, match="forced round drafted 3 candidates, not its 5"):
+        decode(models, heads, "sd", "eager", 1.0, forced=[(5, 0)] * 20)  # SD's k = 3
+
+
+def test_rounds_tile_a_trace_and_are_priced_by_their_lengths():
+    rng = np.random.default_rng(0)
+    acceptance = rng.uniform(0, 1, 50)
+    rounds = draw_rounds(acceptance, sd_round_lengths(50, 4), rng)
+    assert tokens(rounds) == 50 and all(0 <= k <= n <= 4 for n, k in rounds)
+    assert tokens(target_only_rounds(50)) == 50
+    costs = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.01 * m)
+    assert predicted_seconds(rounds, costs) == pytest.approx(sum(0.1 * n + 1.0 + 0.01 * (n + 1) for n, _ in rounds))
+    # an always-accepted trace keeps every candidate; a never-accepted one none
+    assert all(k == n for n, k in draw_rounds(np.ones(30), sd_round_lengths(30, 4), rng))
+    assert all(k == 0 for n, k in draw_rounds(np.zeros(30), sd_round_lengths(30, 4), rng))
+
+
+def test_a_damaged_schedule_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "schedule.json"
+    good = {"c": 0.5, "traces": [{"length": 3}],
+            "policies": [{"name": "sd", "family": "sd", "params": {"k": 2}, "rounds": [[[2, 1], [0, 0]]]}]}
+    write_schedule(path, good)
+    assert read_schedule(path)["c"] == 0.5
+    bad = json.loads(path.read_text())
+    bad["policies"][0]["rounds"] = [[[2, 2], [0, 0]]]  # 4 tokens for a 3-token trace
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ScheduleFileError, match="do not tile its 3 tokens"):
+        read_schedule(path)
+    path.write_text("{}")
+    with pytest.raises(ScheduleFileError, match="not a trace-forced schedule"):
+        read_schedule(path)
+
+
+def test_a_schedule_is_made_from_label_traces(label_config, tmp_path, models, heads):
+    from data_gen.run import run_labels
+    from evaluation.schedule import main
+
+    labels = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(labels, quiet=True)
+    out = tmp_path / "schedule.json"
+    schedule = main(["--labels", str(labels.output_dir), "--c", "0.5", "--traces", "3", "--out", str(out)])
+    assert read_schedule(out)["c"] == 0.5
+    assert [p["family"] for p in schedule["policies"]] == ["target_only", "confidence", "sd"]
+    for policy in schedule["policies"]:  # each forced on the tiny pair, as the GPU check runs it
+        for rounds, trace in zip(policy["rounds"], schedule["traces"]):
+            result = build_policy(policy["family"], **policy["params"]).generate(
+                ModelPair(*models, eos_token_ids=[], forced=[tuple(r) for r in rounds],
+                          sampling=Sampling(max_new_tokens=trace["length"])), [1, 10, 11], torch.Generator())
+            assert len(result.tokens) == trace["length"]
