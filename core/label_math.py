@@ -82,14 +82,16 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
     return logits.log_softmax(-1)
 
 
-def sample_from_logprobs(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: one token per row of ``logprobs`` (..., V) from ``uniforms`` (...) in [0, 1).
+def sample_from_logprobs(logprobs: torch.Tensor, uniforms: torch.Tensor | float) -> torch.Tensor:
+    """Inverse-CDF sampling: one token per row of ``logprobs`` (..., V) from ``uniforms`` (...) in [0, 1), or one
+    Python float for a single row (the same float64 product, with no host-to-device copy when the log-probs are on
+    a GPU).
 
     Taking the uniforms from per-prompt generators makes a prompt's samples independent of which other
     prompts share its batch (the padding-invariance guarantee).
     """
     cdf = logprobs.double().exp().cumsum(-1)
-    u = uniforms.double().unsqueeze(-1) * cdf[..., -1:]
+    u = (uniforms.double().unsqueeze(-1) if torch.is_tensor(uniforms) else float(uniforms)) * cdf[..., -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return idx.clamp_(max=logprobs.shape[-1] - 1)
 

@@ -56,5 +56,8 @@ def uniform(generator: torch.Generator | None = None, shape: tuple[int, ...] = (
 
 
 def sample_token(logprobs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """One token drawn from ``logprobs`` (V,) by inverse-CDF sampling on a float64 ``uniform``."""
-    return int(sample_from_logprobs(logprobs, uniform(generator).to(logprobs.device)))
+    """One token drawn from ``logprobs`` (V,) by inverse-CDF sampling on a float64 ``uniform``; a uniform drawn on
+    another device than the log-probs' crosses as a Python float (a kernel argument), not as a copy that would
+    wait for the device."""
+    u = uniform(generator)
+    return int(sample_from_logprobs(logprobs, u if u.device == logprobs.device else u.item()))

@@ -85,9 +85,7 @@ class ModelPair:
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
     decoder: str = "eager"
     """How the models run (``DECODERS``): ``eager`` over transformers' dynamic cache, ``static`` over a preallocated
-    cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph, ``compiled`` the same with
-    the forward compiled by ``torch.compile`` before capture (fused kernels; two compiles a model, about half a
-    minute each on an H100) (``decoding.static``)."""
+    cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph (``decoding.static``)."""
     forced: list[tuple[int, int]] | None = None
     """Trace-forced decoding (``decoding.schedule``): every generation on this pair drafts and keeps exactly these
     rounds, (candidates, kept) each, whatever the models draw; its clock starts after both models read the prompt.
@@ -100,16 +98,15 @@ class ModelPair:
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder {self.decoder!r} is not one of {', '.join(DECODERS)}")
-        if self.decoder in ("graphs", "compiled") and self.device.type != "cuda":
-            raise ValueError(f"decoder {self.decoder} replays CUDA graphs: the models are on {self.device}, not a CUDA "
-                             "GPU")
+        if self.decoder == "graphs" and self.device.type != "cuda":
+            raise ValueError(f"decoder graphs replays CUDA graphs: the models are on {self.device}, not a CUDA GPU")
 
     @property
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
 
 
-DECODERS = ("eager", "static", "graphs", "compiled")
+DECODERS = ("eager", "static", "graphs")
 """``ModelPair.decoder``'s values."""
 
 
@@ -275,9 +272,9 @@ class Decoding:
         static = {}
         if pair.decoder != "eager":  # room for the prompt, the response and the draft's reading of its last token
             positions = self.n_prompt + self.max_new_tokens + 1
-            graphs, compiled = pair.decoder in ("graphs", "compiled"), pair.decoder == "compiled"
-            static = {"draft": static_lm(pair.draft, positions, draft_layers, graphs, compiled),
-                      "target": static_lm(pair.target, positions, (), graphs, compiled)}
+            graphs = pair.decoder == "graphs"
+            static = {"draft": static_lm(pair.draft, positions, draft_layers, graphs),
+                      "target": static_lm(pair.target, positions, (), graphs)}
         self.draft = CachedLM(pair.draft, pair.sampling, draft_layers, static.get("draft"))
         self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
         self.schedule = list(pair.forced) if pair.forced else None

@@ -66,7 +66,7 @@ class StaticLM:
     forwards of at most ``max_graph_tokens`` tokens are captured once per length and replayed."""
 
     def __init__(self, model, capacity: int, layers: tuple[int, ...] = (), graphs: bool = False,
-                 max_graph_tokens: int = MAX_GRAPH_TOKENS, compiled: bool = False):
+                 max_graph_tokens: int = MAX_GRAPH_TOKENS):
         from transformers.cache_utils import Cache
 
         self.lm = HFCausalLM(model)
@@ -97,9 +97,6 @@ class StaticLM:
         self.io = torch.zeros((2, self.max_graph_tokens), dtype=torch.long, device=self.device)
         """A replayed forward's tokens (row 0) and positions (row 1)."""
         self.captured: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        # torch.compile fuses the forward's small kernels (norms, rotary, activations) before they are captured;
-        # lengths after the first share one compile with a symbolic length (torch's automatic dynamic shapes)
-        self.run = torch.compile(self._run) if compiled else self._run
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -123,11 +120,11 @@ class StaticLM:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # warm-ups (cuBLAS workspaces, lazy buffers) before capture, as torch asks
             for _ in range(2):
-                self.run(ids, positions)
+                self._run(ids, positions)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.run(ids, positions)
+            out = self._run(ids, positions)
         self.captured[n] = (graph, out)
         return self.captured[n]
 
@@ -153,23 +150,22 @@ class StaticLM:
             # the outputs are the graph's own buffers, rewritten by its next replay: callers keep copies
             return tuple(None if t is None else t.clone() for t in out)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        return self._run(x, torch.arange(start, start + n, device=self.device))  # a prefill: run once, not compiled
+        return self._run(x, torch.arange(start, start + n, device=self.device))
 
 
 _runners: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False,
-              compiled: bool = False) -> StaticLM:
-    """The ``StaticLM`` of ``model`` (one per model, taps and graph and compile setting, kept while the model lives,
-    so that its graphs are captured once for every generation) with room for at least ``positions`` positions; a
-    larger request replaces it by one with the capacity rounded up to ``CAPACITY_STEP``."""
+def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False) -> StaticLM:
+    """The ``StaticLM`` of ``model`` (one per model, taps and graph setting, kept while the model lives, so that its
+    graphs are captured once for every generation) with room for at least ``positions`` positions; a larger request
+    replaces it by one with the capacity rounded up to ``CAPACITY_STEP``."""
     runners = _runners.setdefault(model, {})
-    key = (tuple(layers), bool(graphs), bool(compiled))
+    key = (tuple(layers), bool(graphs))
     runner = runners.get(key)
     if runner is None or runner.capacity < positions:
         runners.pop(key, None)  # its cache and graphs are freed before the larger ones are made
         del runner
         capacity = CAPACITY_STEP * math.ceil(positions / CAPACITY_STEP)
-        runners[key] = StaticLM(model, capacity, layers, graphs, compiled=compiled)
+        runners[key] = StaticLM(model, capacity, layers, graphs)
     return runners[key]

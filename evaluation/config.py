@@ -241,9 +241,8 @@ class EvalConfig:
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
     decoder: str = "auto"
     """How our decoder runs the models (``decoding.state.DECODERS``): ``eager`` (transformers' dynamic cache),
-    ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only),
-    ``compiled`` (graphs of the ``torch.compile``d forward: CUDA only), or ``auto``: graphs on CUDA, eager on the
-    CPU."""
+    ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only), or
+    ``auto``: graphs on CUDA, eager on the CPU."""
     warmup: bool = True
     """One untimed short generation per mode before the timed runs."""
     overwrite: bool = False
@@ -266,8 +265,8 @@ class EvalConfig:
             raise EvalError(f"each family appears once in `policies`, got {fams}")
         if self.select_by == "simulated" and not self.labels_dir:
             raise EvalError("select_by: simulated replays the label traces of `labels_dir`; set it")
-        if self.decoder not in ("auto", "eager", "static", "graphs", "compiled"):
-            raise EvalError(f"decoder must be auto, eager, static, graphs or compiled, got {self.decoder!r}")
+        if self.decoder not in ("auto", "eager", "static", "graphs"):
+            raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
         ours = {str(s.fixed["timing"]) for s in self.policies if s.family == "goodput" and s.fixed.get("timing")}
@@ -300,9 +299,9 @@ class EvalConfig:
         from decoding.state import default_decoder
 
         device = resolve_device(self.device)
-        if self.decoder in ("graphs", "compiled") and device.type != "cuda":
-            raise EvalError(f"decoder: {self.decoder} replays CUDA graphs, and this eval runs on {device}; set "
-                            "decoder: eager or static, or device: cuda")
+        if self.decoder == "graphs" and device.type != "cuda":
+            raise EvalError(f"decoder: graphs replays CUDA graphs, and this eval runs on {device}; set decoder: "
+                            "eager or static, or device: cuda")
         return default_decoder(device) if self.decoder == "auto" else self.decoder
 
     def goodput_timing_files(self) -> set[str]:

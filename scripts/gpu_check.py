@@ -11,8 +11,8 @@
 
     python -m scripts.gpu_check --schedule runs/gpu/schedule.json --out runs/gpu-check
 
-Writes ``results.json`` (every figure), ``report.md`` (the tables), ``timing-graphs[-compiled]-<target>.json`` (the
-graph costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) and ``profile.txt`` (torch.profiler
+Writes ``results.json`` (every figure), ``report.md`` (the tables), ``timing-graphs-<target>.json`` (the graph
+costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) and ``profile.txt`` (torch.profiler
 over one forced generation) into ``--out``.
 """
 
@@ -46,8 +46,8 @@ the 151,936 tokens it shares with the 0.5B draft; the shape here has the shared 
 pair must have one vocabulary (``core.models.check_vocabularies``)."""
 PREFIX = 256
 LENGTHS = tuple(range(1, 22))
-OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-compiled-qwen2.5-1.5b.json",
-           "timing-graphs-qwen2.5-coder-7b.json", "profile.txt")
+OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-qwen2.5-coder-7b.json",
+           "profile.txt")
 
 
 def sync() -> None:
@@ -102,8 +102,8 @@ def tiny_exactness(device: torch.device) -> dict:
 
 @torch.no_grad()
 def runner(model, decoder: str, positions: int):
-    """The model's ``StaticLM`` for ``decoder`` (static, graphs or compiled), as ``Decoding`` asks for it."""
-    return static_lm(model, positions, graphs=decoder != "static", compiled=decoder == "compiled")
+    """The model's ``StaticLM`` for ``decoder`` (static or graphs), as ``Decoding`` asks for it."""
+    return static_lm(model, positions, graphs=decoder == "graphs")
 
 
 def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
@@ -335,8 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
             targets["qwen2.5-coder-7b"] = Qwen2Config(**SHAPES["qwen2.5-coder-7b"], max_position_embeddings=32768)
         draft_times: dict[str, dict[int, float]] = {}
         for name, config in targets.items():
-            # graphs of the compiled forward cost two compiles a model: timed on the pair's shapes only
-            decoders = ["graphs"] + (["compiled"] if name == "qwen2.5-1.5b" and not a.skip_compile else [])
+            decoders = ["graphs"]
             print(f"(b) forward times, {name}: eager, {', '.join(decoders)}", flush=True)
             target = build(config, device, "bfloat16")
             for decoder in ("eager", *decoders):
@@ -362,10 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
             prefill = {"draft": prefill_time(draft), "target": prefill_time(target)}
             results["pairs"][name] = shapes
             out.mkdir(parents=True, exist_ok=True)
-            for decoder in decoders:
-                layout = timing_layout(results["device"], draft_times[decoder], target_times[decoder], prefill)
-                suffix = "" if decoder == "graphs" else f"-{decoder}"
-                write_atomic(out / f"timing-graphs{suffix}-{name}.json", json.dumps(layout, indent=1))
+            layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"], prefill)
+            write_atomic(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
             del target
             torch.cuda.empty_cache()
         results["seconds"] = time.perf_counter() - started
