@@ -143,8 +143,9 @@ def acceptance_chances(candidates: list[int], logps: torch.Tensor, logqs: list[t
     same numbers as one ``speculative_keeps`` per candidate, at one synchronization per verification."""
     if not candidates:
         return []
+    # indexing by Python ints makes views: no index tensor crosses to the device
     logq = torch.stack([q[t] for q, t in zip(logqs, candidates)])
-    logp = logps[torch.arange(len(candidates), device=logps.device), torch.tensor(candidates, device=logps.device)]
+    logp = torch.stack([logps[i, t] for i, t in enumerate(candidates)])
     return acceptance_probability(logq, logp).tolist()
 
 

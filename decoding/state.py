@@ -279,10 +279,10 @@ class Decoding:
         self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
         self.schedule = list(pair.forced) if pair.forced else None
         """The forced rounds still to run (``ModelPair.forced``)."""
-        self.stale: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.stale: tuple[int, torch.Tensor, torch.Tensor] | None = None
         """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
-        target's hidden state that produced that token's distribution, and that distribution's entropy and top-1
-        probability."""
+        target's hidden state that produced that token's distribution, and that distribution (log-probs)."""
+        self._stale_scores: tuple[torch.Tensor, torch.Tensor] | None = None
         self._target_rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self.discarded = 0
         self.accepted_lengths: list[int] = []
@@ -360,8 +360,8 @@ class Decoding:
         """Note that the token appended next to ``seq`` is drawn at row ``row`` of the last ``target_dist`` call
         (the bonus token, a correction, or a candidate the target judged), for ``head_context``."""
         hidden, logps = self._target_rows
-        # the stale columns hold for every candidate until the next call: computed once here, not per decision
-        self.stale = (len(self.seq), hidden[row], entropy(logps[row]), logps[row].max().exp())
+        self.stale = (len(self.seq), hidden[row], logps[row])
+        self._stale_scores = None
 
     def head_context(self, candidates: list[int], layers: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The label columns (``data_gen/SCHEMA.md``) a head may read beyond the draft's scores, for the last of
@@ -375,7 +375,10 @@ class Decoding:
             context.update(round_index=torch.tensor(0.0), stale_entropy_target=torch.tensor(0.0),
                            stale_top1_target=torch.tensor(0.0), stale_target=torch.zeros(d))
         else:
-            sampled_at, hidden, stale_entropy, stale_top1 = self.stale
+            sampled_at, hidden, logp = self.stale
+            if self._stale_scores is None:  # once per target call, and only where a head reads them
+                self._stale_scores = (entropy(logp), logp.max().exp())
+            stale_entropy, stale_top1 = self._stale_scores
             context.update(round_index=torch.tensor(float(at - sampled_at)), stale_entropy_target=stale_entropy,
                            stale_top1_target=stale_top1, stale_target=hidden)
         if layers is not None:
