@@ -159,7 +159,8 @@ _runners: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDi
 def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False) -> StaticLM:
     """The ``StaticLM`` of ``model`` (one per model, taps and graph setting, kept while the model lives, so that its
     graphs are captured once for every generation) with room for at least ``positions`` positions; a larger request
-    replaces it by one with the capacity rounded up to ``CAPACITY_STEP``."""
+    replaces it by one with the capacity rounded up to ``CAPACITY_STEP``. A new one with graphs captures every
+    length up to ``MAX_GRAPH_TOKENS`` at once (a few seconds), so that no capture lands inside a timed generation."""
     runners = _runners.setdefault(model, {})
     key = (tuple(layers), bool(graphs))
     runner = runners.get(key)
@@ -168,4 +169,5 @@ def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool 
         del runner
         capacity = CAPACITY_STEP * math.ceil(positions / CAPACITY_STEP)
         runners[key] = StaticLM(model, capacity, layers, graphs)
+        runners[key].capture(range(1, MAX_GRAPH_TOKENS + 1))
     return runners[key]
