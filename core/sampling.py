@@ -11,6 +11,7 @@ round-off of the CDF. The labeler draws its uniforms in float64 too (``data_gen/
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,9 @@ class Sampling:
     """Response length cap; also the number of rows taken from an ``original`` prompt."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
+        # written so that a NaN fails each test (every comparison with NaN is false)
+        if not (0 <= self.temperature < math.inf) or not 0 < self.top_p <= 1 or self.top_k < 0 \
+                or self.max_new_tokens < 1:
             raise SettingError(f"bad sampling settings: {self} (need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
                                "max_new_tokens >= 1)")
 

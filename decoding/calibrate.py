@@ -45,17 +45,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_out(out: Path) -> None:
+    """OUT may be a new file or a calibration file this command wrote, which it replaces; anything else (a folder, a
+    label folder's manifest, any other file) is refused before the fit."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder: give the JSON file to write")
+    if out.exists():
+        try:
+            CalibratedConfidence.load(out)
+        except UserError:
+            raise UserError(f"--out {out} exists and is not a calibration file: give a new path (or a calibration "
+                            "file, which is replaced)") from None
+
+
 def main(argv: list[str] | None = None) -> CalibratedConfidence:
     a = parse_args(argv)
-    try:
+    out = Path(a.out)
+    try:  # every input checked before anything is written
+        check_out(out)
         fitted_on = trace_rows(a.labels, tuple(a.splits), COLUMNS)
         held_out = None if a.heldout is None else trace_rows(a.heldout, tuple(a.heldout_splits), COLUMNS)
-    except UserError as e:  # before anything is written
+        calibration = CalibratedConfidence.fit(fitted_on["logp_draft"], fitted_on["acceptance"])
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            calibration.save(out)
+        except OSError as e:
+            out.with_name(out.name + ".partial").unlink(missing_ok=True)
+            raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    calibration = CalibratedConfidence.fit(fitted_on["logp_draft"], fitted_on["acceptance"])
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    calibration.save(a.out)
     print(f"{a.out}: min(1, p/q) by isotonic regression on q(Y_i), {len(calibration.q)} knots")
     for name, rows, where in [("fitted on", fitted_on, f"{a.labels}: {', '.join(a.splits)}"),
                               ("held out", held_out, f"{a.heldout}: {', '.join(a.heldout_splits)}")]:

@@ -24,6 +24,7 @@ interpolated between the lengths timed: Σ_m calls(m)·T(m) + draft step·N_draf
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -185,7 +186,7 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e})") from None
     try:
-        return timing_fit(timing, draft, target)
+        fit = timing_fit(timing, draft, target)
     except KeyError as e:
         missing = str(e.args[0]) if e.args else ""
         if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
@@ -193,3 +194,21 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file (no {missing!r})") from None
     except (TypeError, AttributeError, ValueError, IndexError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e!r})") from None
+    for name in (draft, target):
+        bad = unusable_times(find_entry(timing, name))
+        if bad:
+            raise TimingFileError(f"timing file {path}: {name}'s {bad}")
+    return fit
+
+
+def unusable_times(entry: dict) -> str | None:
+    """The first time of a timing entry (its prefill, decode steps and verifications) that is not a finite number
+    of seconds above 0, in words naming the field; None when every one can price a forward."""
+    fields = {"prefill": entry["prefill"], **{f"decode step after {c}": v for c, v in entry["decode"].items()},
+              **{k: entry[k] for k in ("verify", "verify_short") if k in entry},
+              **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()}}
+    for name, timed in fields.items():
+        value = timed["median_s"]
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            return f"{name} is {value} s: a time must be a finite number of seconds above 0"
+    return None

@@ -63,6 +63,22 @@ class CalibratedConfidence:
     rows: int = 0
     """The label rows it was fitted on."""
 
+    def __post_init__(self) -> None:
+        """Knots that define a map from [0, 1] to [0, 1]: as many of each, at least one, finite, q non-decreasing;
+        a file that breaks this would otherwise be interpolated into nonsense without a word."""
+        self.q, self.acceptance = np.asarray(self.q, float), np.asarray(self.acceptance, float)
+        if self.q.ndim != 1 or self.acceptance.ndim != 1 or len(self.q) != len(self.acceptance) or not len(self.q):
+            raise ValueError(f"q and acceptance must be lists of equal length >= 1, got {self.q.shape} and "
+                             f"{self.acceptance.shape}")
+        for name, knots in (("q", self.q), ("acceptance", self.acceptance)):
+            if not np.all(np.isfinite(knots)) or knots.min() < 0 or knots.max() > 1:
+                raise ValueError(f"{name} must hold probabilities in [0, 1], got {knots.min()} … {knots.max()}"
+                                 + ("" if np.all(np.isfinite(knots)) else " and non-finite values"))
+        if np.any(np.diff(self.q) < 0):
+            raise ValueError("q must be non-decreasing (the knots of an interpolation)")
+        if self.rows < 0:
+            raise ValueError(f"rows must be >= 0, got {self.rows}")
+
     @classmethod
     def fit(cls, logp_draft: np.ndarray, acceptance: np.ndarray) -> "CalibratedConfidence":
         """Fit on rows: each candidate's log q(Y_i) and its min(1, p/q)."""
@@ -101,7 +117,7 @@ class CalibratedConfidence:
             if saved.get("estimate") != "calibrated_confidence":
                 raise ValueError(f"it holds {saved.get('estimate')!r}")
             return cls(q=np.array(saved["q"], float), acceptance=np.array(saved["acceptance"], float),
-                       rows=int(saved["rows"]))
+                       rows=int(saved["rows"]))  # checked by __post_init__
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise EstimateFileError(f"{where}: not a saved calibrated confidence ({e})") from None
 

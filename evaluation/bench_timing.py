@@ -215,9 +215,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "quantization; on CUDA the auto dtype, bfloat16)")
     p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
     a = p.parse_args(argv)
+    # each bad value in one line (run_main), not under argparse's usage
     if any(m < 2 for m in a.verify_lengths):
-        p.error(f"--verify-lengths are tokens per verification forward (candidates + 1), each >= 2; "
-                f"got {a.verify_lengths}")
+        raise SettingError(f"--verify-lengths are tokens per verification forward (candidates + 1), each >= 2; "
+                           f"got {' '.join(map(str, a.verify_lengths))}")
+    counts = {"--repeats": [a.repeats], "--prefill": [a.prefill], "--cache": a.cache, "--verify": [a.verify]}
+    for flag, values in counts.items():
+        if any(v < 1 for v in values):
+            raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
+    if a.verify_short < 0:
+        raise SettingError(f"--verify-short must be 0 (skip) or more, got {a.verify_short}")
+    if a.out is not None and Path(a.out).is_dir():
+        raise SettingError(f"--out {a.out} is a folder: give the JSON file to write")
     return a
 
 
@@ -276,9 +285,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def write_json(result: dict, out: Path) -> None:
-    """Write a benchmark's figures as JSON and say where."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    """Write a benchmark's figures as JSON, whole or not at all (a temporary file renamed over it), and say where;
+    a folder that cannot be written is one line."""
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(result, indent=2) + "\n")
+        partial.replace(out)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise SettingError(f"cannot write {out}: {e.strerror or e}") from None
     print(f"wrote {out}")
 
 

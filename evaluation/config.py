@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from core.cache import file_sha256
@@ -57,6 +58,7 @@ class Mode:
     ``hf_goodput``) run in this mode; None = every configured one."""
 
     def __post_init__(self) -> None:
+        self.sampling(1)  # its settings checked now (a NaN temperature too), not when the first prompt decodes
         unknown = sorted(set(self.families or ()) - set(POLICIES) - set(PEER_FAMILIES))
         if unknown:
             raise EvalError(f"mode {self.name!r}: unknown families {unknown}; "
@@ -265,6 +267,10 @@ class EvalConfig:
             raise EvalError(f"each family appears once in `policies`, got {fams}")
         if self.select_by == "simulated" and not self.labels_dir:
             raise EvalError("select_by: simulated replays the label traces of `labels_dir`; set it")
+        device = resolve_device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise EvalError(f"device: {self.device}, but torch sees no CUDA GPU on this machine; use device: auto or "
+                            "cpu")
         if self.decoder not in ("auto", "eager", "static", "graphs"):
             raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:

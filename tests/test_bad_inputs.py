@@ -1,0 +1,128 @@
+"""Bad input is one line before any work: a timing or calibration file whose numbers cannot price a round or map a
+confidence, a NaN in a sampling setting, a GPU the machine lacks, a benchmark count below one, an output path that is
+a folder or another tool's file. Each case here was accepted (or ended in a traceback) before it was checked."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_eval_latency import timing_file
+
+from core.errors import SettingError, UserError
+from core.sampling import Sampling
+from decoding.costs import TimingFileError, read_timing
+from decoding.estimates import CalibratedConfidence, EstimateFileError
+
+NAN = float("nan")
+
+
+def write(path, data) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("t_step", NAN, "target's decode step after 128 is nan"), ("t_step", -0.5, "target's decode step"),
+    ("d_step", -0.05, "draft's decode step"), ("d_step", NAN, "draft's decode step"),
+    ("t_verify", -1.0, "target's verify is -1.0"), ("t_prefill", NAN, "target's prefill is nan")])
+def test_a_timing_file_that_cannot_price_a_round_is_refused_naming_the_field(tmp_path, field, value, words):
+    path = write(tmp_path / "timing.json", timing_file(**{field: value}))
+    with pytest.raises(TimingFileError, match=words):
+        read_timing(path)
+    assert read_timing(write(tmp_path / "good.json", timing_file()))  # the same file with sound numbers reads
+
+
+@pytest.mark.parametrize("q, acceptance, words", [
+    ([0.1, NAN], [0.2, 0.5], "q must hold probabilities"), ([0.1, 5.0], [0.2, 0.5], "q must hold probabilities"),
+    ([0.1, 0.5], [0.2, 1.5], "acceptance must hold"), ([0.9, 0.1], [0.2, 0.5], "non-decreasing"),
+    ([0.1, 0.5, 0.9], [0.2, 0.5], "equal length"), ([], [], "equal length")])
+def test_a_calibration_file_that_maps_nothing_sound_is_refused(tmp_path, q, acceptance, words):
+    path = write(tmp_path / "calibration.json", {"estimate": "calibrated_confidence", "rows": 10, "q": q,
+                                                 "acceptance": acceptance})
+    with pytest.raises(EstimateFileError, match=f"{path}.*{words}"):
+        CalibratedConfidence.load(path)
+
+
+def test_an_export_with_a_bad_timing_or_calibration_writes_nothing(tmp_path):
+    from decoding.runtimes.hf_export import write_folder
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    head = export_head(ResNetHead(hidden_size=8, depth=1), tmp_path / "stop.safetensors",
+                       draft={"name": "tiny-draft", "source": "test"}, vocab_size=16, label={"kind": "test"},
+                       role="stop", threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={})
+    bad_timing = write(tmp_path / "timing.json", timing_file(t_step=-0.5))
+    with pytest.raises(UserError, match="target's decode step"):
+        write_folder(head, tmp_path / "out", timing=bad_timing)
+    bad_calibration = write(tmp_path / "calibration.json", {"estimate": "calibrated_confidence", "rows": 1,
+                                                             "q": [0.1, NAN], "acceptance": [0.2, 0.5]})
+    with pytest.raises(UserError, match="q must hold probabilities"):
+        write_folder(head, tmp_path / "out", timing=write(tmp_path / "good.json", timing_file()),
+                     calibration=bad_calibration)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=NAN), dict(temperature=math.inf), dict(top_p=NAN)])
+def test_a_nan_sampling_setting_is_refused(setting):
+    with pytest.raises(SettingError, match="bad sampling settings"):
+        Sampling(**setting)
+
+
+def test_a_labeling_or_eval_config_with_a_nan_temperature_is_refused_when_parsed(tmp_path, tiny_pair, capsys):
+    from data_gen.__main__ import main
+    from evaluation.config import Mode
+
+    with pytest.raises(SettingError, match="bad sampling settings"):
+        Mode(name="sample", temperature=NAN)
+    draft, target = tiny_pair
+    path = tmp_path / "labels.yaml"
+    path.write_text(f"draft: {{path: {draft}}}\ntarget: {{path: {target}}}\nprompts: {{source: humaneval}}\n"
+                    f"output_dir: {tmp_path / 'labels'}\nsampling:\n  temperature: .nan\n")
+    assert main(["--config", str(path)]) == 2
+    assert "bad sampling settings" in capsys.readouterr().err
+    assert not (tmp_path / "labels").exists()
+
+
+def test_an_eval_on_a_gpu_the_machine_lacks_is_one_line(monkeypatch, tmp_path):
+    from test_eval_run import make_cfg
+
+    from evaluation.config import EvalError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EvalError, match="torch sees no CUDA GPU"):
+        make_cfg(tmp_path, device="cuda")
+
+
+@pytest.mark.parametrize("flags, words", [(["--repeats", "0"], "--repeats must be at least 1"),
+                                          (["--prefill", "-5"], "--prefill must be at least 1"),
+                                          (["--cache", "256", "0"], "--cache must be at least 1"),
+                                          (["--verify-lengths", "1"], "each >= 2")])
+def test_bench_timing_counts_below_one_are_one_line(flags, words):
+    from evaluation.bench_timing import parse_args
+
+    with pytest.raises(SettingError, match=words):
+        parse_args(flags)
+
+
+def test_bench_timing_out_a_folder_is_one_line(tmp_path):
+    from evaluation.bench_timing import parse_args
+
+    with pytest.raises(SettingError, match="is a folder"):
+        parse_args(["--out", str(tmp_path)])
+
+
+def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_path, capsys):
+    from decoding.calibrate import main
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text('{"a label folder": "manifest"}')
+    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a calibration file")]:
+        with pytest.raises(SystemExit) as stop:
+            main(["--labels", str(tmp_path / "no-labels"), "--out", str(out)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1
+    assert manifest.read_text() == '{"a label folder": "manifest"}'
