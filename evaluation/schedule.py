@@ -25,7 +25,7 @@ from decoding.traces import load_label_traces
 from evaluation.simulate import best_settings, default_grid, goodput_grid, table
 
 FAMILIES = ("sd", "confidence", "specdecpp", "goodput")
-"""The policies a schedule holds beside target-only (the issue's trace-forced set)."""
+"""The policies a schedule holds beside target-only (the set the GPU check times)."""
 
 
 def portable(params: dict) -> dict:

@@ -64,3 +64,13 @@ def test_every_relative_link_points_at_a_file(page):
 
 def test_the_front_page_fits_a_screenful_of_sections():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+def test_make_help_lists_every_target_in_pipeline_order_within_100_columns():
+    text = (ROOT / "Makefile").read_text()
+    described = dict(re.findall(r"^([a-z][a-z-]*):.*## (.*)$", text, re.M))
+    order = re.search(r"^HELP_ORDER := (.*?)(?<!\\)$", text, re.M | re.S).group(1).replace("\\\n", " ").split()
+    assert sorted(order) == sorted(described), "HELP_ORDER and the described targets differ"
+    assert order.index("labels") < order.index("train") < order.index("eval")
+    for target, words in described.items():
+        assert len(f"  make {target:<16} {words}") <= 100, target

@@ -1,4 +1,4 @@
-"""What an exported head may be trusted with (issue 27): its metadata under a digest, a draft identified by the
+"""What an exported head may be trusted with: its metadata under a digest, a draft identified by the
 weights it holds, labels and heads of one draft, and ``make export-hf`` writing only where it may.
 
 Each bad input is one ``HeadFileError``/``error:`` line, and nothing is written before the input is checked.
