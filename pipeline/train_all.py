@@ -33,6 +33,7 @@ from torchmetrics import Metric
 from core.cache import file_sha256
 from core.errors import SettingError, UserError
 from core.intervals import Interval, grouped_interval
+from core.lock import folder_lock
 from core.shards import prompt_digests
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
@@ -345,8 +346,13 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
-                         stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
+    for flag, folder in (("--out", out), ("--checkpoints", ckpt), ("--heads-dir", heads_dir)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise SettingError(f"{flag} {folder} is a file: give a folder")
+    # two runs exporting into one heads folder would leave heads of one beside the other's metrics: one at a time
+    with folder_lock(heads_dir or out, "a training run"):
+        results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
+                             stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
         return []
     report = table(results)

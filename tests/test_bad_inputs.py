@@ -126,3 +126,35 @@ def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_pat
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1
     assert manifest.read_text() == '{"a label folder": "manifest"}'
+
+
+def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_trains(tmp_path, capsys):
+    from core.lock import FolderInUse, folder_lock
+    from pipeline.train_all import main
+
+    labels = str(tmp_path / "no-labels")  # never read: both refusals come first
+    afile = tmp_path / "heads"
+    afile.write_text("not a folder")
+    with pytest.raises(SettingError, match="--heads-dir .* is a file"):
+        main(["--labels", labels, "--heads-dir", str(afile), "--out", str(tmp_path / "out")])
+    held = tmp_path / "held"
+    with folder_lock(held, "a training run"):
+        with pytest.raises(FolderInUse, match="in use by a training run"):
+            main(["--labels", labels, "--heads-dir", str(held), "--out", str(tmp_path / "out")])
+
+
+def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path):
+    from core.lock import FolderInUse, folder_lock
+    from decoding.runtimes.hf_export import write_folder
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    head = export_head(ResNetHead(hidden_size=8, depth=1), tmp_path / "stop.safetensors",
+                       draft={"name": "tiny-draft", "source": "test"}, vocab_size=16, label={"kind": "test"},
+                       role="stop", threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={})
+    out = tmp_path / "out"
+    with folder_lock(out, "an export"):
+        with pytest.raises(FolderInUse, match="in use by an export"):
+            write_folder(head, out)
+    assert write_folder(head, out) == out and (out / "custom_generate" / "generate.py").is_file()
+    assert write_folder(head, out) == out  # its own earlier export is replaced

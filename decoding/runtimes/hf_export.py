@@ -40,6 +40,7 @@ from pathlib import Path
 import transformers
 
 from core.errors import UserError
+from core.lock import LOCK_FILE, folder_lock
 from core.quantization import NONE, QUANTIZATIONS
 from decoding.costs import read_timing, timing_device
 from decoding.estimates import CalibratedConfidence
@@ -117,7 +118,7 @@ def previous_export(out: Path) -> list[Path]:
         raise ExportError(f"{out}: refusing to write into the current directory; name a new folder")
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder; name a new folder")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir()):
         return []
     try:
         files = [Path(f) for f in json.loads((out / MARKER).read_text())["files"]]
@@ -148,7 +149,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     if rate != "online" and not (isinstance(rate, (int, float)) and 0 < rate < float("inf")):
         raise ExportError(f"--rate must be a positive number of tokens per second or online, got {rate!r}")
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
-    previous = previous_export(out)
+    previous_export(out)  # a folder it may not write into is refused before anything is written
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
     generated = {
@@ -181,13 +182,20 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     files["README.md"] = readme(meta, head.name, out.name, None if costs is None else {
         "timing": Path(timing).name, "device": timing_device(timing) or "an unnamed device", "rate": rate,
         "calibration": None if calibration is None else Path(calibration).name})
-    for path in previous:
-        path.unlink(missing_ok=True)
-    (out / "custom_generate").mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"head": head.name, "files": [MARKER, head.name, *files]}, indent=1) + "\n")
-    (out / head.name).write_bytes(data)
-    for name, text in files.items():
-        (out / name).write_text(text)
+    with folder_lock(out, "an export"):  # two exports into one folder: the second stops with one line
+        for path in previous_export(out):  # again under the lock: another export may have written since
+            path.unlink(missing_ok=True)
+        written = []
+        try:
+            (out / "custom_generate").mkdir(parents=True, exist_ok=True)
+            for name, content in {MARKER: json.dumps({"head": head.name, "files": [MARKER, head.name, *files]},
+                                                     indent=1) + "\n", head.name: data, **files}.items():
+                written.append(out / name)
+                (out / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        except OSError as e:  # a full disk or a read-only folder: no half-written folder left behind
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
     return out
 
 
