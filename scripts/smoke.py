@@ -18,12 +18,36 @@ from pathlib import Path
 import torch
 
 from core.errors import SettingError, run_main
+from core.lock import folder_lock
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from data_gen.run import run_labels
 from testing.tiny import label_config, make_pair, write_prompts
 
 ROOT = Path("runs/smoke")
+OWN = ("models", "prompts.jsonl", "heldout.jsonl", "labels", "train", "checkpoints", "heads", "eval")
+"""What a smoke run writes under ROOT, and so what the next one deletes; nothing else there is touched."""
+MARKER = ".smoke-run"
+
+
+def clear(root: Path) -> None:
+    """Delete an earlier smoke run's own outputs (those of ``OWN`` in a folder a smoke run marked, or in one that
+    holds nothing else); anything else there is left alone, and a folder of other files no smoke run marked is
+    refused."""
+    if root.is_file():
+        raise SettingError(f"{root} is a file; the smoke run writes a folder there")
+    entries = [e for e in root.iterdir() if e.name not in (MARKER, ".lock")] if root.is_dir() else []
+    if any(e.name not in OWN for e in entries) and not (root / MARKER).is_file():
+        raise SettingError(f"{root} holds files no smoke run wrote ({entries[0].name}, …): move them, or delete the "
+                           "folder")
+    for name in OWN:
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text("outputs of python -m scripts.smoke: " + ", ".join(OWN) + "\n")
 
 
 def stage_labels(root: Path, device: str) -> None:
@@ -104,17 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SettingError("--device cuda: no CUDA GPU that torch can use on this machine")
-    shutil.rmtree(ROOT, ignore_errors=True)
-    ROOT.mkdir(parents=True)
+    with folder_lock(ROOT, "a smoke run"):
+        return run(args.device)
+
+
+def run(device: str) -> int:
+    clear(ROOT)
     t0 = time.perf_counter()
-    stages = [(name, lambda root, stage=stage: stage(root, args.device)) for name, stage in STAGES]
-    if args.device == "cuda":
+    stages = [(name, lambda root, stage=stage: stage(root, device)) for name, stage in STAGES]
+    if device == "cuda":
         stages.append(("audit of the GPU's labels on the CPU", stage_audit))
     for name, stage in stages:
         t = time.perf_counter()
         stage(ROOT)
         print(f"smoke: {name} ok ({time.perf_counter() - t:.1f} s)")
-    print(f"smoke: all stages ok on {args.device} in {time.perf_counter() - t0:.1f} s; outputs under {ROOT}/")
+    print(f"smoke: all stages ok on {device} in {time.perf_counter() - t0:.1f} s; outputs under {ROOT}/")
     return 0
 
 

@@ -158,3 +158,21 @@ def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path
             write_folder(head, out)
     assert write_folder(head, out) == out and (out / "custom_generate" / "generate.py").is_file()
     assert write_folder(head, out) == out  # its own earlier export is replaced
+
+
+def test_the_smoke_run_deletes_only_its_own_outputs(tmp_path):
+    from scripts.smoke import MARKER, clear
+
+    root = tmp_path / "smoke"
+    (root / "labels").mkdir(parents=True)
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(SettingError, match="holds files no smoke run wrote"):
+        clear(root)  # unmarked, with a file of the user's: nothing deleted
+    assert (root / "labels").is_dir() and (root / "notes.txt").read_text() == "mine"
+    (root / "notes.txt").unlink()
+    clear(root)  # an unmarked earlier run's outputs only: cleared and marked
+    assert not (root / "labels").exists() and (root / MARKER).is_file()
+    (root / "labels").mkdir()
+    (root / "notes.txt").write_text("mine")
+    clear(root)  # marked: its own outputs go, the user's file stays
+    assert not (root / "labels").exists() and (root / "notes.txt").read_text() == "mine"
