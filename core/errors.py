@@ -27,3 +27,39 @@ def run_main(main) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.exit(0)
+
+
+def parse_settings(parser, argv: list[str] | None = None):
+    """``parser.parse_args(argv)`` for a jsonargparse parser made with ``exit_on_error=False``: a ``--config`` file
+    that is missing, empty or not a mapping of settings, and every error of the parse, become one ``SettingError``
+    line naming the file or the setting (where argparse would print its whole usage first)."""
+    import sys
+    from argparse import ArgumentError
+    from pathlib import Path
+
+    args = sys.argv[1:] if argv is None else argv
+    configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    configs += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for config in configs:
+        check_config_file(Path(config), parser.prog)
+    try:
+        return parser.parse_args(argv)
+    except ArgumentError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise SettingError(" ".join(lines) + f" (`{parser.prog} --help` lists the settings)") from None
+
+
+def check_config_file(path, prog: str) -> None:
+    """A settings file that exists and holds a YAML mapping, or one ``SettingError`` saying which it is not."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SettingError(f"config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SettingError(f"config {path}: not a YAML file ({' '.join(str(e).split())})") from None
+    if data is None:
+        raise SettingError(f"config {path} is empty: it should set the settings (`{prog} --help` lists them)")
+    if not isinstance(data, dict):
+        raise SettingError(f"config {path} holds a {type(data).__name__}, not a mapping of settings to values")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from core.errors import UserError
+from core.errors import UserError, parse_settings
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 
 
@@ -13,7 +13,8 @@ def parser():
 
     from data_gen.run import LabelConfig
 
-    p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair.")
+    p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair.",
+                       exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(LabelConfig, None, as_group=False)
     return p
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
             from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
             p = parser()
-            ns = p.instantiate(p.parse_args(argv))
+            ns = p.instantiate(parse_settings(p, argv))
             cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
             run_labels(cfg)
     except KeyboardInterrupt:

@@ -42,7 +42,7 @@ import tokenize
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
+from core.errors import UserError, parse_settings
 from core.lock import LOCK_FILE, folder_lock
 from core.shards import read_json, write_json
 
@@ -512,11 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     p = ArgumentParser(prog="python -m data_gen.corpus",
-                       description="Build a HumanEval-shaped prompt corpus from installed third-party packages.")
+                       description="Build a HumanEval-shaped prompt corpus from installed third-party packages.",
+                       exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(CorpusConfig, None, as_group=False)
     try:
-        ns = p.parse_args(argv)
+        ns = parse_settings(p, argv)
         cfg = CorpusConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
         m = build_corpus(cfg, progress=True)
     except UserError as e:

@@ -11,7 +11,7 @@ import torch
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from core.cache import file_sha256
-from core.errors import UserError
+from core.errors import UserError, parse_settings
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
@@ -324,7 +324,8 @@ class EvalConfig:
 
 
 def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report.")
+    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report.",
+                       exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(EvalConfig, None, as_group=False)
     p.add_argument("--report_only", type=bool, default=False,
@@ -336,7 +337,7 @@ def parse(argv: list[str] | None = None) -> tuple[EvalConfig, bool]:
     """The settings ``python -m evaluation`` reads from ``argv`` (a ``--config`` file and overrides), and whether it
     only rewrites the report."""
     p = parser()
-    ns = p.instantiate(p.parse_args(argv))
+    ns = p.instantiate(parse_settings(p, argv))
     report_only = ns.pop("report_only") if hasattr(ns, "pop") else False
     kw = {k: v for k, v in vars(ns).items() if k not in ("config", "report_only")}
     return EvalConfig(**kw), bool(report_only)

@@ -176,3 +176,42 @@ def test_the_smoke_run_deletes_only_its_own_outputs(tmp_path):
     (root / "notes.txt").write_text("mine")
     clear(root)  # marked: its own outputs go, the user's file stays
     assert not (root / "labels").exists() and (root / "notes.txt").read_text() == "mine"
+
+
+def test_report_only_on_a_folder_without_an_eval_is_one_line(tmp_path, capsys):
+    from test_eval_run import make_cfg
+
+    from evaluation.__main__ import main
+
+    cfg = make_cfg(tmp_path)
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'empty'}\nmodes: [{{name: sample}}]\n"
+                      "policies: [{family: target_only}]\n")
+    assert main(["--config", str(config), "--draft.path", cfg.draft.path, "--target.path", cfg.target.path,
+                 "--prompts.source", cfg.prompts.source, "--report_only", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds none" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "empty" / "report.md").exists()
+
+
+@pytest.mark.parametrize("command", ["data_gen", "evaluation", "data_gen.corpus"])
+@pytest.mark.parametrize("content, words", [("", "is empty"), ("- a\n- list\n", "not a mapping"),
+                                            (None, "no such file"), ("max_new_tokens: [1, 2\n", "not a YAML file")])
+def test_a_config_file_that_holds_no_settings_is_one_line(tmp_path, capsys, command, content, words):
+    import importlib
+
+    path = tmp_path / "config.yaml"
+    if content is not None:
+        path.write_text(content)
+    main = importlib.import_module(command if command == "data_gen.corpus" else f"{command}.__main__").main
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+
+
+def test_a_setting_of_the_wrong_type_is_one_line_without_the_usage(capsys):
+    from data_gen.corpus import main
+
+    assert main(["--min_body_lines", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "min_body_lines" in err and len(err.splitlines()) == 1 and "usage" not in err
