@@ -27,12 +27,13 @@ from tqdm import tqdm
 from core import label_math as lm
 from core.adapter import tap
 from core.errors import UserError
-from core.models import DTYPES, ModelSpec, load_model
+from core.models import DTYPES, load_model
 from core.quantization import decode_numerics, prompt_scales
 from core.sampling import Sampling, prompt_generator
 from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_json, read_manifest, shard_paths,
                          vector_sizes)
 from data_gen.labeler import MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y
+from data_gen.run import recorded_model
 
 VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
 """The vector columns, compared by the norm of the difference relative to the recomputed vector's norm: a head's
@@ -362,7 +363,7 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     settings = read_json(folder / "run.json", "label the folder again to audit it")
     models, identities = [], []
     for role in ("draft", "target"):
-        model, _, identity = load_model(ModelSpec(**settings[role]), settings["dtype"])
+        model, _, identity = load_model(recorded_model(settings, role), settings["dtype"])
         recorded = settings.get("inputs", {}).get(role, {})
         changed = [k for k, v in recorded.items() if identity.get(k) != v]
         if changed:

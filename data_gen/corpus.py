@@ -77,10 +77,12 @@ class CorpusConfig:
 
     out: str = "runs/corpus"
     """Folder for ``corpus.parquet`` and ``manifest.json``."""
-    packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
-    """Installed distributions to read (``all``: every installed one, sorted, less ``STDLIB_COPIES``)."""
-    paths: list[str] = field(default_factory=list)
-    """Extra source folders, each read as a package named after the folder (version ``local``)."""
+    packages: list[str] | str = field(default_factory=lambda: list(DEFAULT_PACKAGES))
+    """Installed distributions to read (``all``: every installed one, sorted, less ``STDLIB_COPIES``); on the
+    command line a list (``'[numpy, scipy]'``) or names separated by commas (``numpy,scipy``, or one: ``numpy``)."""
+    paths: list[str] | str = field(default_factory=list)
+    """Extra source folders, each read as a package named after the folder (version ``local``); a list or names
+    separated by commas, as ``packages``."""
     min_doc_words: int = 3
     """Words in the docstring's first line, at least."""
     max_doc_lines: int = 40
@@ -102,6 +104,10 @@ class CorpusConfig:
     """Refuse to write a corpus with fewer rows."""
 
     def __post_init__(self) -> None:
+        for name in ("packages", "paths"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, [v.strip() for v in value.split(",") if v.strip()])
         if not 0 < self.near_dup_jaccard <= 1 or not 0 < self.humaneval_containment <= 1:
             raise CorpusError("near_dup_jaccard and humaneval_containment must be in (0, 1]")
         if self.min_body_lines < 1 or self.max_body_lines < self.min_body_lines:

@@ -73,8 +73,9 @@ class LabelConfig:
     """Prompts per batch (one shard per batch)."""
     seed: int = 0
     """Seed of every random draw (splits, categories, samples)."""
-    dtype: str = "float32"
-    """Model dtype: float32, bfloat16, float16, or ``auto``, resolved as the evaluation resolves it
+    dtype: str = "auto"
+    """Model dtype: float32, bfloat16, float16, or ``auto`` (the default, as the shipped configs and the eval say),
+    resolved as the evaluation resolves it
     (``core.models.resolve_dtype``: bfloat16 on CUDA and on CPUs with native bf16, else float32), so that labels,
     heads and decoding read features of one precision."""
     accelerator: str = "auto"
@@ -107,8 +108,8 @@ class LabelConfig:
     def from_record(cls, record: dict, output_dir: str | Path) -> "LabelConfig":
         """The settings of the run that wrote ``record`` (its ``run.json``: ``settings()`` and the inputs) into
         ``output_dir``."""
-        d = {k: v for k, v in record.items() if k not in ("schema_version", "inputs")}
-        return cls(**{**d, "draft": ModelSpec(**d["draft"]), "target": ModelSpec(**d["target"]),
+        d = {k: v for k, v in record.items() if k not in ("schema_version", "inputs", MODEL_FILES)}
+        return cls(**{**d, "draft": recorded_model(record, "draft"), "target": recorded_model(record, "target"),
                       "prompts": PromptConfig(**d["prompts"]), "sampling": Sampling(**d["sampling"]),
                       "split_fractions": tuple(d["split_fractions"]), "output_dir": str(output_dir)})
 
@@ -255,9 +256,14 @@ def read_pair_record(out: Path, record: dict) -> dict | None:
     return pair if isinstance(pair, dict) and pair.get("run") == record else None
 
 
+MODEL_FILES = "model_files"
+"""``run.json``'s record of each local model path as an absolute one, so that a folder made with relative paths can
+be audited or snapshotted from another directory; not a setting (a resume from elsewhere is the same run)."""
+
+
 def run_differences(previous: dict, record: dict) -> list[str]:
     """The settings, and the inputs, in which ``previous`` (a ``run.json``) differs from ``record``."""
-    changed = sorted(k for k in record if k != "inputs" and previous.get(k) != record[k])
+    changed = sorted(k for k in record if k not in ("inputs", MODEL_FILES) and previous.get(k) != record[k])
     old = previous.get("inputs") or {}
     changed += [f"inputs.{k} (content changed)" for k in record["inputs"] if old and old.get(k) != record["inputs"][k]]
     if not old:
@@ -267,7 +273,19 @@ def run_differences(previous: dict, record: dict) -> list[str]:
 
 def run_record(cfg: LabelConfig, inputs: dict) -> dict:
     """``run.json``: the settings, and the digests of the inputs, that a resume must match."""
-    return json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))  # tuples -> lists, as stored
+    files = {role: str(Path(spec.path).resolve()) for role, spec in (("draft", cfg.draft), ("target", cfg.target))
+             if spec.path and Path(spec.path).exists()}
+    return json.loads(json.dumps({**cfg.settings(), "inputs": inputs, MODEL_FILES: files}))  # tuples -> lists
+
+
+def recorded_model(record: dict, role: str) -> ModelSpec:
+    """The ``role`` model of a ``run.json``: its spec, with a relative path that does not exist from here replaced
+    by the absolute one the run recorded (``MODEL_FILES``)."""
+    spec = ModelSpec(**record[role])
+    recorded = record.get(MODEL_FILES, {}).get(role)
+    if spec.path and not Path(spec.path).exists() and recorded and Path(recorded).exists():
+        spec = dataclasses.replace(spec, path=recorded)
+    return spec
 
 
 def previous_run(out: Path) -> dict | None:

@@ -99,6 +99,7 @@ def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12
         batch_size=batch_size,
         accelerator="cpu",
         devices=1,
+        dtype="float32",  # one precision on every CPU (auto is bf16 on CPUs with AMX); bf16 is tested on purpose
     )
     return LabelConfig(**{**kw, **overrides})
 

@@ -215,3 +215,25 @@ def test_a_setting_of_the_wrong_type_is_one_line_without_the_usage(capsys):
     assert main(["--min_body_lines", "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert "min_body_lines" in err and len(err.splitlines()) == 1 and "usage" not in err
+
+
+def test_a_label_folder_made_with_relative_model_paths_audits_from_another_directory(tiny_pair, prompt_file,
+                                                                                     tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from data_gen import audit
+    from data_gen.run import run_labels
+    from testing.tiny import label_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for role, path in zip(("draft", "target"), tiny_pair):
+        shutil.copytree(path, work / role)
+    monkeypatch.chdir(work)
+    run_labels(label_config("draft", "target", prompt_file, work / "labels", max_new_tokens=4, batch_size=4),
+               quiet=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # undone by monkeypatch
+    assert audit.main([str(work / "labels"), "--rows", "4"]) == 0

@@ -154,7 +154,7 @@ KILL_AFTER = textwrap.dedent(
                       target=ModelSpec(path=sys.argv[2], name="tiny-target"),
                       prompts=PromptConfig(source=sys.argv[3], response_field="answer"),
                       sampling=Sampling(max_new_tokens=6), output_dir=sys.argv[4], batch_size=3,
-                      accelerator="cpu", devices=1)
+                      accelerator="cpu", devices=1, dtype="float32")
     run_labels(cfg, callbacks=[Die()], quiet=True)
     """
 )
@@ -210,7 +210,7 @@ def _cli(label_config, capsys, *extra, **overrides):
     cfg = label_config(**overrides)
     args = ["--draft.path", cfg.draft.path, "--target.path", cfg.target.path, "--prompts.source", cfg.prompts.source,
             "--prompts.response_field", "answer", "--output_dir", cfg.output_dir, "--sampling.max_new_tokens", "6",
-            "--accelerator", "cpu", "--devices", "1", *extra]
+            "--accelerator", "cpu", "--devices", "1", "--dtype", "float32", *extra]
     rc = cli_main(args)
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]

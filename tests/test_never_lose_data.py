@@ -240,7 +240,8 @@ def test_two_labeling_commands_at_once_one_refused(label_config, tiny_pair, prom
     one process's own."""
     args = [sys.executable, "-m", "data_gen", "--draft.path", str(tiny_pair[0]), "--target.path", str(tiny_pair[1]),
             "--prompts.source", str(prompt_file), "--prompts.response_field", "answer", "--sampling.max_new_tokens",
-            "6", "--batch_size", "3", "--accelerator", "cpu", "--devices", "1", "--output_dir", str(tmp_path / "two")]
+            "6", "--batch_size", "3", "--accelerator", "cpu", "--devices", "1", "--dtype", "float32", "--output_dir",
+            str(tmp_path / "two")]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen([*args, "--seed", str(seed)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               text=True, env=env) for seed in (0, 1)]

@@ -42,6 +42,7 @@ def tiny_labels(tmp_path_factory):
         output_dir=str(root / "labels"),
         split_fractions=(0.5, 0.25, 0.25),
         batch_size=8,
+        dtype="float32",
     )
     run_labels(cfg, quiet=True)
     return root / "labels"
