@@ -199,6 +199,11 @@ def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
     path, results = RunDir(out).settings, RunDir(out).results
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
     if cfg.overwrite:
+        named = [p.relative_to(out).as_posix() for p in RunDir(out).files()]
+        if named and not (path.exists() or results.exists()):  # an eval's names, and no eval's record or results
+            raise EvalError(f"{out} holds {', '.join(named[:3])}{', …' if len(named) > 3 else ''} but no "
+                            f"evaluation's {path.name} or {results.name}: overwrite deletes only an evaluation's own "
+                            "files, and these are not known to be; move them or choose another output_dir")
         return settings
     if not path.exists() and not results.exists():
         others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)

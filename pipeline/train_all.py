@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import re
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
 from core.cache import file_sha256
-from core.errors import SettingError, UserError
+from core.errors import SettingError, run_main
 from core.intervals import Interval, grouped_interval
 from core.lock import folder_lock
 from core.shards import prompt_digests
@@ -373,8 +372,4 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (UserError, MisconfigurationException) as e:  # the user's to fix (no labels yet, a bad setting): one line
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, also=(MisconfigurationException,))  # Lightning's word for a bad setting: one line as well

@@ -32,10 +32,10 @@ from core.lock import folder_lock
 from core.sampling import Sampling
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
-from decoding.schedule import predicted_seconds, read_schedule, tokens
+from decoding.schedule import predicted_seconds, read_schedule
 from decoding.state import HEAD_FEATURES, CachedLM, ModelPair
 from decoding.static import static_lm
-from evaluation.bench_timing import BUILTIN, build, model_config
+from evaluation.bench_timing import build, model_config
 from heads.exported import ExportedHead
 
 SHAPES = {"qwen2.5-coder-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,

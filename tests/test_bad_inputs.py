@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from test_eval_latency import timing_file
+from test_never_lose_data import python_sigint  # noqa: F401  (a fixture)
 
 from core.errors import SettingError, UserError
 from core.sampling import Sampling
@@ -237,3 +238,58 @@ def test_a_label_folder_made_with_relative_model_paths_audits_from_another_direc
     elsewhere.mkdir()
     os.chdir(elsewhere)  # undone by monkeypatch
     assert audit.main([str(work / "labels"), "--rows", "4"]) == 0
+
+
+def _exit_of(main, capsys, **kwargs) -> tuple[int, list[str]]:
+    from core.errors import run_main
+
+    with pytest.raises(SystemExit) as stop:
+        run_main(main, **kwargs)
+    return stop.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_every_command_ends_a_ctrl_c_or_bad_input_in_one_line(capsys, python_sigint):
+    """``run_main``, the one wrapper of the commands: Ctrl-C is 130 (also when a library caught it and exited its
+    own way, as Lightning does with exit 1 after a Ctrl-C), bad input 2 (a library's kind too, when named), one
+    line each; a bug keeps its traceback."""
+    import signal
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    def caught_then_exit():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            raise SystemExit(1) from None
+
+    class LibraryMisconfiguration(Exception):
+        pass
+
+    def misconfigured():
+        raise LibraryMisconfiguration("no val\n  split")
+
+    assert _exit_of(ctrl_c, capsys) == (130, ["interrupted: stopped by Ctrl-C"])
+    assert _exit_of(caught_then_exit, capsys) == (130, ["interrupted: stopped by Ctrl-C"])
+    assert _exit_of(misconfigured, capsys, also=(LibraryMisconfiguration,)) == (2, ["error: no val split"])
+    with pytest.raises(LibraryMisconfiguration):
+        _exit_of(misconfigured, capsys)
+    assert _exit_of(lambda: None, capsys) == (0, [])
+
+
+def test_eval_overwrite_refuses_files_named_as_an_evals_that_no_eval_wrote(tmp_path):
+    from test_eval_fakes import fake_engine
+    from test_eval_run import make_cfg
+    from test_never_lose_data import QUICK
+
+    from evaluation.config import EvalError
+    from evaluation.run import run_eval
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "loglik.jsonl").write_text("my own notes\n")
+    (folder / "selection.json").write_text("{}")
+    with pytest.raises(EvalError, match="no evaluation's settings.json"):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert (folder / "loglik.jsonl").read_text() == "my own notes\n" and (folder / "selection.json").is_file()
+    assert sorted(p.name for p in folder.iterdir()) == ["loglik.jsonl", "selection.json"]
