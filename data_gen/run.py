@@ -325,10 +325,15 @@ def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
                             "beside what it holds")
 
 
-def _start_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
-    """Record the run in ``run.json``, after deleting this folder's earlier run (its shards, their records, its
-    manifest; nothing else) when asked to start over."""
+def _start_run(out: Path, cfg: LabelConfig, inputs: dict, names: list[str]) -> None:
+    """Record the run in ``run.json``, after deleting this folder's earlier run when asked to start over: its
+    manifest and the shards a labeling run wrote (each has its record) or that this run writes again (``names``),
+    with their records; a shard that is neither is refused first, since it is no run's to delete."""
     if cfg.overwrite:
+        stray = [p for p in shards.unlisted_shards(out, names) if not Path(f"{p}.json").exists()]
+        if stray:
+            raise LabelingError(f"{stray[0]} is not a shard any labeling run recorded: --overwrite deletes only a "
+                                "labeling run's own files; move it out of the dataset's folders and run again")
         for p in [*shards.dataset_files(out), out / "manifest.json"]:
             p.unlink(missing_ok=True)
     shards.write_json(out / RUN_FILE, run_record(cfg, inputs))
@@ -387,12 +392,12 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
             batches = make_batches(records, cfg.batch_size)
             if launching_process():  # the ranks it starts write into the folder it prepared
-                _start_run(out, cfg, inputs)
+                names = [f"{b['key']}.arrow" for b in batches] \
+                    + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches]
+                _start_run(out, cfg, inputs, names)
                 write_pair_record(out, run_record(cfg, inputs), models, draft, target)
                 shards.clean_temporaries(out, (RUN_FILE, PAIR_FILE))  # the folder is this run's now
-                _refuse_unlisted(out, [f"{b['key']}.arrow" for b in batches]
-                                 + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches],
-                                 manifest=False)
+                _refuse_unlisted(out, names, manifest=False)
             if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
                 return {}  # another rank: rank 0 writes the manifest
             _check_complete(out, batches)

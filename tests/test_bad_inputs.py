@@ -293,3 +293,19 @@ def test_eval_overwrite_refuses_files_named_as_an_evals_that_no_eval_wrote(tmp_p
         run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
     assert (folder / "loglik.jsonl").read_text() == "my own notes\n" and (folder / "selection.json").is_file()
     assert sorted(p.name for p in folder.iterdir()) == ["loglik.jsonl", "selection.json"]
+
+
+def test_labeling_overwrite_refuses_a_shard_no_run_recorded_instead_of_deleting_it(label_config, tmp_path):
+    from data_gen.run import LabelingError, run_labels
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    stray = out / "train" / "someone-elses.arrow"
+    stray.write_bytes(b"not ours")
+    with pytest.raises(LabelingError, match="someone-elses.arrow is not listed"):
+        run_labels(label_config(), quiet=True)
+    with pytest.raises(LabelingError, match="someone-elses.arrow is not a shard any labeling run recorded"):
+        run_labels(label_config(seed=5, overwrite=True), quiet=True)
+    assert stray.read_bytes() == b"not ours" and (out / "manifest.json").exists()
+    stray.unlink()
+    run_labels(label_config(seed=5, overwrite=True), quiet=True)  # its own earlier run is started over
