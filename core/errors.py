@@ -16,36 +16,6 @@ class SettingError(UserError, ValueError):
     """A setting outside the values it may take (a non-positive weight, an unknown name), as the user gave it."""
 
 
-def run_main(main, also: tuple[type[Exception], ...] = ()) -> None:
-    """Run a command's ``main()`` as its ``__main__`` block: bad input (a ``UserError``, or one of ``also``, a
-    library's own kind of bad input) ends in one line on stderr and exit status 2, Ctrl-C in one line and 130
-    (``core.interrupt``: also when a library caught it and failed or exited its own way), a bug in its traceback;
-    otherwise exit 0 (whatever ``main`` returns is for callers)."""
-    import sys
-
-    from core.interrupt import CtrlCGuard, command_failure, interrupted_line
-
-    def interrupted(then: BaseException | None = None) -> int:
-        print(interrupted_line(then), file=sys.stderr)
-        return 130
-
-    ctrl_c = CtrlCGuard()
-    try:
-        with ctrl_c:
-            main()
-    except KeyboardInterrupt:
-        sys.exit(interrupted())
-    except SystemExit as e:
-        if ctrl_c.received and e.code not in (0, None):  # e.g. Lightning's exit after it caught the Ctrl-C
-            sys.exit(interrupted())
-        raise
-    except Exception as e:
-        if isinstance(e, also) and not ctrl_c.received:
-            e = UserError(" ".join(str(e).split()))
-        sys.exit(command_failure(ctrl_c, e, interrupted))
-    sys.exit(0)
-
-
 def parse_settings(parser, argv: list[str] | None = None):
     """``parser.parse_args(argv)`` for a jsonargparse parser made with ``exit_on_error=False``: a ``--config`` file
     that is missing, empty or not a mapping of settings, and every error of the parse, become one ``SettingError``

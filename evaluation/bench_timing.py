@@ -39,7 +39,8 @@ from typing import Any, Callable
 
 import torch
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
 from core.quantization import QUANTIZATIONS, quantize

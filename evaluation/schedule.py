@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from decoding.replay import RoundCosts
 from decoding.schedule import draw_rounds, target_only_rounds, write_schedule
 from decoding.simulate import round_lengths

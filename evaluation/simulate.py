@@ -21,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from core.errors import SettingError, UserError, run_main
+from core.errors import SettingError, UserError
+from core.interrupt import run_main
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from core.intervals import Interval
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors

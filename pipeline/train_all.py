@@ -30,7 +30,8 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
 from core.cache import file_sha256
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
 from core.lock import folder_lock
 from core.shards import prompt_digests

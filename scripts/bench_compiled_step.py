@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from evaluation.bench_timing import DEFAULT_MODELS, build, model_config
 
 WARMUP = 3

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from core.lock import folder_lock
 from core.sampling import Sampling
 from decoding.policies import build_policy

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from core.errors import SettingError, run_main
+from core.errors import SettingError
+from core.interrupt import run_main
 from core.lock import folder_lock
 from core.models import ModelSpec
 from core.prompts import PromptConfig

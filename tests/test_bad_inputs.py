@@ -241,7 +241,7 @@ def test_a_label_folder_made_with_relative_model_paths_audits_from_another_direc
 
 
 def _exit_of(main, capsys, **kwargs) -> tuple[int, list[str]]:
-    from core.errors import run_main
+    from core.interrupt import run_main
 
     with pytest.raises(SystemExit) as stop:
         run_main(main, **kwargs)

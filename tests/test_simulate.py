@@ -675,9 +675,9 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
     check(str(path), 0.1, fit)
     fallback = train_all.stop_threshold(head, str(labels.output_dir), "own", ["layers"], 0.1)
     assert fallback["value"] == train_all.STOP_H_FALLBACK and "traces do not hold" in fallback["chosen_by"]["method"]
-    with pytest.raises(train_all.UserError, match="--stop-c must be a positive"):
+    with pytest.raises(UserError, match="--stop-c must be a positive"):
         train_all.main(["--labels", str(labels.output_dir), "--stop-c", "0"])
-    with pytest.raises(train_all.UserError, match="not a bench_timing JSON file"):
+    with pytest.raises(UserError, match="not a bench_timing JSON file"):
         train_all.main(["--labels", str(labels.output_dir), "--timing", str(Path(__file__))])
 
 
