@@ -250,13 +250,16 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
 
 
 @pytest.mark.parametrize("path", sorted(str(p) for p in Path("configs/eval").glob("*.yaml")))
-def test_eval_config_parses_and_repeats_the_labeling_pair(path):
+def test_eval_config_parses_and_names_the_pair_once(path):
+    """Every eval config decodes the pair its labels were made with: both include the one pair file."""
     cfg, report_only = parse(["--config", path])
     assert not report_only and cfg.prompts.source == "humaneval"
     assert {s.family for s in cfg.policies} >= {"sd", "specdecpp"}  # the stop rules every config compares
-    labels = yaml.safe_load(open("configs/labels/humaneval.yaml"))
+    pair = yaml.safe_load(open("configs/models/qwen2.5-coder-0.5b-1.5b.yaml"))
     for role in ("draft", "target"):
-        assert vars(getattr(cfg, role)) == vars(ModelSpec(**labels[role]))
+        assert vars(getattr(cfg, role)) == vars(ModelSpec(**pair[role]))
+    for config in [path, *Path("configs/labels").glob("*.yaml")]:  # named, not copied
+        assert "gguf_sha256" not in Path(config).read_text(), config
 
 
 def test_every_head_is_checked_before_the_first_run(tmp_path):
