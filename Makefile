@@ -1,6 +1,7 @@
 # Every target bootstraps itself: the first use creates .venv and installs the project (CPU torch 2.13.0).
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
+SPECHEADS := $(VENV)/bin/specheads
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 MODELS  := $(VENV)/.models-installed
@@ -38,28 +39,28 @@ install: $(STAMP) ## create .venv and install the project
 
 CORPUS  ?= runs/corpus
 corpus: $(STAMP) ## prompts shaped like HumanEval from installed packages (not the stdlib)
-	$(PY) -m data_gen.corpus --out $(CORPUS) $(ARGS)
+	$(SPECHEADS) corpus --out $(CORPUS) $(ARGS)
 
 $(CORPUS)/manifest.json: | $(STAMP)
-	$(PY) -m data_gen.corpus --out $(CORPUS)
+	$(SPECHEADS) corpus --out $(CORPUS)
 
 labels: $(MODELS) | $(CORPUS)/manifest.json ## label the real pair: 120 corpus prompts, then HumanEval as held-out traces
-	$(PY) -m data_gen --config $(LABELS_CONFIG) $(ARGS)
-	$(PY) -m data_gen --config $(HELDOUT_CONFIG)
+	$(SPECHEADS) labels --config $(LABELS_CONFIG) $(ARGS)
+	$(SPECHEADS) labels --config $(HELDOUT_CONFIG)
 
 LABELS ?= runs/labels/corpus
 audit: $(MODELS) ## recompute random label rows with plain forwards (LABELS=<folder>)
-	$(PY) -m data_gen.audit $(LABELS) $(ARGS)
+	$(SPECHEADS) audit $(LABELS) $(ARGS)
 
 smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min): runs/smoke
-	$(PY) -m scripts.smoke
+	$(SPECHEADS) smoke
 
 test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke run
 	$(PY) -m pytest -q -m "not slow"
 	$(MAKE) smoke
 
 bench-labels: $(MODELS) ## labeled target positions/s against plain target.generate (real pair)
-	$(PY) -m data_gen.bench --config $(LABELS_CONFIG) $(ARGS)
+	$(SPECHEADS) bench-labels --config $(LABELS_CONFIG) $(ARGS)
 
 TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.yaml \
                  configs/train/sprinter_lam1.5.yaml configs/train/specdecpp_d3_w6.yaml \
@@ -68,33 +69,33 @@ TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.
                  $(foreach f,runtime draft stale all,configs/train/sprinter_lam1.5_$(f).yaml configs/train/specdecpp_d3_w6_$(f).yaml)
 
 train: $(STAMP) ## train and export every head on runs/labels/corpus: checkpoints/heads
-	$(PY) -m pipeline.train_all --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) $(ARGS)
+	$(SPECHEADS) train --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) $(ARGS)
 
 curve: $(STAMP) ## the learning curve of the heads over shares of the corpus labels: runs/curve
-	$(PY) -m pipeline.learning_curve $(ARGS)
+	$(SPECHEADS) curve $(ARGS)
 
 bench-train: $(STAMP) ## one SPRINTER epoch over 1M cached rows against a plain tensor pass
-	$(PY) -m pipeline.bench $(ARGS)
+	$(SPECHEADS) bench-train $(ARGS)
 
 eval: $(MODELS) ## every policy and transformers' peer on the real pair: runs/eval/humaneval
-	$(PY) -m evaluation --config $(EVAL_CONFIG) $(ARGS)
+	$(SPECHEADS) eval --config $(EVAL_CONFIG) $(ARGS)
 
 simulate: $(STAMP) ## replay every policy over label traces, beside the oracle (ARGS="--c 0.12")
-	$(PY) -m evaluation.simulate $(ARGS)
+	$(SPECHEADS) simulate $(ARGS)
 
 CALIBRATION ?= checkpoints/calibration.json
 calibrate: $(STAMP) ## calibrate the draft's confidence (LABELS=<folder> CALIBRATION=<file>)
-	$(PY) -m decoding.calibrate --labels $(LABELS) --splits train --out $(CALIBRATION) $(ARGS)
+	$(SPECHEADS) calibrate --labels $(LABELS) --splits train --out $(CALIBRATION) $(ARGS)
 
 export-hf: $(STAMP) ## a head as a transformers custom_generate folder (HEAD=<file> OUT=<folder>)
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
-	$(PY) -m decoding.runtimes.hf_export $(HEAD) $(OUT) $(ARGS)
+	$(SPECHEADS) export-hf $(HEAD) $(OUT) $(ARGS)
 
 bench-timing: $(STAMP) ## per-forward times of the pair's shapes on this device: runs/bench (JSON)
-	$(PY) -m evaluation.bench_timing $(ARGS)
+	$(SPECHEADS) bench-timing $(ARGS)
 
 bench-precision: $(MODELS) ## the real draft at each precision: step, c and 1 - TV against the target
-	$(PY) -m evaluation.bench_precision $(ARGS)
+	$(SPECHEADS) bench-precision $(ARGS)
 
 clean: ## remove generated outputs (keeps .venv and the model cache)
 	rm -rf runs checkpoints lightning_logs

@@ -39,6 +39,10 @@ def missing(page: Path) -> list[str]:
                         and w not in targets]
             elif words[0] in ("python", "python3") and words[1:2] == ["-m"]:
                 out += [] if importlib.util.find_spec(words[2]) is not None else [f"module {words[2]}"]
+            elif words[0] == "specheads":
+                from specheads.cli import COMMANDS
+
+                out += [] if words[1:2] and words[1] in COMMANDS else [f"specheads command {words[1:2]}"]
             elif words[0].endswith(".sh"):
                 out += [] if (ROOT / words[0]).is_file() else [f"script {words[0]}"]
     return out

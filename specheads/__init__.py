@@ -1,0 +1,1 @@
+"""The project's one command line (``specheads``): a subcommand for every stage's command."""

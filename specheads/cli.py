@@ -1,0 +1,62 @@
+"""``specheads <command> [its flags]``: every command of the project under one name, in pipeline order.
+
+Each subcommand runs its module exactly as ``python -m <module>`` does (its flags, its help, its one-line errors and
+exit status), so both spellings stay equivalent; ``specheads`` alone, or ``--help``, lists them.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+COMMANDS = {
+    "corpus": ("data_gen.corpus", "prompts shaped like HumanEval from installed packages (never the stdlib)"),
+    "labels": ("data_gen", "label a draft/target pair: a config, e.g. --config configs/labels/corpus.yaml"),
+    "snapshot": ("data_gen.snapshot", "the batches a labeling run has finished, as a dataset of their own"),
+    "audit": ("data_gen.audit", "recompute random label rows with plain forwards and compare every column"),
+    "bench-labels": ("data_gen.bench", "labeled target positions/s against plain target.generate"),
+    "train": ("pipeline.train_all", "train, test and export every head of a list of training configs"),
+    "lightning": ("pipeline", "one training config through LightningCLI: fit, validate, test or predict"),
+    "curve": ("pipeline.learning_curve", "the heads' learning curve over shares of the labels"),
+    "bench-train": ("pipeline.bench", "one training epoch over cached rows against a plain tensor pass"),
+    "calibrate": ("decoding.calibrate", "calibrate the draft's confidence on label rows"),
+    "simulate": ("evaluation.simulate", "replay every policy over label traces, beside the oracle"),
+    "eval": ("evaluation", "decode with every policy and transformers' peer, and write the report"),
+    "compare": ("evaluation.pairs", "the tokens/s ratio of two runs of an eval, with its paired interval"),
+    "export-hf": ("decoding.runtimes.hf_export", "a head as a transformers custom_generate folder"),
+    "bench-timing": ("evaluation.bench_timing", "per-forward times of the pair's shapes on this device"),
+    "bench-precision": ("evaluation.bench_precision", "the draft at each precision: step, c and 1 - TV"),
+    "bench-compiled-step": ("scripts.bench_compiled_step", "a GPU's decode step, eager against CUDA graphs"),
+    "gpu-schedule": ("evaluation.schedule", "a trace-forced schedule from held-out labels, for the GPU check"),
+    "gpu-check": ("scripts.gpu_check", "the graph decoder checked and timed on a GPU (scripts/gpu_check.sh)"),
+    "smoke": ("scripts.smoke", "every stage on tiny random-init models"),
+}
+"""Subcommand → (the module it runs as ``python -m``, what it does), in pipeline order."""
+
+
+def usage() -> str:
+    lines = ["usage: specheads <command> [flags]   (specheads <command> --help: its flags)", "", "commands:"]
+    lines += [f"  {name:<20} {what}" for name, (_, what) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"error: no command {name!r}; the commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = COMMANDS[name][0]
+    sys.argv = [f"specheads {name}", *rest]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
