@@ -77,14 +77,15 @@ def features(sizes: dict[str, int]) -> Features:
     )
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
+    """Write a text file whole or not at all: a temporary name, then a rename over it."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
 def write_json(path: Path, obj) -> None:
-    _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: Path, fix: str):

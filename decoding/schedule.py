@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
+from core.shards import write_json
 from decoding.replay import RoundCosts
 
 SCHEDULE_KIND = "trace-forced schedule"
@@ -58,9 +59,7 @@ def tokens(rounds: list[tuple[int, int]]) -> int:
 
 def write_schedule(path: str | Path, schedule: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(json.dumps({"kind": SCHEDULE_KIND, **schedule}, indent=1))
-    tmp.replace(path)
+    write_json(Path(path), {"kind": SCHEDULE_KIND, **schedule})
 
 
 def read_schedule(path: str | Path) -> dict:

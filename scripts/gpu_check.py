@@ -31,6 +31,7 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.lock import folder_lock
 from core.sampling import Sampling
+from core.shards import write_text
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule
@@ -295,12 +296,6 @@ def check_out(out: Path) -> None:
                            "give an empty or new folder")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--schedule", required=True, help="a trace-forced schedule (python -m evaluation.schedule)")
@@ -355,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
             if name == "qwen2.5-1.5b":
                 drafting = [e for e in schedule["policies"] if e["family"] != "target_only"]
                 if drafting:
-                    write_atomic(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
+                    write_text(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
                                                                      a.prompt_tokens, "graphs"))
                 if not a.skip_compile:
                     shapes["compiled_step_s"] = compiled_step(target, a.repeats)
@@ -363,12 +358,12 @@ def main(argv: list[str] | None = None) -> dict:
             results["pairs"][name] = shapes
             out.mkdir(parents=True, exist_ok=True)
             layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"], prefill)
-            write_atomic(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
+            write_text(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
             del target
             torch.cuda.empty_cache()
         results["seconds"] = time.perf_counter() - started
-        write_atomic(out / "results.json", json.dumps(results, indent=1))
-        write_atomic(out / "report.md", report(results))
+        write_text(out / "results.json", json.dumps(results, indent=1))
+        write_text(out / "report.md", report(results))
     print(report(results))
     print(f"wrote {out}/results.json, report.md and the graph timings ({results['seconds']:.0f} s)")
     return results
