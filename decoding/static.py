@@ -21,7 +21,6 @@ dynamic cache of ``decoding.state.CachedLM``.
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 
@@ -153,7 +152,8 @@ class StaticLM:
         return self._run(x, torch.arange(start, start + n, device=self.device))
 
 
-_runners: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+RUNNERS = "_static_lm_runners"
+"""The attribute a model keeps its ``StaticLM``s under (by taps and graph setting): they live and go with it."""
 
 
 def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False) -> StaticLM:
@@ -161,7 +161,7 @@ def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool 
     graphs are captured once for every generation) with room for at least ``positions`` positions; a larger request
     replaces it by one with the capacity rounded up to ``CAPACITY_STEP``. A new one with graphs captures every
     length up to ``MAX_GRAPH_TOKENS`` at once (a few seconds), so that no capture lands inside a timed generation."""
-    runners = _runners.setdefault(model, {})
+    runners = model.__dict__.setdefault(RUNNERS, {})  # not a submodule: past nn.Module's __setattr__
     key = (tuple(layers), bool(graphs))
     runner = runners.get(key)
     if runner is None or runner.capacity < positions:
