@@ -100,6 +100,11 @@ class ModelPair:
             raise ValueError(f"decoder {self.decoder!r} is not one of {', '.join(DECODERS)}")
         if self.decoder == "graphs" and self.device.type != "cuda":
             raise ValueError(f"decoder graphs replays CUDA graphs: the models are on {self.device}, not a CUDA GPU")
+        if self.forced:
+            made = sum(kept + 1 for _, kept in self.forced)
+            if self.eos_token_ids or made != self.sampling.max_new_tokens:
+                raise ValueError(f"forced rounds make {made} tokens: they need max_new_tokens = {made} and no EOS ids "
+                                 f"(got {self.sampling.max_new_tokens} and {self.eos_token_ids})")
 
     @property
     def device(self) -> torch.device:
@@ -403,11 +408,12 @@ class Decoding:
             y = self.sample(step.logq)
             candidates.append(y)
             logqs.append(step.logq)
-            if forced is not None:  # the rule still decides (its cost is timed); the schedule stops the round
-                if len(candidates) == forced:
-                    break
-                if stop is not None:
+            if forced is not None:  # the rule still decides where it would (its cost is timed); the schedule stops
+                last = len(candidates) == forced
+                if stop is not None and not (last and (stop.reads_candidate or len(candidates) == cap)):
                     stop(self, candidates, step, self.draft_confidence(step))
+                if last:
+                    break
                 continue
             if stopping or y in self.eos or len(candidates) == cap:
                 break
@@ -463,6 +469,9 @@ class Decoding:
             torch.cuda.synchronize(self.pair.device)
 
     def result(self) -> DecodeResult:
+        if self.schedule:
+            raise RuntimeError(f"{len(self.schedule)} forced rounds were never run: this policy does not decode in "
+                               "rounds of draft_round and verify")
         self._sync()
         stats = DecodeStats(
             wall_s=time.perf_counter() - self._t0,

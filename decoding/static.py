@@ -21,6 +21,7 @@ dynamic cache of ``decoding.state.CachedLM``.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -42,7 +43,7 @@ def _cache_layer_class():
 
         def __init__(self, owner: "StaticLM", keys: torch.Tensor, values: torch.Tensor):
             super().__init__(max_cache_len=keys.shape[2])
-            self.owner = owner
+            self.owner = weakref.proxy(owner)  # no reference loop: a released runner's memory goes at once
             self.keys, self.values = keys, values
             self.device = keys.device
             self.is_initialized = True
@@ -127,6 +128,11 @@ class StaticLM:
         self.captured[n] = (graph, out)
         return self.captured[n]
 
+    def release(self) -> None:
+        """Free the cache and the graphs now (their memory goes back to torch's allocator)."""
+        self.captured.clear()
+        self.cache = None
+
     def capture(self, lengths) -> None:
         """Capture the forwards of these lengths now (else each is captured when first run)."""
         for n in lengths:
@@ -165,8 +171,9 @@ def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool 
     key = (tuple(layers), bool(graphs))
     runner = runners.get(key)
     if runner is None or runner.capacity < positions:
-        runners.pop(key, None)  # its cache and graphs are freed before the larger ones are made
-        del runner
+        if runner is not None:
+            runner.release()  # its cache and graphs are freed before the larger ones are made
+        runners.pop(key, None)
         capacity = CAPACITY_STEP * math.ceil(positions / CAPACITY_STEP)
         runners[key] = StaticLM(model, capacity, layers, graphs)
         runners[key].capture(range(1, MAX_GRAPH_TOKENS + 1))

@@ -19,6 +19,7 @@ over one forced generation) into ``--out``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -36,7 +37,7 @@ from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule
 from decoding.state import HEAD_FEATURES, CachedLM, ModelPair
-from decoding.static import static_lm
+from decoding.static import RUNNERS, static_lm
 from evaluation.bench_timing import build, model_config
 from heads.exported import ExportedHead
 
@@ -359,7 +360,10 @@ def main(argv: list[str] | None = None) -> dict:
             out.mkdir(parents=True, exist_ok=True)
             layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"], prefill)
             write_text(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
+            for runner in target.__dict__.pop(RUNNERS, {}).values():
+                runner.release()
             del target
+            gc.collect()  # the model and its runners refer to each other: freed by the collector, then returned
             torch.cuda.empty_cache()
         results["seconds"] = time.perf_counter() - started
         write_text(out / "results.json", json.dumps(results, indent=1))

@@ -179,6 +179,41 @@ def test_a_schedule_is_made_from_label_traces(label_config, tmp_path, models, he
     for policy in schedule["policies"]:  # each forced on the tiny pair, as the GPU check runs it
         for rounds, trace in zip(policy["rounds"], schedule["traces"]):
             result = build_policy(policy["family"], **policy["params"]).generate(
-                ModelPair(*models, eos_token_ids=[], forced=[tuple(r) for r in rounds],
+                ModelPair(*models, eos_token_ids=[],  # target-only has no rounds to force: its clock alone
+                          forced=[] if policy["family"] == "target_only" else [tuple(r) for r in rounds],
                           sampling=Sampling(max_new_tokens=trace["length"])), [1, 10, 11], torch.Generator())
             assert len(result.tokens) == trace["length"]
+
+
+def test_forced_rounds_run_every_stop_decision_the_unforced_decoding_runs(models, heads, monkeypatch):
+    """A forced replay of a generation's own rounds asks its stop rule as often as the generation did (so the rule's
+    cost is timed whole: a stop reads the draft's confidence each time it is asked), and forced rounds that cannot
+    run are refused."""
+    import decoding.state as state
+
+    rounds, asked = [], []
+    record, confidence = state.Decoding.record_round, state.Decoding.draft_confidence
+    monkeypatch.setattr(state.Decoding, "record_round",
+                        lambda self, kept, discarded: rounds.append((kept + discarded, kept)) or record(self, kept,
+                                                                                                      discarded))
+    monkeypatch.setattr(state.Decoding, "draft_confidence", lambda self, step: asked.append(1) or confidence(self, step))
+    for name in ("confidence", "svip", "specdecpp", "goodput", "goodput_calibrated"):
+        kwargs = CALIBRATED_GOODPUT if name == "goodput_calibrated" else example_kwargs(heads)[name]
+        policy = build_policy("goodput" if name == "goodput_calibrated" else name, **kwargs)
+        rounds.clear(), asked.clear()
+        free = policy.generate(ModelPair(*models, eos_token_ids=[], sampling=Sampling(max_new_tokens=20)),
+                               PROMPTS[0], torch.Generator().manual_seed(0))
+        replayed, free_asked = list(rounds), len(asked)
+        rounds.clear(), asked.clear()
+        forced = policy.generate(ModelPair(*models, eos_token_ids=[], forced=replayed,
+                                           sampling=Sampling(max_new_tokens=20)),
+                                 PROMPTS[0], torch.Generator().manual_seed(0))
+        assert rounds == replayed and forced.tokens == free.tokens and len(asked) == free_asked > 0, name
+    with pytest.raises(ValueError, match="forced rounds make 4 tokens"):
+        ModelPair(*models, eos_token_ids=[], forced=[(3, 3)], sampling=Sampling(max_new_tokens=20))
+    with pytest.raises(ValueError, match="no EOS ids"):
+        ModelPair(*models, eos_token_ids=[2], forced=[(3, 3)], sampling=Sampling(max_new_tokens=4))
+    with pytest.raises(RuntimeError, match="forced rounds were never run"):
+        build_policy("sprinter", **example_kwargs(heads)["sprinter"]).generate(
+            ModelPair(*models, eos_token_ids=[], forced=[(3, 3)], sampling=Sampling(max_new_tokens=4)), [1, 10],
+            torch.Generator())

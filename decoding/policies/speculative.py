@@ -36,9 +36,9 @@ class SpeculativePolicy:
         return ()
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
-        self.start()
         stop = self.stop_rule(pair)
         dec = Decoding(pair, prompt_ids, generator, self.draft_layers())
+        self.start()  # after the decoding is set up (a static cache and its graphs made), as its own clock starts
         while not dec.done:
             candidates, logqs = dec.draft_round(self.round_length(), stop)
             kept = dec.verify(candidates, logqs)
