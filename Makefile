@@ -50,7 +50,7 @@ labels: $(MODELS) | $(CORPUS)/manifest.json ## label the real pair: 120 corpus p
 
 LABELS ?= runs/labels/corpus
 audit: $(MODELS) ## recompute random label rows with plain forwards (LABELS=<folder>)
-	$(SPECHEADS) audit $(LABELS) $(ARGS)
+	$(SPECHEADS) audit --labels $(LABELS) $(ARGS)
 
 smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min): runs/smoke
 	$(SPECHEADS) smoke
@@ -89,7 +89,7 @@ calibrate: $(STAMP) ## calibrate the draft's confidence (LABELS=<folder> CALIBRA
 
 export-hf: $(STAMP) ## a head as a transformers custom_generate folder (HEAD=<file> OUT=<folder>)
 	@test -n "$(HEAD)" -a -n "$(OUT)" || { echo "usage: make export-hf HEAD=checkpoints/heads/<file>.safetensors OUT=<folder>"; exit 2; }
-	$(SPECHEADS) export-hf $(HEAD) $(OUT) $(ARGS)
+	$(SPECHEADS) export-hf --head $(HEAD) --out $(OUT) $(ARGS)
 
 bench-timing: $(STAMP) ## per-forward times of the pair's shapes on this device: runs/bench (JSON)
 	$(SPECHEADS) bench-timing $(ARGS)

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from core import label_math as lm
 from core.adapter import tap
+from core.arguments import path_argument, resolve_paths
 from core.errors import UserError
 from core.models import DTYPES, load_model
 from core.quantization import decode_numerics, prompt_scales
@@ -437,7 +438,7 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
-    p.add_argument("labels", help="a label folder written by `python -m data_gen`")
+    path_argument(p, "labels", "--labels", "a label folder written by `python -m data_gen`")
     p.add_argument("--rows", type=int, default=200, help="rows drawn from each split (at least 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--access", choices=ACCESS, default="plain",
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                         "then one token per forward, as decoding")
     a = p.parse_args(argv)
     try:
+        resolve_paths(a, ("labels", "--labels"))
         result = audit(a.labels, a.rows, a.seed, a.access)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from core import shards
+from core.arguments import path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 from core.lock import LOCK_FILE, folder_lock
@@ -170,9 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
-    p.add_argument("run", help="the folder of a labeling run (finished or not)")
-    p.add_argument("out", help="a new folder for the snapshot")
+    path_argument(p, "run", "--labels", "the folder of a labeling run (finished or not)")
+    path_argument(p, "out", "--out", "a new folder for the snapshot")
     a = p.parse_args(argv)
+    try:
+        resolve_paths(a, ("run", "--labels"), ("out", "--out"))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     created = not Path(a.out).exists()
     ctrl_c = CtrlCGuard()
     try:

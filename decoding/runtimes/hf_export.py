@@ -39,6 +39,7 @@ from pathlib import Path
 
 import transformers
 
+from core.arguments import path_argument, resolve_paths
 from core.errors import UserError
 from core.lock import LOCK_FILE, folder_lock
 from core.quantization import NONE, QUANTIZATIONS
@@ -281,8 +282,8 @@ def _number(text: str, flag: str) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
-    parser.add_argument("head", help="an exported head file (checkpoints/heads/*.safetensors)")
-    parser.add_argument("out", help="the folder to write")
+    path_argument(parser, "head", "--head", "an exported head file (checkpoints/heads/*.safetensors)")
+    path_argument(parser, "out", "--out", "the folder to write")
     parser.add_argument("--timing", default=None,
                         help="a bench_timing JSON: the folder runs a stop head by the goodput stop under its costs")
     parser.add_argument("--rate", default="online",
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
                              "place of the head's estimates")
     args = parser.parse_args(argv)
     try:
+        resolve_paths(args, ("head", "--head"), ("out", "--out"))
         if args.rate != "online" and args.timing is None:
             raise ExportError("--rate is the goodput stop's λ, which runs with --timing: give both")
         rate = args.rate if args.rate == "online" else _number(args.rate, "--rate")
