@@ -43,6 +43,7 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
+from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.costs import step_s
 
@@ -180,18 +181,59 @@ round (20 candidates). Every one, because on a CPU the cost is not smooth in the
 less than 3, 6 and 11): an interpolation between a few lengths would miss that."""
 
 
+@torch.no_grad()
+def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: int) -> dict[int, float]:
+    """Median seconds of the decoder's own forward (``decoding.state.CachedLM.advance``: the model under
+    ``decoder``, with the logits and warp of every row, as a verification reads them) of m new tokens after
+    ``prefix`` cached ones, for each m of ``lengths``, timed in turns (other tokens each time: a real forward)."""
+    from decoding.state import CachedLM
+    from decoding.static import static_lm
+
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (prefix,), generator=g).tolist()
+    static = None if decoder == "eager" else static_lm(model, prefix + max(lengths) + 1, graphs=decoder == "graphs")
+    lm = CachedLM(model, Sampling(temperature=1.0), static=static)
+    lm.advance(ids)
+    times: dict[int, list[float]] = {m: [] for m in lengths}
+    for r in range(repeats + 2):  # two rounds of warm-up
+        for m in lengths:
+            new = torch.randint(0, vocab, (m,), generator=g).tolist()
+            _sync(device)
+            t = time.perf_counter()
+            lm.advance(ids + new, rows=m)
+            _sync(device)
+            if r >= 2:
+                times[m].append(time.perf_counter() - t)
+    return {m: statistics.median(ts) for m, ts in times.items()}
+
+
 def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
-              repeats: int = 5) -> dict:
+              repeats: int = 5, decoder: str = "eager") -> dict:
     """The loaded draft and target timed at a decoding run's shapes (prefill of ``prompt_tokens``, one-token
     steps and 3- and ``verify``-token forwards halfway through ``new_tokens``; the target's verifications of each of
-    ``PAIR_VERIFY_LENGTHS`` tokens too), in this module's JSON layout."""
+    ``PAIR_VERIFY_LENGTHS`` tokens too), in this module's JSON layout. Under another ``decoder`` than eager (a
+    static cache, CUDA graphs), the steps and verifications are the decoder's own forwards under it, since those are
+    what its runs pay."""
+    cache = prompt_tokens + new_tokens // 2
     result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,
-              "models": []}
+              "decoder": decoder, "models": []}
     for name, model in (("draft", draft), ("target", target)):
-        result["models"].append({"name": name, "precision": str(getattr(model, "dtype", "")),
-                                 **bench_model(model, device, prompt_tokens, [prompt_tokens + new_tokens // 2],
-                                               verify, repeats, verify_lengths=PAIR_VERIFY_LENGTHS
-                                               if name == "target" else ())})
+        entry = {"name": name, "precision": str(getattr(model, "dtype", "")),
+                 **bench_model(model, device, prompt_tokens, [cache], verify, repeats,
+                               verify_lengths=PAIR_VERIFY_LENGTHS if name == "target" else ())}
+        if decoder != "eager":
+            timed = [entry[k] for k in ("verify", "verify_short") if k in entry]
+            by_tokens = entry.get("verify_by_tokens", {})
+            lengths = sorted({1, *(t["tokens"] for t in timed), *map(int, by_tokens)})
+            seconds = decoder_forward_times(model, decoder, cache, lengths, repeats)
+            entry["decode"][str(cache)]["median_s"] = seconds[1]
+            for t in timed:
+                t["median_s"] = seconds[t["tokens"]]
+            for m, t in by_tokens.items():
+                t["median_s"] = seconds[int(m)]
+        result["models"].append(entry)
     return result
 
 

@@ -125,7 +125,8 @@ class Engine:
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),
-            time_forwards=lambda prompt, new: time_pair(draft, target, device, prompt, new),
+            time_forwards=lambda prompt, new: time_pair(draft, target, device, prompt, new,
+                                                         decoder=cfg.resolved_decoder()),
         )
 
 

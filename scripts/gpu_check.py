@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,9 +35,9 @@ from core.shards import write_text
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule
-from decoding.state import HEAD_FEATURES, CachedLM, ModelPair
+from decoding.state import HEAD_FEATURES, ModelPair
 from decoding.static import RUNNERS, static_lm
-from evaluation.bench_timing import build, model_config
+from evaluation.bench_timing import build, decoder_forward_times, model_config
 from heads.exported import ExportedHead
 
 SHAPES = {"qwen2.5-coder-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
@@ -103,34 +102,17 @@ def tiny_exactness(device: torch.device) -> dict:
 # (b) the decoder's forwards, eager and under graphs
 
 
-@torch.no_grad()
 def runner(model, decoder: str, positions: int):
     """The model's ``StaticLM`` for ``decoder`` (static or graphs), as ``Decoding`` asks for it."""
     return static_lm(model, positions, graphs=decoder == "graphs")
 
 
 def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
-    """Median seconds of ``CachedLM.advance`` reading m new tokens after ``PREFIX`` cached ones (with the logits and
-    warp of all m rows, as a verification reads them) under ``decoder``, each m timed in turns."""
-    vocab = model.config.vocab_size
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (PREFIX,), generator=g).tolist()
-    static = None if decoder == "eager" else runner(model, decoder, PREFIX + max(LENGTHS) + 1)
-    lm = CachedLM(model, Sampling(temperature=1.0), static=static)
-    lm.advance(prefix)
-    if static is not None:
-        static.capture(lengths)
-    times: dict[int, list[float]] = {m: [] for m in lengths}
-    for r in range(repeats + 2):
-        for m in lengths:
-            new = torch.randint(0, vocab, (m,), generator=g).tolist()  # other tokens each time: a real forward
-            sync()
-            t = time.perf_counter()
-            lm.advance(prefix + new, rows=m)
-            sync()
-            if r >= 2:
-                times[m].append(time.perf_counter() - t)
-    return {m: statistics.median(ts) for m, ts in times.items()}
+    """The decoder's forward of m new tokens after ``PREFIX`` cached ones, each m of ``lengths``, under ``decoder``
+    (``evaluation.bench_timing.decoder_forward_times``), on the runner the forced runs use."""
+    if decoder != "eager":  # the one runner, sized for every length, that the forced runs reuse
+        runner(model, decoder, PREFIX + max(LENGTHS) + 1)
+    return decoder_forward_times(model, decoder, PREFIX, lengths, repeats)
 
 
 def compiled_step(model, repeats: int) -> float:

@@ -217,3 +217,17 @@ def test_forced_rounds_run_every_stop_decision_the_unforced_decoding_runs(models
         build_policy("sprinter", **example_kwargs(heads)["sprinter"]).generate(
             ModelPair(*models, eos_token_ids=[], forced=[(3, 3)], sampling=Sampling(max_new_tokens=4)), [1, 10],
             torch.Generator())
+
+
+def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
+    """Under a static cache (CUDA graphs on a GPU) the eval's timing file holds that decoder's own forwards, which
+    the latency model then prices; its layout is read as any timing file."""
+    from decoding.costs import timing_fit
+    from evaluation.bench_timing import PAIR_VERIFY_LENGTHS, time_pair
+
+    timed = time_pair(*models, torch.device("cpu"), prompt_tokens=6, new_tokens=8, repeats=1, decoder="static")
+    assert timed["decoder"] == "static"
+    target = timed["models"][1]
+    assert set(map(int, target["verify_by_tokens"])) == set(PAIR_VERIFY_LENGTHS)
+    assert all(t["median_s"] > 0 for t in target["verify_by_tokens"].values())
+    assert timing_fit(timed).verify_s is not None
