@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import SettingError
+from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from decoding.replay import RoundCosts
-from decoding.schedule import draw_rounds, target_only_rounds, write_schedule
-from decoding.simulate import round_lengths
+from decoding.schedule import draw_rounds, read_schedule, target_only_rounds, write_schedule
+from decoding.simulate import cached_head, round_lengths
 from decoding.traces import load_label_traces
 from evaluation.simulate import best_settings, default_grid, goodput_grid, table
 
@@ -57,8 +57,22 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
     return schedule, text
 
 
+def check_out(out: Path) -> None:
+    """OUT may be a new file or a schedule this command wrote, which it replaces; a folder or any other file (a head,
+    a label folder's manifest) is refused before any work."""
+    if out.is_dir():
+        raise SettingError(f"--out {out} is a folder: give the JSON file to write")
+    if out.exists():
+        try:
+            read_schedule(out)
+        except UserError:
+            raise SettingError(f"--out {out} exists and is not a schedule: give a new path (or a schedule, which is "
+                               "replaced)") from None
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m evaluation.schedule", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.schedule",
+                                description="A trace-forced schedule from held-out label traces, for the GPU check.")
     p.add_argument("--labels", required=True, help="a label folder with held-out traces (e.g. runs/labels/heldout-20)")
     p.add_argument("--head", nargs="*", default=[], help="exported stop heads (SpecDec++, and goodput on each)")
     p.add_argument("--calibration", default=None, help="a calibration file (make calibrate): goodput on the confidence")
@@ -67,14 +81,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
     p.add_argument("--out", default="runs/gpu/schedule.json")
     a = p.parse_args(argv)
-    if not (0 < a.c < 10) or a.traces < 1:
-        raise SettingError(f"need 0 < --c < 10 and --traces >= 1, got {a.c} and {a.traces}")
+    if not (0 < a.c < 10) or a.traces < 1 or a.seed < 0:
+        raise SettingError(f"need 0 < --c < 10, --traces >= 1 and --seed >= 0, got {a.c}, {a.traces} and {a.seed}")
     for path in [*a.head, *([a.calibration] if a.calibration else [])]:
         if not Path(path).is_file():
             raise SettingError(f"{path}: no such file")
+    for path in a.head:
+        if cached_head(path).role != "stop":
+            raise SettingError(f"{path} is a {cached_head(path).role} head: a schedule's rounds come from stop heads")
+    check_out(Path(a.out))
     schedule, text = make_schedule(a.labels, a.head, a.calibration, a.c, a.traces, a.seed)
     print(text)
-    write_schedule(a.out, schedule)
+    try:
+        write_schedule(a.out, schedule)
+    except OSError as e:
+        raise SettingError(f"cannot write {a.out}: {e.strerror or e}") from None
     print(f"wrote {a.out}: {len(schedule['traces'])} traces, {len(schedule['policies'])} policies "
           f"({', '.join(p['name'] for p in schedule['policies'])})")
     return schedule

@@ -309,3 +309,18 @@ def test_labeling_overwrite_refuses_a_shard_no_run_recorded_instead_of_deleting_
     assert stray.read_bytes() == b"not ours" and (out / "manifest.json").exists()
     stray.unlink()
     run_labels(label_config(seed=5, overwrite=True), quiet=True)  # its own earlier run is started over
+
+
+def test_gpu_schedule_refuses_an_output_it_would_clobber_and_a_verifier_before_any_work(tmp_path):
+    from evaluation.schedule import main
+
+    head = tmp_path / "trained.safetensors"
+    head.write_bytes(b"a trained head")
+    labels = str(tmp_path / "never-read")
+    with pytest.raises(SettingError, match="exists and is not a schedule"):
+        main(["--labels", labels, "--out", str(head)])
+    with pytest.raises(SettingError, match="is a folder"):
+        main(["--labels", labels, "--out", str(tmp_path)])
+    with pytest.raises(SettingError, match="--seed >= 0"):
+        main(["--labels", labels, "--seed", "-1"])
+    assert head.read_bytes() == b"a trained head" and not list(tmp_path.glob(".*tmp*"))
