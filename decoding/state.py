@@ -188,18 +188,17 @@ class CachedLM:
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
         start = len(self.ids)
-        if self.static is None:
+        if self.static is not None:
+            hidden, self.last_taps = self.static.forward(new, start)
+        else:
             x = torch.tensor([new], dtype=torch.long, device=self.device)
             positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-        if self.static is not None:
-            hidden, taps = self.static.forward(new, start)
-            self.last_taps = taps
-        elif self.layers:
-            hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
-            self.last_taps = taps[0]
-            hidden = hidden[0]
-        else:
-            hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
+            if self.layers:
+                hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
+                self.last_taps = taps[0]
+                hidden = hidden[0]
+            else:
+                hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
         s = self.sampling
         logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
