@@ -18,7 +18,7 @@ export PYTHONWARNINGS = ignore
 .PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf calibrate
 
 HELP_ORDER := install corpus labels audit bench-labels train curve bench-train calibrate simulate eval \
-              bench-timing bench-precision export-hf smoke test clean help
+              bench-timing bench-precision llama-tools export-hf smoke test clean help
 
 help: ## list the targets, in pipeline order
 	@for t in $(HELP_ORDER); do grep -E "^$$t:.*## " $(MAKEFILE_LIST) | \
@@ -93,6 +93,10 @@ export-hf: $(STAMP) ## a head as a transformers custom_generate folder (HEAD=<fi
 
 bench-timing: $(STAMP) ## per-forward times of the pair's shapes on this device: runs/bench (JSON)
 	$(SPECHEADS) bench-timing $(ARGS)
+
+LLAMA_TOOLS ?= .llama.cpp
+llama-tools: $(STAMP) ## llama.cpp's own binaries, from the source llama-cpp-python vendors: .llama.cpp/build/bin
+	scripts/build_llama_tools.sh $$($(PY) -c "import llama_cpp; print(llama_cpp.__version__)") $(LLAMA_TOOLS)
 
 bench-precision: $(MODELS) ## the real draft at each precision: step, c and 1 - TV against the target
 	$(SPECHEADS) bench-precision $(ARGS)

@@ -21,6 +21,8 @@ from core.errors import UserError
 from core.quantization import NONE, DecodeScaledLinear, quantization_of
 
 IDENTITY_FILE = "identity.json"
+TRANSFORMERS = "transformers"
+"""The default backend (``core.llama_cpp.BACKENDS``)."""
 """Written beside a checkpoint converted from a GGUF file (``core.models``): the GGUF's sha256."""
 
 DIGEST_KEYS = ("weights", "sha256", "fingerprint", "revision")
@@ -119,7 +121,10 @@ def model_identity(model) -> dict:
     """A loaded model's identity, in ``record_identity``'s keys: its name (``config.name_or_path``, for messages
     only), the digest of its ``weights`` and its ``quantization`` (``core.quantization.quantization_of``, read
     from its modules, so also one a user quantized by hand). Nothing but the name for an object that is not a
-    ``torch.nn.Module``."""
+    ``torch.nn.Module``. A llama.cpp model (``core.llama_cpp``) tells the identity it was loaded with.
+    """
+    if getattr(model, "backend", None) == "llama_cpp":
+        return dict(model.identity)
     where = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
     identity = {"name": where} if where else {}
     if isinstance(model, torch.nn.Module):
@@ -129,17 +134,20 @@ def model_identity(model) -> dict:
 
 def record_identity(entry: dict) -> dict:
     """The identity in a record of a model (a manifest's ``models.draft``, a head file's ``draft``, a
-    ``model_identity``): name, source, its digests and its quantization (``none`` for records written before
-    quantization existed)."""
+    ``model_identity``): name, source, its digests, its quantization (``none`` for records written before
+    quantization existed) and the backend that runs it (``core.llama_cpp.BACKENDS``; ``transformers`` for records
+    written before there was another)."""
     identity = {k: entry[k] for k in ("name", "source", *DIGEST_KEYS) if entry.get(k) is not None}
-    return {**identity, "quantization": entry.get("quantization", NONE)}
+    return {**identity, "quantization": entry.get("quantization", NONE), "backend": entry.get("backend", TRANSFORMERS)}
 
 
 def identity_mismatch(recorded: dict, actual: dict) -> tuple[str, str, str] | None:
     """``(key, recorded value, actual value)`` of the first thing that makes two identities different models
-    (quantization; then the weights' digest when both carry it, else every digest both carry); None when they are
+    (the backend, whose kernels give other numbers; the quantization; then the weights' digest when both carry it, else every digest both carry); None when they are
     one model. ``IdentityError`` when they share no digest to tell."""
     mine, theirs = record_identity(recorded), record_identity(actual)
+    if mine["backend"] != theirs["backend"]:
+        return "backend", mine["backend"], theirs["backend"]
     if mine["quantization"] != theirs["quantization"]:
         return "quantization", mine["quantization"], theirs["quantization"]
     keys = [k for k in DIGEST_KEYS if k in mine and k in theirs]

@@ -45,6 +45,9 @@ class ModelSpec:
     """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
     name: str | None = None
     """Display name stored in the manifest; defaults to the path or package pattern."""
+    tokenizer: str | None = None
+    """A folder holding the tokenizer, for a GGUF file whose own vocabulary transformers cannot read (the tests'
+    tiny GGUF files); None: the model's own."""
     quantization: str = quantization.NONE
     """``none`` or an int8 quantization of the Linear weights (``core.quantization.QUANTIZATIONS``, CPU only):
     the model then loads in float32 whatever the run's dtype, and is quantized after loading."""
@@ -199,6 +202,51 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
     return model, tok, identity
 
 
+def gguf_file(spec: ModelSpec) -> tuple[Path, dict]:
+    """The GGUF file ``spec`` names (assembled from its packages once) and its identity fields, as shipped."""
+    if spec.packages:
+        gguf = assemble_gguf(spec.packages, spec.gguf_size)
+        return gguf, {"source": f"pypi:{spec.packages}", "sha256": _pinned_sha256(gguf, spec)}
+    path = Path(spec.path).expanduser()
+    if not spec.path.endswith(".gguf"):
+        raise UserError(f"backend llama_cpp reads GGUF files: {spec.display_name!r} is not a .gguf file nor packages")
+    if not path.is_file():
+        raise UserError(f"model file not found: {spec.path}")
+    return path, {"source": f"gguf:{path.name}", "sha256": _pinned_sha256(path, spec)}
+
+
+def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096):
+    """Load (model, tokenizer, identity) run by llama.cpp (``core.llama_cpp``) from the GGUF file as shipped; the
+    tokenizer is transformers' reading of the same file (or ``spec.tokenizer``), so prompts are the ids the
+    transformers backend reads. ``spec.quantization`` is the transformers backend's: llama.cpp runs the file's own
+    quantized weights (its type is the identity's ``dtype``)."""
+    from transformers import AutoTokenizer
+
+    from core.llama_cpp import LlamaCppModel
+
+    path, identity = gguf_file(spec)
+    model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name)
+    try:
+        tok = (AutoTokenizer.from_pretrained(spec.tokenizer) if spec.tokenizer
+               else AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the tokenizer of {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+    if len(tok) > model.config.vocab_size:
+        raise UserError(f"{spec.display_name}: its tokenizer has {len(tok)} tokens, the model's vocabulary "
+                        f"{model.config.vocab_size}")
+    model.identity = {
+        "name": spec.display_name,
+        **identity,
+        "architecture": model.meta("general.architecture"),
+        "hidden_size": model.config.hidden_size,
+        "vocab_size": model.config.vocab_size,
+        "dtype": model.description,
+        "quantization": quantization.NONE,
+        "backend": model.backend,
+    }
+    return model, tok, dict(model.identity)
+
+
 def load_tokenizer(spec: ModelSpec):
     """The tokenizer of the model ``spec`` names, without loading its weights."""
     return _tokenizer(resolve(spec)[0], spec)
@@ -237,10 +285,21 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's."""
+    """Every id that ends a response: the generation config's (one or a list) and the tokenizer's; for a llama.cpp
+    model, the ids llama.cpp ends a generation at and the tokenizer's."""
+    if hasattr(model, "eog_ids"):
+        return sorted({*model.eog_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
     ids = model.generation_config.eos_token_id
     ids = ids if isinstance(ids, list) else [ids]
     return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
+def vocab_size(model) -> int:
+    """The number of rows of a model's next-token distribution: its output layer's (a transformers model, float or
+    quantized) or its vocabulary's (a llama.cpp model)."""
+    if hasattr(model, "get_output_embeddings"):
+        return quantization.output_rows(model)
+    return int(model.config.vocab_size)
 
 
 def context_window(model) -> int:

@@ -57,11 +57,20 @@ class HeadStop:
 
 
 class GoodputStop:
-    """The stop that maximises expected tokens per second when each verification length has its own cost
-    (``decoding/DESIGN.md``, "A stop rule for length-dependent verification cost"): after the k-th candidate,
-    with survival s_k = ∏ â_i over the round's estimates, stop iff no longer round n ≤ ``cap`` gains more
-    expected tokens than ``rate`` × its extra seconds, the candidates beyond k predicted to be accepted with
-    probability ``future`` each (None: the last candidate's â_k).
+    """A stop for rounds whose verification costs depend on their length (``decoding/DESIGN.md``, "A stop rule for
+    length-dependent verification cost"): after the k-th candidate, with survival s_k = ∏ â_i over the round's
+    estimates, stop iff no longer round n ≤ ``cap`` gains more expected tokens than ``rate`` × its extra seconds,
+    the candidates beyond k predicted to be accepted with probability ``future`` each (None: the last candidate's
+    â_k).
+
+    It is a certainty-equivalent rule: it treats the estimates as the acceptance probabilities and the candidates
+    not yet drafted as accepted at one fixed rate, and it prices the round's seconds at the long-run rate λ. It
+    maximises expected tokens per second exactly when the verification cost is flat in the length and the predictor
+    is constant (then it is Theorem 4.1's threshold); with costs that grow with the length, or estimates that move
+    within a round, it is a heuristic, and the oracle of ``decoding.replay`` measures what it leaves.
+
+    ``drafting_pays`` is False when no round, even one whose every candidate is accepted, beats λ: the policy then
+    drafts nothing (target-only rounds), since every draft forward would cost more than it can return.
 
     ``rate``: λ, the long-run tokens per second the decoding achieves; ``draft``: seconds of a draft step;
     ``verify[m]``: seconds of a target forward of m tokens, for m up to ``cap`` + 1 (index 0 unused);
@@ -76,6 +85,8 @@ class GoodputStop:
         self.rate, self.cap, self.future, self.extra = rate, cap, future, int(extra_candidate)
         n = np.arange(cap + 1)
         self.round_seconds = draft * n + verify[n + 1]  # by candidates n
+        # at full acceptance a round of n candidates adds n tokens over a round of none
+        self.drafting_pays = bool(np.any(n[1:] > rate * (self.round_seconds[1:] - self.round_seconds[0])))
         self.reset()
 
     @classmethod

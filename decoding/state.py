@@ -23,8 +23,8 @@ import torch
 
 from core.adapter import HFCausalLM
 from core.label_math import entropy, residual_distribution, warp_logits
-from core.models import check_vocabularies
-from core.quantization import output_rows
+from core.llama_cpp import LlamaCppModel
+from core.models import check_vocabularies, vocab_size
 from core.sampling import Sampling, sample_token, uniform
 from decoding import rules
 from decoding.static import StaticLM, static_lm
@@ -93,11 +93,14 @@ class ModelPair:
     their decisions are replaced. None: decode."""
 
     def __post_init__(self) -> None:
-        check_vocabularies(*({"name": name, "vocab_size": output_rows(m)} for name, m in
+        check_vocabularies(*({"name": name, "vocab_size": vocab_size(m)} for name, m in
                              (("draft", self.draft), ("target", self.target))))
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder {self.decoder!r} is not one of {', '.join(DECODERS)}")
+        if self.decoder != "eager" and any(isinstance(m, LlamaCppModel) for m in (self.draft, self.target)):
+            raise ValueError(f"decoder {self.decoder} runs transformers models: a llama.cpp model keeps its own cache "
+                             "(decoder: eager)")
         if self.decoder == "graphs" and self.device.type != "cuda":
             raise ValueError(f"decoder graphs replays CUDA graphs: the models are on {self.device}, not a CUDA GPU")
         if self.forced:
@@ -108,11 +111,16 @@ class ModelPair:
 
     @property
     def device(self) -> torch.device:
-        return next(self.target.parameters()).device
+        return model_device(self.target)
 
 
 DECODERS = ("eager", "static", "graphs")
 """``ModelPair.decoder``'s values."""
+
+
+def model_device(model) -> torch.device:
+    """Where a model's forwards run: its parameters' device (a llama.cpp model runs on the CPU)."""
+    return model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
 
 
 def default_decoder(device: torch.device | str) -> str:
@@ -142,19 +150,25 @@ class CachedLM:
     (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
     The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits), over
     transformers' ``DynamicCache``, or over ``static`` (``decoding.static.StaticLM``): there cropping only moves
-    the position the next forward writes at.
+    the position the next forward writes at. A ``core.llama_cpp.LlamaCppModel`` keeps its own cache and is read in
+    llama.cpp (``LlamaCppModel.read``); it returns the hidden states of the ``rows`` positions asked only.
     """
 
     def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = (), static: StaticLM | None = None):
-        self.lm = HFCausalLM(model)
+        self.llama = model if isinstance(model, LlamaCppModel) else None
+        if self.llama is not None:
+            if layers or static is not None:
+                raise ValueError("a llama.cpp model has no tapped layers and no static cache of ours")
+            self.llama.claim(self)
+        self.lm = HFCausalLM(model) if self.llama is None else None
         self.static = static
         self.sampling = sampling
         self.layers = tuple(layers)
         """Layers whose outputs each forward also keeps (``last_taps``; none: a plain forward)."""
         self.last_taps: torch.Tensor | None = None
         """The tapped layers' outputs (T, len(layers)·d) of the tokens the last forward read (``core.adapter.tap``)."""
-        self.cache = self.lm.new_cache() if static is None else None
-        self.device = next(model.parameters()).device
+        self.cache = self.lm.new_cache() if static is None and self.llama is None else None
+        self.device = model_device(model)
         self.ids: list[int] = []
         self.calls = 0
         self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
@@ -162,7 +176,11 @@ class CachedLM:
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
 
     def _crop(self, n: int) -> None:
-        if n < len(self.ids):
+        if n < len(self.ids) and self.llama is not None:
+            self.llama.crop(n)
+            del self.ids[n:]
+            self._last = self.last_logits = None
+        elif n < len(self.ids):
             remove = 0 if self.static is not None else self.cache.get_seq_length() - n
             if remove > 0:
                 self.cache.crop(-remove)
@@ -188,7 +206,12 @@ class CachedLM:
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
         start = len(self.ids)
-        if self.static is not None:
+        logits = None
+        if self.llama is not None:
+            if self.llama.owner is not self:
+                raise RuntimeError(f"{self.llama.name}: another reader has taken this llama.cpp model's cache")
+            hidden, logits = self.llama.read(seq, rows, reader=self)
+        elif self.static is not None:
             hidden, self.last_taps = self.static.forward(new, start)
         else:
             x = torch.tensor([new], dtype=torch.long, device=self.device)
@@ -200,7 +223,8 @@ class CachedLM:
             else:
                 hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
         s = self.sampling
-        logits = self.lm.logits(hidden[-rows:])
+        if logits is None:
+            logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
         self.ids.extend(new)
         self.calls += 1

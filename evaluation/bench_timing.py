@@ -45,7 +45,7 @@ from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
 from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
-from decoding.costs import step_s
+from decoding.costs import find_entry, step_s, verify_table
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
@@ -186,10 +186,10 @@ def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: in
     """Median seconds of the decoder's own forward (``decoding.state.CachedLM.advance``: the model under
     ``decoder``, with the logits and warp of every row, as a verification reads them) of m new tokens after
     ``prefix`` cached ones, for each m of ``lengths``, timed in turns (other tokens each time: a real forward)."""
-    from decoding.state import CachedLM
+    from decoding.state import CachedLM, model_device
     from decoding.static import static_lm
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prefix,), generator=g).tolist()
@@ -237,6 +237,70 @@ def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_token
     return result
 
 
+def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5) -> dict:
+    """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
+    (``CachedLM.advance`` over the backend: the batch, its logits and their warp), the prefill a read of
+    ``prompt_tokens``; the result names the backend and each model's threads."""
+    cache = prompt_tokens + new_tokens // 2
+    device = torch.device("cpu")
+    result = {"device": describe_device(device), "device_type": "cpu", "prefill": prompt_tokens,
+              "verify": verify, "decoder": "eager", "backend": "llama_cpp", "threads": target.threads, "models": []}
+    for name, model in (("draft", draft), ("target", target)):
+        lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})
+        seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
+        prefill = _time(lambda: (model.reset(), model.read(list(range(100, 100 + prompt_tokens)))), device,
+                        max(1, repeats // 2))["median_s"]
+        entry = {"name": name, "precision": model.description, "shape": model.path.name,
+                 "threads": model.threads, "prefill": {"tokens": prompt_tokens, "median_s": prefill},
+                 "decode": {str(cache): {"median_s": seconds[1], "repeats": repeats}},
+                 "verify": {"tokens": verify, "cache": cache, "median_s": seconds[verify]},
+                 "verify_short": {"tokens": 3, "cache": cache, "median_s": seconds[3]}}
+        if name == "target":
+            entry["verify_by_tokens"] = {str(m): {"cache": cache, "median_s": seconds[m]} for m in PAIR_VERIFY_LENGTHS}
+        result["models"].append(entry)
+    return result
+
+
+def llama_main(a: argparse.Namespace) -> list[dict]:
+    """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``."""
+    import yaml
+
+    from core.models import ModelSpec, load_llama_model
+
+    try:
+        pair = yaml.safe_load(Path(a.pair).read_text())
+        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
+    results = []
+    for threads in a.threads:
+        models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
+                  for role, spec in specs.items()}
+        result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
+                                 a.verify, a.repeats)
+        for m, (role, spec) in zip(result["models"], specs.items()):
+            m["shape"] = spec.display_name
+        print(llama_table(result))
+        write_json(result, Path(a.out or "runs/bench") / f"timing-llama_cpp-{threads}t.json")
+        results.append(result)
+        del models
+    return results
+
+
+def llama_table(result: dict) -> str:
+    """The figures of a llama.cpp profile: the draft step, each verification length, c and T(m)/T(1)."""
+    draft, target = (find_entry(result, n) for n in ("draft", "target"))
+    t1, d1 = step_s(target), step_s(draft)
+    lines = [f"llama.cpp, {result['threads']} thread(s), {result['device']}: times in ms (median)",
+             f"draft step {d1 * 1e3:.1f}, target step {t1 * 1e3:.1f}, c = {d1 / t1:.3f}; "
+             f"prefill of {result['prefill']}: draft {draft['prefill']['median_s'] * 1e3:.0f}, "
+             f"target {target['prefill']['median_s'] * 1e3:.0f}",
+             "target verification of m tokens: T(m) ms, T(m)/T(1)"]
+    table = verify_table(target)
+    lines += [f"  m={m:>2}: {table[m] * 1e3:8.1f}  {table[m] / t1:5.2f}" for m in sorted(table)]
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
     p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",
@@ -256,7 +320,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", nargs="+", default=None, choices=["auto", *DTYPES, *QUANTIZATIONS],
                    help="dtypes and int8 quantizations to time (default: on the CPU float32, bfloat16 and every "
                         "quantization; on CUDA the auto dtype, bfloat16)")
-    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json)")
+    p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json; with "
+                                                   "--backend llama_cpp a folder, default runs/bench, one file per "
+                                                   "thread count)")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "llama_cpp"],
+                   help="llama_cpp: time the --pair file's GGUF files as llama.cpp runs them (the decoder's own "
+                        "forwards), at each --threads")
+    p.add_argument("--pair", default="configs/models/qwen2.5-coder-0.5b-1.5b.yaml",
+                   help="the model pair file (--backend llama_cpp)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU threads (--backend llama_cpp)")
     a = p.parse_args(argv)
     # each bad value in one line (run_main), not under argparse's usage
     if any(m < 2 for m in a.verify_lengths):
@@ -268,7 +340,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
     if a.verify_short < 0:
         raise SettingError(f"--verify-short must be 0 (skip) or more, got {a.verify_short}")
-    if a.out is not None and Path(a.out).is_dir():
+    if any(t < 1 for t in a.threads):
+        raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
+    if a.backend == "llama_cpp" and a.out is not None and Path(a.out).is_file():
+        raise SettingError(f"--out {a.out} is a file: with --backend llama_cpp give the folder to write into")
+    if a.out is not None and Path(a.out).is_dir() and a.backend != "llama_cpp":
         raise SettingError(f"--out {a.out} is a folder: give the JSON file to write")
     return a
 
@@ -296,8 +372,10 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | list[dict]:
     a = parse_args(argv)
+    if a.backend == "llama_cpp":
+        return llama_main(a)
     device = resolve_device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SettingError(f"--device {a.device}: this machine has no CUDA GPU that torch can use; use auto or cpu")

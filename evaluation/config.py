@@ -12,6 +12,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from core.cache import file_sha256
 from core.errors import UserError, parse_settings
+from core.llama_cpp import BACKENDS
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
@@ -241,6 +242,11 @@ class EvalConfig:
     natively, else float32)."""
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
+    backend: str = "transformers"
+    """The runtime of both models (``core.llama_cpp.BACKENDS``): ``transformers``, or ``llama_cpp`` (the GGUF files
+    as llama.cpp runs them, on ``threads`` CPU threads; the pair file sets it)."""
+    threads: int | None = None
+    """CPU threads of each llama.cpp model (None: torch's thread count, as the transformers backend runs)."""
     decoder: str = "auto"
     """How our decoder runs the models (``decoding.state.DECODERS``): ``eager`` (transformers' dynamic cache),
     ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only), or
@@ -271,6 +277,19 @@ class EvalConfig:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise EvalError(f"device: {self.device}, but torch sees no CUDA GPU on this machine; use device: auto or "
                             "cpu")
+        if self.backend not in BACKENDS:
+            raise EvalError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.threads is not None and self.threads < 1:
+            raise EvalError(f"threads must be at least 1, got {self.threads}")
+        if self.backend == "llama_cpp":
+            if self.device != "auto" and device.type != "cpu":
+                raise EvalError(f"backend llama_cpp runs on the CPU; set device: cpu or auto (got {self.device})")
+            if self.decoder not in ("auto", "eager"):
+                raise EvalError(f"decoder {self.decoder} runs transformers models; backend llama_cpp keeps its own "
+                                "cache (decoder: auto or eager)")
+            if self.hf_peer.enabled:
+                raise EvalError("hf_peer runs transformers' generate() on transformers models; with backend llama_cpp "
+                                "set hf_peer.enabled: false")
         if self.decoder not in ("auto", "eager", "static", "graphs"):
             raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
@@ -295,6 +314,7 @@ class EvalConfig:
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             # the decoder changes every timing; named only where it is not the eager one runs were made with before
             **({"decoder": decoder} if (decoder := self.resolved_decoder()) != "eager" else {}),
+            **({"backend": self.backend, "threads": self.llama_threads()} if self.backend != "transformers" else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
             "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None
                                for t in sorted(self.goodput_timing_files())},
@@ -309,6 +329,10 @@ class EvalConfig:
             raise EvalError(f"decoder: graphs replays CUDA graphs, and this eval runs on {device}; set decoder: "
                             "eager or static, or device: cuda")
         return default_decoder(device) if self.decoder == "auto" else self.decoder
+
+    def llama_threads(self) -> int:
+        """The threads each llama.cpp model runs on."""
+        return self.threads or torch.get_num_threads()
 
     def goodput_timing_files(self) -> set[str]:
         """The timing files goodput stops price rounds with (a policy's ``timing``, ``hf_peer.timing``): their

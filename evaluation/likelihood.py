@@ -31,6 +31,10 @@ def mean_loglik(model, prompt_ids: list[int], tokens: list[int]) -> float:
     """Mean over ``tokens`` of log p(token | prompt, earlier tokens) under ``model`` (one forward)."""
     if not tokens:
         raise ValueError("no tokens to score")
+    if getattr(model, "backend", None) == "llama_cpp":  # its rows after each prefix of prompt + tokens[:-1]
+        model.reset()
+        logits = model.read(list(prompt_ids) + list(tokens[:-1]), rows=len(tokens))[1]
+        return float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).mean())
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
     logits = model(ids, use_cache=False).logits[0, len(prompt_ids) - 1: -1].float()

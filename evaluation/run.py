@@ -79,6 +79,8 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
+        if cfg.backend == "llama_cpp":
+            return cls.load_llama_cpp(cfg)
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
@@ -127,6 +129,39 @@ class Engine:
                                                                             prompt),
             time_forwards=lambda prompt, new: time_pair(draft, target, device, prompt, new,
                                                          decoder=cfg.resolved_decoder()),
+        )
+
+
+    @classmethod
+    def load_llama_cpp(cls, cfg: EvalConfig) -> "Engine":
+        """The pair's GGUF files run by llama.cpp (``core.llama_cpp``) on ``cfg.llama_threads()`` threads each."""
+        from core.identity import check_labels_pair
+        from core.models import check_vocabularies, eos_token_ids, load_llama_model
+        from core.shards import read_manifest
+        from decoding.policies import build_policy
+        from decoding.state import HEAD_FEATURES, ModelPair
+        from evaluation.bench_timing import time_llama_pair
+        from evaluation.likelihood import mean_loglik
+        from evaluation.traces import record_trace
+        from heads.exported import ExportedHead
+
+        n_ctx = 4096
+        draft, tok, d_id = load_llama_model(cfg.draft, cfg.llama_threads(), n_ctx)
+        target, t_tok, t_id = load_llama_model(cfg.target, cfg.llama_threads(), n_ctx)
+        check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
+        if cfg.select_by == "simulated":
+            check_labels_pair(read_manifest(cfg.labels_dir)["models"], {"draft": d_id, "target": t_id},
+                              cfg.labels_dir)
+        eos = eos_token_ids(target, t_tok)
+        return cls(
+            tokenizer=t_tok,
+            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
+            build_policy=build_policy,
+            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
+            loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
+            record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
+                                                                            prompt),
+            time_forwards=lambda prompt, new: time_llama_pair(draft, target, prompt, new),
         )
 
 

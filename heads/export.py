@@ -44,8 +44,8 @@ from torch import nn
 
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
-from core.identity import (DIGEST_KEYS, PROMPT_DIGEST_CHARS, IdentityError, identity_mismatch, model_identity,
-                           record_identity)
+from core.identity import (DIGEST_KEYS, PROMPT_DIGEST_CHARS, TRANSFORMERS, IdentityError, identity_mismatch,
+                           model_identity, record_identity)
 from core.label_math import FEATURE_POSITIONS
 from core.quantization import NONE, output_rows
 from heads.features import SCORES, VECTORS, vector_column
@@ -170,6 +170,9 @@ def check_draft(meta: dict, *, draft: dict | None = None, hidden_size: int | Non
     if differs is None:
         return
     key, mine, theirs = differs
+    if key == "backend":
+        raise HeadFileError(f"{path}: head was trained on labels of the {mine} backend, this draft runs on {theirs} "
+                            "(its numbers differ); train a head on labels of this backend")
     if key == "quantization":
         raise HeadFileError(f"{path}: head was trained on the features of the {mine!r} draft, this draft is "
                             f"{theirs!r} (its hidden states differ); train a head on labels of this draft")
@@ -200,7 +203,9 @@ def check_model(meta: dict, model, path="head file") -> None:
             f"{path}: head was trained for a vocabulary of {meta['vocab_size']} tokens, the draft has {rows}"
         )
     identity = model_identity(model)
-    if (record_identity(meta["draft"])["quantization"] != identity.get("quantization", NONE)
+    recorded = record_identity(meta["draft"])
+    if (recorded["quantization"] != identity.get("quantization", NONE)
+            or recorded["backend"] != identity.get("backend", TRANSFORMERS)
             or any(k in identity and k in meta["draft"] for k in DIGEST_KEYS)):
         check_draft(meta, draft=identity, path=path)
     else:

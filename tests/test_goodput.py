@@ -225,3 +225,37 @@ def test_make_calibrate_fits_a_label_folder_and_reports_its_ece(label_config, tm
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1
     assert "manifest.json not found" in missing.stderr and not (tmp_path / "never.json").exists()
+
+
+# llama.cpp's costs on a 2-core CPU (runs/bench/timing-llama_cpp-2t.json): a draft step 0.70 of a target step, and a
+# verification that costs about its length
+LLAMA_CPU = RoundCosts(draft=0.70, verify=lambda m: 1.0 if m == 1 else 0.5 + 0.75 * m, name="llama.cpp")
+
+
+def test_where_no_round_can_pay_the_policy_drafts_nothing(tiny_pair):
+    """At costs where even a round whose every candidate is kept is slower than target-only, the goodput policy
+    runs target-only rounds (no draft forward) and the replay agrees; at the CPU costs above drafting pays."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.sampling import Sampling
+    from decoding.policies import build_policy
+    from decoding.state import ModelPair
+    from decoding.traces import Trace
+
+    assert not rules.GoodputStop.priced(LLAMA_CPU, LLAMA_CPU.target_only_rate(), MAX_K).drafting_pays
+    assert rules.GoodputStop.priced(CPU, CPU.target_only_rate(), MAX_K).drafting_pays
+    calibration = estimates.CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.2, 0.95]))
+    models = [AutoModelForCausalLM.from_pretrained(d).eval() for d in tiny_pair]
+    pair = ModelPair(*models, eos_token_ids=[], sampling=Sampling(temperature=1.0, max_new_tokens=12))
+    for costs, drafts in ((LLAMA_CPU, False), (CPU, True)):
+        policy = build_policy("goodput", calibration=calibration, costs=costs, max_k=MAX_K)
+        result = policy.generate(pair, [1, 10, 11], torch.Generator().manual_seed(0))
+        target_only = build_policy("target_only").generate(pair, [1, 10, 11], torch.Generator().manual_seed(0))
+        assert (result.stats.draft_calls > 0) == drafts
+        if not drafts:
+            assert result.tokens == target_only.tokens and result.stats.target_calls == 12
+        trace = Trace(prompt_id=0, acceptance=np.full(30, 0.9), logp_draft=np.full(30, -0.1),
+                      entropy_draft=np.zeros(30), hidden=torch.zeros(30, 4), hidden_prev=torch.zeros(30, 4))
+        lengths = type(policy).replay_lengths(trace, MAX_K, calibration=calibration, costs=costs)
+        assert (lengths.sum() > 0) == drafts

@@ -11,6 +11,10 @@ evaluation tell the two apart by whether the settings name a ``head``.
 
 λ is the long-run tokens per second the decoding achieves: given (``lam``, e.g. ``decoding.replay.goodput_rate``
 over traces), or followed online, the tokens this generation produced over the seconds it has taken so far.
+
+Where no round beats λ even with every candidate accepted (llama.cpp on a 2-core CPU, where a draft step costs
+0.6–0.7 of a target step and a verification nearly its length), the policy drafts nothing: each round is one
+target step, and it decodes as target-only does.
 """
 
 from __future__ import annotations
@@ -80,6 +84,11 @@ class Goodput(HeadStopPolicy):
         if not self.lam > 0 or max_k < 1 or future is not None and not 0 < future <= 1:
             raise ValueError(f"need lam > 0, max_k >= 1 and 0 < future <= 1, got {self.lam}, {max_k}, {future}")
         self.online, self.future, self.max_k = online, future, max_k
+        self.drafts = goodput_rule(self.costs, self.lam, max_k).drafting_pays
+
+    def round_length(self) -> int:
+        """``max_k``, or 0 (a target-only round) where no round can beat λ (``GoodputStop.drafting_pays``)."""
+        return self.max_k if self.drafts else 0
 
     def head_rule(self) -> GoodputStop:
         reads_candidate = self.head is not None and self.head.position == "own"
@@ -112,6 +121,8 @@ class Goodput(HeadStopPolicy):
         decoding starts; an online λ enters a replay as the rate it settles at, ``decoding.replay.goodput_rate``)."""
         costs = read_timing(timing).round_costs() if costs is None else costs  # as an eval config names them
         lam = costs.target_only_rate() if lam is None else lam
+        if not goodput_rule(costs, lam, max_k).drafting_pays:
+            return np.zeros(len(trace), dtype=int)
         if head is None:
             log_accept = load_calibration(calibration).log_accept(trace.logp_draft)
         return goodput_round_lengths(log_accept, costs, lam, head is not None and head.position == "own", max_k,

@@ -1,0 +1,201 @@
+"""A GGUF model run by llama.cpp (through llama-cpp-python's low-level API): the kernels CPU users run.
+
+``LlamaCppModel`` holds one model and one context with one sequence in its KV cache. ``read(seq, rows)`` brings
+that cache to cover ``seq`` the way the decoder's ``CachedLM`` does: it keeps the longest common prefix, removes
+the rest from the cache (``llama_memory_seq_rm``, no copy), and reads what is missing in one batch; it returns the
+raw logits of the last ``rows`` positions and the final-norm hidden state of the same positions, both from that
+one forward (the context runs with ``embeddings`` on and no pooling, so llama.cpp keeps its ``result_norm`` beside
+the logits). Only the rows asked are computed past the last layer: a prompt's prefill pays for one output row.
+
+The model is read from the GGUF file as shipped (no conversion): the quantized weights are the ones llama.cpp's
+users run. See core/DESIGN.md, "The llama.cpp backend".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.errors import UserError
+
+BACKENDS = ("transformers", "llama_cpp")
+"""A model pair's runtime (``backend:`` in a pair file): part of the pair's identity (``core.identity``)."""
+
+_initialized = False
+
+
+def _lib():
+    """llama-cpp-python's bindings, initialised once; llama.cpp's log is dropped unless ``LLAMA_CPP_LOG=1``."""
+    global _initialized
+    try:
+        import llama_cpp
+    except ImportError:
+        raise UserError("backend llama_cpp needs llama-cpp-python: run `make install` (it builds llama-cpp-python "
+                        "from source once)") from None
+    if not _initialized:
+        # llama-cpp-python prints llama.cpp's log through this logger; its warnings too, unless asked (a shipped
+        # file's vocabulary quirks, at every load)
+        quiet = not os.environ.get("LLAMA_CPP_LOG")
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1 if quiet else logging.DEBUG)
+        llama_cpp.llama_backend_init()
+        _initialized = True
+    return llama_cpp
+
+
+@dataclass
+class LlamaConfig:
+    """What the decoder and the heads read of a model's config (as of a transformers config)."""
+
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+class LlamaCppModel:
+    """One GGUF model in a llama.cpp context of ``n_ctx`` positions, run on ``threads`` CPU threads."""
+
+    backend = "llama_cpp"
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | Path, *, threads: int, n_ctx: int = 4096, name: str | None = None):
+        lib = _lib()
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"model file not found: {path}")
+        if threads < 1:
+            raise UserError(f"threads must be at least 1, got {threads}")
+        self.path = path
+        self.name = name or path.name
+        self.threads = threads
+        self._lib = lib
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._model = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise UserError(f"llama.cpp cannot load {path}: not a GGUF model it reads (LLAMA_CPP_LOG=1 shows why)")
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_ctx
+        cp.n_ubatch = min(512, n_ctx)
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings = True
+        cp.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+        cp.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise UserError(f"llama.cpp cannot make a context of {n_ctx} positions for {path}")
+        self._memory = lib.llama_get_memory(self._ctx)
+        vocab = lib.llama_model_get_vocab(self._model)
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.config = LlamaConfig(hidden_size=lib.llama_model_n_embd(self._model),
+                                  vocab_size=lib.llama_vocab_n_tokens(vocab),
+                                  max_position_embeddings=min(self.n_ctx, lib.llama_model_n_ctx_train(self._model)))
+        self.eog_ids = [t for t in range(self.config.vocab_size) if lib.llama_vocab_is_eog(vocab, t)]
+        """The ids that end a generation in llama.cpp (``llama_vocab_is_eog``): its users' stopping set."""
+        self.description = self._desc()
+        self._batch = lib.llama_batch_init(self.n_ctx, 0, 1)
+        self._embeddings = True
+        self.ids: list[int] = []
+        """The tokens the KV cache holds, in order from position 0."""
+        self.owner: object | None = None
+        """Who reads through this model now (``claim``): one reader at a time, since the cache is one sequence."""
+
+    def _desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self._lib.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode()
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None when the file has no such key)."""
+        buf = ctypes.create_string_buffer(512)
+        n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    def claim(self, owner: object) -> None:
+        """Start a new reader over an empty cache (a generation, a trace): the previous reader's cache is gone."""
+        self.reset()
+        self.owner = owner
+
+    def reset(self) -> None:
+        self._lib.llama_memory_clear(self._memory, True)
+        self.ids = []
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` positions of the cache."""
+        if n < len(self.ids):
+            self._lib.llama_memory_seq_rm(self._memory, 0, n, -1)
+            del self.ids[n:]
+
+    def read(self, seq: list[int], rows: int = 1, reader: object | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring the cache to cover ``seq`` (keeping the common prefix, reading the rest in one batch, or two when
+        tokens before the rows asked are read too: those without outputs); return the
+        hidden states (rows, d) and raw logits (rows, V) of the next token after each of the last ``rows``
+        prefixes of ``seq``. At least ``rows`` tokens are read, so a prefix already in the cache is read again when
+        its rows are asked. A ``reader`` other than the one that claimed the cache takes it over (``owner``)."""
+        self.owner = reader if reader is self.owner else None
+        if not 1 <= rows <= len(seq):
+            raise ValueError(f"rows must be within 1 … {len(seq)}, got {rows}")
+        if len(seq) > self.n_ctx:
+            raise UserError(f"{self.name}: a sequence of {len(seq)} tokens does not fit its context of {self.n_ctx}")
+        common = 0
+        for a, b in zip(self.ids, seq):
+            if a != b:
+                break
+            common += 1
+        self.crop(min(common, len(seq) - rows))
+        start = len(self.ids)
+        new = seq[start:]
+        # llama.cpp computes every token's output when embeddings are on: the tokens before the rows asked are read
+        # first with them off, so a prompt's prefill pays for its last row's logits only
+        if len(new) > rows:
+            self._decode(new[:-rows], start, outputs=False)
+        self._decode(new[-rows:], start + len(new) - rows, outputs=True)
+        vocab, d = self.config.vocab_size, self.config.hidden_size
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(rows, vocab))
+        hidden = np.ctypeslib.as_array(self._lib.llama_get_embeddings(self._ctx), shape=(rows, d))
+        return torch.from_numpy(hidden.copy()), torch.from_numpy(logits.copy())
+
+    def _decode(self, tokens: list[int], start: int, outputs: bool) -> None:
+        """One ``llama_decode`` of ``tokens`` at positions from ``start``: every row's logits and hidden state kept
+        (``outputs``), or none."""
+        if outputs != self._embeddings:
+            self._lib.llama_set_embeddings(self._ctx, outputs)
+            self._embeddings = outputs
+        b = self._batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = outputs
+        status = self._lib.llama_decode(self._ctx, b)
+        if status != 0:
+            self.crop(start)  # a failed batch may have written part of its positions
+            raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed with status {status}")
+        self.ids.extend(int(t) for t in tokens)
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = threads
+        self._lib.llama_set_n_threads(self._ctx, threads, threads)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._lib.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone already
+            pass
