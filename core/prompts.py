@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
-from core.models import resolve
+from core.models import identify
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".gz": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -98,7 +98,7 @@ def input_digests(table: list[dict], with_responses: bool, models: dict) -> dict
     prompts = json.dumps([[r["text"], r.get("response") if with_responses else None] for r in table])
     out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest()}
     for role, spec in models.items():
-        out[role] = {k: v for k, v in resolve(spec)[1].items() if k != "source"}
+        out[role] = {k: v for k, v in identify(spec).items() if k != "source"}
     return out
 
 

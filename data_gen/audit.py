@@ -356,6 +356,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     per-row differences judged against its tolerance (``judge``), and whether every column passes."""
     if rows < 1:
         raise UserError(f"--rows must be at least 1 (rows drawn from each split), got {rows}")
+    if seed < 0:
+        raise UserError(f"--seed must be 0 or more (it seeds the choice of rows), got {seed}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
     if not (folder / "run.json").is_file():
@@ -440,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
     path_argument(p, "labels", "--labels", "a label folder written by `python -m data_gen`")
     p.add_argument("--rows", type=int, default=200, help="rows drawn from each split (at least 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the choice of rows (0 or more)")
     p.add_argument("--access", choices=ACCESS, default="plain",
                    help="plain: the prompt, then the rest in one forward, with the labeler's numerics; decoder: the prompt, "
                         "then one token per forward, as decoding")

@@ -78,6 +78,11 @@ class LabelConfig:
     resolved as the evaluation resolves it
     (``core.models.resolve_dtype``: bfloat16 on CUDA and on CPUs with native bf16, else float32), so that labels,
     heads and decoding read features of one precision."""
+    backend: str = "transformers"
+    """The runtime of both models (``core.llama_cpp.BACKENDS``; the pair file sets it): labels are made with
+    transformers; ``llama_cpp`` is refused until its labeler exists (core/DESIGN.md, "The llama.cpp backend")."""
+    threads: int | None = None
+    """CPU threads of a llama.cpp model (the pair file sets it; unused by transformers)."""
     accelerator: str = "auto"
     """Lightning accelerator: auto (CUDA when present, else CPU), cpu, gpu."""
     devices: int | str = "auto"
@@ -97,6 +102,19 @@ class LabelConfig:
             raise LabelingError(f"batch_size must be positive, got {self.batch_size}")
         if self.dtype not in DTYPES and self.dtype != "auto":
             raise LabelingError(f"unknown dtype {self.dtype!r}; choose auto or one of {sorted(DTYPES)}")
+        if self.backend != "transformers":
+            raise LabelingError(f"backend {self.backend!r}: labels are made with transformers only (backend: "
+                                "transformers); llama.cpp runs the eval, its timing and its peer")
+        # Lightning's own checks of these come after the run's record is written, as a traceback
+        if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
+            raise LabelingError(f"accelerator must be auto, cpu, gpu or cuda, got {self.accelerator!r}")
+        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise LabelingError(f"accelerator: {self.accelerator}, but torch sees no CUDA GPU on this machine; use "
+                                "auto or cpu")
+        if self.devices != "auto" and not (isinstance(self.devices, int) and self.devices >= 1):
+            raise LabelingError(f"devices must be auto or a count of at least 1, got {self.devices!r}")
+        if self.num_nodes < 1:
+            raise LabelingError(f"num_nodes must be at least 1, got {self.num_nodes}")
 
     @property
     def model_dtype(self) -> str:
@@ -118,8 +136,12 @@ class LabelConfig:
         d = dataclasses.asdict(self)
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
+        for k in ("backend", "threads"):  # labels are made with transformers alone (``backend``)
+            d.pop(k)
         for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)
             model.pop("gguf_sha256")
+            if model["tokenizer"] is None:  # named only where set, as runs before it was a setting
+                model.pop("tokenizer")
         d["dtype"] = self.model_dtype
         return {"schema_version": shards.SCHEMA_VERSION, **d}
 

@@ -5,7 +5,8 @@ without a head (``decoding.estimates.CalibratedConfidence``: isotonic regression
         [--heldout runs/labels/humaneval-heldout --heldout-splits test]
 
 It fits on the traces' rows (the ``target`` rows, ``decoding.traces.trace_rows``) of the label folder's splits, saves
-the fit to OUT, and prints the expected calibration error against min(1, p/q) (``calibration_error``) of the raw
+the fit to OUT with what its rows came from (the draft, its backend, the labels' sampling: the goodput policy
+refuses a decoding that differs), and prints the expected calibration error against min(1, p/q) (``calibration_error``) of the raw
 q(Y_i) and of the calibrated one on the rows it was fitted on and, with ``--heldout``, on that folder's rows. The
 decoder (``build_policy("goodput", calibration=OUT, …)``), the simulator (``make simulate ARGS="--timing T
 --calibration OUT"``) and ``generate()`` (``HeadDecoding(None, draft, calibration=OUT, costs=…)``) read the file.
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
-from core.shards import SPLITS
+from core.shards import SPLITS, read_manifest
 from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.traces import trace_rows
 
@@ -63,9 +64,16 @@ def main(argv: list[str] | None = None) -> CalibratedConfidence:
     out = Path(a.out)
     try:  # every input checked before anything is written
         check_out(out)
+        same = a.heldout is not None and Path(a.heldout).resolve() == Path(a.labels).resolve()
+        if same and set(a.splits) & set(a.heldout_splits):
+            raise UserError(f"--heldout-splits {' '.join(a.heldout_splits)} and --splits {' '.join(a.splits)} share "
+                            f"{' '.join(sorted(set(a.splits) & set(a.heldout_splits)))} of {a.labels}: those rows are "
+                            "fitted on, not held out")
         fitted_on = trace_rows(a.labels, tuple(a.splits), COLUMNS)
         held_out = None if a.heldout is None else trace_rows(a.heldout, tuple(a.heldout_splits), COLUMNS)
         calibration = CalibratedConfidence.fit(fitted_on["logp_draft"], fitted_on["acceptance"])
+        manifest = read_manifest(a.labels)
+        calibration.fitted = {"draft": manifest["models"]["draft"], "sampling": manifest["sampling"]}
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             calibration.save(out)

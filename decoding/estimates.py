@@ -62,6 +62,10 @@ class CalibratedConfidence:
     acceptance: np.ndarray
     rows: int = 0
     """The label rows it was fitted on."""
+    fitted: dict | None = None
+    """What the rows came from (``make calibrate``): the ``draft`` that drew them (its identity, backend included)
+    and the ``sampling`` they were labeled at; the goodput policy refuses another draft, backend or sampling. None
+    in files written before it was recorded."""
 
     def __post_init__(self) -> None:
         """Knots that define a map from [0, 1] to [0, 1]: as many of each, at least one, finite, q non-decreasing;
@@ -101,7 +105,7 @@ class CalibratedConfidence:
     def to_dict(self) -> dict:
         """What ``save`` writes as JSON (and ``decoding.runtimes.hf_export`` bundles into a folder)."""
         return {"estimate": "calibrated_confidence", "rows": self.rows, "q": self.q.tolist(),
-                "acceptance": self.acceptance.tolist()}
+                "acceptance": self.acceptance.tolist(), **({"fitted": self.fitted} if self.fitted else {})}
 
     def save(self, path: str | Path) -> None:
         """Written whole or not at all (a temporary file renamed over it), so a reader never sees half a fit."""
@@ -117,7 +121,7 @@ class CalibratedConfidence:
             if saved.get("estimate") != "calibrated_confidence":
                 raise ValueError(f"it holds {saved.get('estimate')!r}")
             return cls(q=np.array(saved["q"], float), acceptance=np.array(saved["acceptance"], float),
-                       rows=int(saved["rows"]))  # checked by __post_init__
+                       rows=int(saved["rows"]), fitted=saved.get("fitted"))  # checked by __post_init__
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise EstimateFileError(f"{where}: not a saved calibrated confidence ({e})") from None
 

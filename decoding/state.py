@@ -86,6 +86,10 @@ class ModelPair:
     decoder: str = "eager"
     """How the models run (``DECODERS``): ``eager`` over transformers' dynamic cache, ``static`` over a preallocated
     cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph (``decoding.static``)."""
+    untimed_prefill: bool = False
+    """Each model a generation reads first reads the prompt but its last token before the generation's clock starts,
+    uncounted (as llama.cpp's own tools time decoding: prefill excluded); the first call of each then reads the
+    prompt's last token. False: the prompt is read in the first call of each model, and timed."""
     forced: list[tuple[int, int]] | None = None
     """Trace-forced decoding (``decoding.schedule``): every generation on this pair drafts and keeps exactly these
     rounds, (candidates, kept) each, whatever the models draw; its clock starts after both models read the prompt.
@@ -288,7 +292,8 @@ class Decoding:
     """The state of one generation: the sequence, the two cached models, the random source and the counts."""
 
     def __init__(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator,
-                 draft_layers: tuple[int, ...] = ()):
+                 draft_layers: tuple[int, ...] = (), reads: tuple[str, ...] = ("draft", "target")):
+        """``reads``: the models the policy runs (``ModelPair.untimed_prefill`` reads the prompt into those)."""
         if not prompt_ids:
             raise ValueError("the prompt must hold at least one token")
         self.pair = pair
@@ -318,6 +323,10 @@ class Decoding:
         if pair.forced is not None:  # a forced run's time is the generation's alone: the prompt is read first
             self.draft.advance(self.seq)
             self.target.advance(self.seq)
+        elif pair.untimed_prefill and len(self.seq) > 1:
+            for lm in (getattr(self, role) for role in reads):
+                lm.advance(self.seq[:-1])
+                lm.calls = 0
         self._sync()
         self._t0 = time.perf_counter()
 

@@ -248,8 +248,8 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
     for name, model in (("draft", draft), ("target", target)):
         lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})
         seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
-        prefill = _time(lambda: (model.reset(), model.read(list(range(100, 100 + prompt_tokens)))), device,
-                        max(1, repeats // 2))["median_s"]
+        prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
+        prefill = _time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
         entry = {"name": name, "precision": model.description, "shape": model.path.name,
                  "threads": model.threads, "prefill": {"tokens": prompt_tokens, "median_s": prefill},
                  "decode": {str(cache): {"median_s": seconds[1], "repeats": repeats}},

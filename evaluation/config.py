@@ -13,6 +13,8 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from core.cache import file_sha256
 from core.errors import UserError, parse_settings
 from core.llama_cpp import BACKENDS
+from evaluation.llama_peer import FAMILIES as LLAMA_FAMILIES
+from evaluation.llama_peer import LlamaPeer
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
@@ -31,7 +33,7 @@ family of our decoder that runs that head (``hf_specdecpp``, ``hf_sprinter``).""
 HF_GOODPUT = "hf_goodput"
 """Runs of ``generate()`` with the goodput stop (``decoding.runtimes.hf``) on a stop head's or a calibrated
 confidence's estimates: ``hf_`` and the family of our decoder that runs that stop (``goodput``)."""
-PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values(), HF_GOODPUT)
+PEER_FAMILIES = (HF_FAMILY, HF_TARGET_ONLY, *HF_HEAD_FAMILIES.values(), HF_GOODPUT, *LLAMA_FAMILIES)
 """Every run of transformers' ``generate()``: peers, not policies of our decoder."""
 ESTIMATE_FILES = ("head", "calibration")
 """The keyword arguments of a policy that name a file its decisions read: an exported head, goodput's calibrated
@@ -215,6 +217,8 @@ class EvalConfig:
     the chosen SD's (ignored when pass@1 is unavailable)."""
     hf_peer: HFPeer = field(default_factory=HFPeer)
     """The external peer."""
+    llama_peer: LlamaPeer = field(default_factory=LlamaPeer)
+    """llama.cpp's own decoding (``evaluation.llama_peer``; backend llama_cpp)."""
     goals: Goals = field(default_factory=Goals)
     """What the report's goals table checks (not part of the run's settings: a report can be rewritten with
     other goals)."""
@@ -247,6 +251,9 @@ class EvalConfig:
     as llama.cpp runs them, on ``threads`` CPU threads; the pair file sets it)."""
     threads: int | None = None
     """CPU threads of each llama.cpp model (None: torch's thread count, as the transformers backend runs)."""
+    untimed_prefill: bool = False
+    """Each run's clock starts after its models read the prompt (``decoding.state.ModelPair.untimed_prefill``), as
+    llama.cpp's own tools time decoding: tokens per second of generation alone, alike for ours and its runs."""
     decoder: str = "auto"
     """How our decoder runs the models (``decoding.state.DECODERS``): ``eager`` (transformers' dynamic cache),
     ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only), or
@@ -290,6 +297,12 @@ class EvalConfig:
             if self.hf_peer.enabled:
                 raise EvalError("hf_peer runs transformers' generate() on transformers models; with backend llama_cpp "
                                 "set hf_peer.enabled: false")
+        if self.llama_peer.enabled and self.backend != "llama_cpp":
+            raise EvalError("llama_peer runs llama.cpp's own binaries beside our decoder on the same GGUF files: it "
+                            "needs backend: llama_cpp")
+        if self.llama_peer.enabled and not self.untimed_prefill:
+            raise EvalError("llama_peer times decoding without the prompt's prefill, as llama.cpp's tools do: set "
+                            "untimed_prefill: true so our runs are timed alike")
         if self.decoder not in ("auto", "eager", "static", "graphs"):
             raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
@@ -309,12 +322,16 @@ class EvalConfig:
                  for v in [sweep.fixed.get(key), *sweep.grid.get(key, [])] if v is not None} \
             | set(map(str, self.hf_peer.heads)) | set(map(str, self.hf_peer.goodput))
         return {
-            "draft": vars(self.draft), "target": vars(self.target), "prompts": vars(self.prompts),
+            # a model's tokenizer is named only where set, as runs before it was a setting
+            **{role: {k: v for k, v in vars(spec).items() if not (k == "tokenizer" and v is None)}
+               for role, spec in (("draft", self.draft), ("target", self.target))},
+            "prompts": vars(self.prompts),
             "modes": {m.name: vars(m.sampling(self.max_new_tokens)) for m in self.modes},
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             # the decoder changes every timing; named only where it is not the eager one runs were made with before
             **({"decoder": decoder} if (decoder := self.resolved_decoder()) != "eager" else {}),
             **({"backend": self.backend, "threads": self.llama_threads()} if self.backend != "transformers" else {}),
+            **({"untimed_prefill": True} if self.untimed_prefill else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
             "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None
                                for t in sorted(self.goodput_timing_files())},

@@ -73,6 +73,9 @@ class Engine:
     time_forwards: Callable[[int, int], dict] | None = None
     """``(prompt_tokens, new_tokens) →`` the pair's forwards timed on this device (``bench_timing.time_pair``);
     None = not timed."""
+    llama_generate: Callable[[list[int], Sampling, int, str, dict], tuple[list[int], dict]] | None = None
+    """``(prompt_ids, sampling, seed, family, params) →`` one run of llama.cpp's own binaries
+    (``evaluation.llama_peer``): its tokens (our tokenizer's reading of its text) and stats; None = no such peer."""
     models: dict | None = None
     """The pair by content, as ``core.prompts.input_digests`` records it (role → digests), for an engine whose
     models the config does not name; None = the config's ``draft`` and ``target`` are read."""
@@ -120,7 +123,7 @@ class Engine:
         return cls(
             tokenizer=t_tok,
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s,
-                                          decoder=cfg.resolved_decoder()),
+                                          decoder=cfg.resolved_decoder(), untimed_prefill=cfg.untimed_prefill),
             build_policy=build_policy,
             hf_generate=peer,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
@@ -153,9 +156,20 @@ class Engine:
             check_labels_pair(read_manifest(cfg.labels_dir)["models"], {"draft": d_id, "target": t_id},
                               cfg.labels_dir)
         eos = eos_token_ids(target, t_tok)
+
+        def llama_generate(ids, sampling, seed, family, params):
+            from evaluation import llama_peer
+
+            text, stats = llama_peer.run(cfg.llama_peer, family, params, target.path, draft.path,
+                                         t_tok.decode(ids, skip_special_tokens=False), sampling, seed,
+                                         cfg.llama_threads(), n_ctx)
+            return t_tok.encode(text, add_special_tokens=False), stats
+
         return cls(
             tokenizer=t_tok,
-            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s),
+            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s,
+                                          untimed_prefill=cfg.untimed_prefill),
+            llama_generate=llama_generate,
             build_policy=build_policy,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
@@ -356,6 +370,13 @@ class Runner:
             return list(map(int, tokens)), stats
         return Job(run.family, run.params, generate)
 
+    def llama(self, sampling: Sampling, family: str, params: dict) -> "Job":
+        """One run of llama.cpp's own binaries (``evaluation.llama_peer``), as a ``Job``."""
+        def generate(prompt: int):
+            return self.engine.llama_generate(self._ids[prompt], sampling, prompt_seed(self.cfg.seed, prompt),
+                                              family, params)
+        return Job(family, params, generate)
+
     def run(self, mode: Mode, jobs: list["Job"], ids: list[int]) -> None:
         """Every job on every prompt of ``ids`` that ``results.jsonl`` does not hold yet, prompt by prompt: a
         prompt's runs follow each other within minutes, so a ratio paired by prompt compares runs made at the same
@@ -503,6 +524,46 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     return {f: c["params"] for f, c in selection["modes"][mode.name].items()}
 
 
+def llama_jobs(cfg: EvalConfig, runner: Runner, mode: Mode, sampling: Sampling, out: Path, quiet: bool) -> list[Job]:
+    """llama.cpp's own runs in one mode: its target alone, its speculative decoding at its defaults, and at the grid
+    entry that ran fastest (tokens over seconds, prefill excluded) on the tuning prompts, which the eval does not
+    decode; the tuning runs are kept in ``llama_tuning.jsonl`` (resumed like the results)."""
+    from evaluation.llama_peer import DEFAULTS, SPECULATIVE, TARGET_ONLY
+
+    peer = cfg.llama_peer
+    jobs = [runner.llama(sampling, TARGET_ONLY, {})] if peer.target_only and mode.runs(TARGET_ONLY) else []
+    if not mode.runs(SPECULATIVE):
+        return jobs
+    if peer.defaults:
+        jobs.append(runner.llama(sampling, SPECULATIVE, dict(DEFAULTS)))
+    grid = [{"p_min": float(p), "n_max": int(n)} for p, n in peer.grid]
+    if not grid:
+        return jobs
+    first, end = peer.tune_prompts
+    tuning = load_prompts(dataclasses.replace(cfg.prompts, limit=end))[first:end]
+    if not tuning:
+        raise EvalError(f"llama_peer.tune_prompts {peer.tune_prompts}: the prompt source has no prompts there")
+    store = ResultStore(RunDir(out).llama_tuning)
+    tuner = Runner(cfg, runner.engine, tuning, store, quiet)
+    ids = tuner._ids
+    if {tuple(v) for v in runner._ids.values()} & {tuple(v) for v in ids.values()}:
+        raise EvalError(f"llama_peer.tune_prompts {peer.tune_prompts} overlap the prompts the eval decodes: tune "
+                        "on others")
+    tuner.run(mode, [tuner.llama(sampling, SPECULATIVE, params) for params in grid], list(ids))
+    rates = {}
+    for params in grid:
+        label = run_label(SPECULATIVE, params)
+        recs = [store.get((mode.name, label, p)) for p in ids]
+        rates[label] = (sum(r["stats"]["new_tokens"] for r in recs) / sum(r["stats"]["wall_s"] for r in recs), params)
+    best, (rate, params) = max(rates.items(), key=lambda kv: kv[1][0])
+    if not quiet:
+        print(f"eval [{mode.name}] llama.cpp speculative tuned on prompts {first}–{end - 1}: {best} "
+              f"({rate:.2f} tok/s)", flush=True)
+    if not (peer.defaults and params == DEFAULTS):
+        jobs.append(runner.llama(sampling, SPECULATIVE, params))
+    return jobs
+
+
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
     """Run (or resume) the evaluation and write the report; return the output folder. Every input (prompts, head
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
@@ -587,6 +648,8 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set
             ours = chosen_file_settings(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
             finish += [runner.peer(sampling, run)
                        for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours)]
+        if cfg.llama_peer.enabled and engine.llama_generate is not None:
+            finish += llama_jobs(cfg, runner, mode, sampling, out, quiet)
         runner.run(mode, finish, all_ids)
     if cfg.loglik and engine.loglik is not None:
         score_records(out, store.records(), runner._ids, engine.loglik, quiet)

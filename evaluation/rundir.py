@@ -18,6 +18,8 @@ class RunDir:
     selection = _file("selection.json", "the settings the trace simulator chose, and what it chose them from")
     forward_timing = _file("forward_timing.json", "the pair's forwards timed on this device (``bench_timing``'s "
                                                   "layout)")
+    llama_tuning = _file("llama_tuning.jsonl", "llama.cpp's speculative decoding over its grid on the tuning "
+                                               "prompts (``run.llama_jobs``)")
     loglik = _file("loglik.jsonl", "the target's log-likelihood of each record's tokens (``likelihood.py``)")
     traces = _file("traces", "the decoder traces of the target-only responses, by mode (``traces.py``)")
     report_md = _file("report.md", "the report (``report.py``)")
@@ -41,6 +43,6 @@ class RunDir:
         """Every file an evaluation wrote into the folder that is there, and nothing else: what ``overwrite``
         deletes."""
         # not roc.png: a report whose training folder is gone keeps showing the copy it has
-        named = [self.settings, self.results, self.loglik, self.forward_timing, self.selection, self.report_md,
+        named = [self.settings, self.results, self.loglik, self.llama_tuning, self.forward_timing, self.selection, self.report_md,
                  self.report_json, self.pareto_png, self.speedup_png, self.quality_png]
         return [*(p for p in named if p.is_file()), *sorted(self.traces.glob("*/*.safetensors"))]

@@ -24,6 +24,7 @@ COMMANDS = {
     "eval": ("evaluation", "decode with every policy and transformers' peer, and write the report"),
     "compare": ("evaluation.pairs", "the tokens/s ratio of two runs of an eval, with its paired interval"),
     "export-hf": ("decoding.runtimes.hf_export", "a head as a transformers custom_generate folder"),
+    "generate": ("decoding.runtimes.llama_cpp", "two GGUF files decoded in llama.cpp by one of our policies"),
     "bench-timing": ("evaluation.bench_timing", "per-forward times of the pair's shapes on this device"),
     "bench-precision": ("evaluation.bench_precision", "the draft at each precision: step, c and 1 - TV"),
     "bench-compiled-step": ("scripts.bench_compiled_step", "a GPU's decode step, eager against CUDA graphs"),

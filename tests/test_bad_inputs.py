@@ -97,6 +97,20 @@ def test_an_eval_on_a_gpu_the_machine_lacks_is_one_line(monkeypatch, tmp_path):
         make_cfg(tmp_path, device="cuda")
 
 
+@pytest.mark.parametrize("overrides, words", [({"accelerator": "gpu"}, "torch sees no CUDA GPU"),
+                                              ({"accelerator": "tpu"}, "accelerator must be"),
+                                              ({"devices": 0}, "devices must be auto or a count of at least 1"),
+                                              ({"num_nodes": 0}, "num_nodes must be at least 1")])
+def test_labeling_lightning_settings_are_checked_before_anything_is_written(label_config, monkeypatch, tmp_path,
+                                                                           overrides, words):
+    from data_gen.run import LabelingError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(LabelingError, match=words):
+        label_config(**overrides)
+    assert not (tmp_path / "labels").exists()
+
+
 @pytest.mark.parametrize("flags, words", [(["--repeats", "0"], "--repeats must be at least 1"),
                                           (["--prefill", "-5"], "--prefill must be at least 1"),
                                           (["--cache", "256", "0"], "--cache must be at least 1"),
@@ -238,6 +252,7 @@ def test_a_label_folder_made_with_relative_model_paths_audits_from_another_direc
     elsewhere.mkdir()
     os.chdir(elsewhere)  # undone by monkeypatch
     assert audit.main([str(work / "labels"), "--rows", "4"]) == 0
+    assert audit.main([str(work / "labels"), "--rows", "4", "--seed", "-1"]) == 2  # before any model loads
 
 
 def _exit_of(main, capsys, **kwargs) -> tuple[int, list[str]]:

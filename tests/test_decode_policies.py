@@ -446,3 +446,20 @@ def test_heads_reading_every_feature_family_decode_exactly(models, tmp_path, pos
     with pytest.raises(HeadFileError, match=f"target's hidden state of size {target}, the target has {target + 8}"):
         build_policy("specdecpp", head=files["stop"]).generate(
             pair_with((models[0], wider), temperature=0.0, max_new_tokens=4), PROMPTS[0], torch.Generator())
+
+
+@pytest.mark.parametrize("name", ["target_only", "sd", "confidence", "specdecpp"])
+def test_an_untimed_prefill_changes_no_token_and_no_count(models, heads, name):
+    """Reading the prompt before the clock starts (as llama.cpp's tools time decoding) leaves the tokens and the
+    counts of SpecDec++ Lemma 3.1 as they were, and takes the prompt out of the first call."""
+    kwargs = example_kwargs(heads)[name]
+    for untimed in (False, True):
+        pair = ModelPair(*models, eos_token_ids=[], untimed_prefill=untimed,
+                         sampling=Sampling(temperature=1.0, max_new_tokens=12))
+        results = [generate(build_policy(name, **kwargs), pair, prompt, seed=1) for prompt in PROMPTS]
+        if not untimed:
+            timed = results
+            continue
+        for a, b in zip(timed, results):
+            assert a.tokens == b.tokens
+            assert (a.stats.draft_calls, a.stats.target_calls) == (b.stats.draft_calls, b.stats.target_calls)

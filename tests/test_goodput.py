@@ -225,6 +225,40 @@ def test_make_calibrate_fits_a_label_folder_and_reports_its_ece(label_config, tm
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1
     assert "manifest.json not found" in missing.stderr and not (tmp_path / "never.json").exists()
+    # the rows fitted on are not held out ones
+    with pytest.raises(SystemExit):
+        calibrate.main(["--labels", str(cfg.output_dir), "--splits", "val", "--out", str(tmp_path / "v.json"),
+                        "--heldout", str(cfg.output_dir)])
+    assert "share val" in capsys.readouterr().err and not (tmp_path / "v.json").exists()
+    # what the rows came from, for the decoder to check
+    assert loaded.fitted["draft"]["name"] == "tiny-draft"
+    assert loaded.fitted["sampling"]["temperature"] == cfg.sampling.temperature
+    check_calibration_is_refused_elsewhere(loaded, cfg)
+
+
+def check_calibration_is_refused_elsewhere(calibration, cfg):
+    """The goodput policy on a calibration refuses, in one line, a decoding at another sampling (greedy: acceptance
+    is an argmax match there) and a draft other than the one its rows came from."""
+    import torch
+
+    from core.identity import IdentityError
+    from core.models import load_model
+    from core.sampling import Sampling
+    from decoding.estimates import EstimateFileError
+    from decoding.policies import build_policy
+    from decoding.state import ModelPair
+
+    draft, _, _ = load_model(cfg.draft, "float32")
+    target, _, _ = load_model(cfg.target, "float32")
+    policy = build_policy("goodput", calibration=calibration, costs=CPU, max_k=MAX_K)
+    same = ModelPair(draft, target, eos_token_ids=[], sampling=Sampling(temperature=1.0, max_new_tokens=4))
+    policy.generate(same, [1, 10], torch.Generator().manual_seed(0))
+    greedy = ModelPair(draft, target, eos_token_ids=[], sampling=Sampling(temperature=0.0, max_new_tokens=4))
+    with pytest.raises(EstimateFileError, match="fitted on rows labeled at"):
+        policy.generate(greedy, [1, 10], torch.Generator().manual_seed(0))
+    other = ModelPair(target, target, eos_token_ids=[], sampling=Sampling(temperature=1.0, max_new_tokens=4))
+    with pytest.raises(IdentityError, match="the calibration was fitted on rows of draft 'tiny-draft'"):
+        policy.generate(other, [1, 10], torch.Generator().manual_seed(0))
 
 
 # llama.cpp's costs on a 2-core CPU (runs/bench/timing-llama_cpp-2t.json): a draft step 0.70 of a target step, and a

@@ -191,3 +191,95 @@ def test_refusals_in_one_line(llama_models, gguf_pair, tiny_pair, tmp_path, llam
     with pytest.raises(Exception, match="backend transformers, not llama_cpp"):
         check_same_model(transformers_draft, llama_models[1][0], "labels")
     assert math.isfinite(head.threshold)
+
+
+STUB = r'''#!{python}
+"""Prints what llama.cpp's {name} prints on stdout and stderr (the speculative example echoes the prompt; both add
+newlines as they end; the completion's perf lines start with the prompt's), and records its arguments."""
+import json, sys
+args = sys.argv[1:]
+prompt = args[args.index("-p") + 1]
+with open(__file__ + ".calls", "a") as log:
+    log.write(json.dumps(args) + "\n")
+text = "return a + b"
+if "{name}" == "llama-completion":
+    sys.stdout.write(text + " [end of text]\n" + "\n\n")
+    print("common_perf_print: prompt eval time =      10.00 ms /    12 tokens (    0.83 ms per token,  1200.00 "
+          "tokens per second)", file=sys.stderr)
+    print("common_perf_print:        eval time =     100.00 ms /     4 runs   (   25.00 ms per token,    40.00 "
+          "tokens per second)", file=sys.stderr)
+else:
+    n_max = int(args[args.index("--spec-draft-n-max") + 1])
+    sys.stdout.write("\n\n" + prompt + text + "\n\n" + "\n\n")
+    print(f"decoded    5 tokens in    {{0.1 + 0.01 * n_max:.3f}} seconds, speed:   40.000 t/s", file=sys.stderr)
+    print("n_drafted = 6\nn_accept  = 3", file=sys.stderr)
+'''
+
+
+@pytest.fixture
+def stub_tools(tmp_path):
+    import sys
+
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("llama-completion", "llama-speculative-simple"):
+        path = tools / name
+        path.write_text(STUB.format(python=sys.executable, name=name))
+        path.chmod(0o755)
+    return tools
+
+
+def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pair, tiny_pair, tmp_path,
+                                                                         stub_tools):
+    """The eval on backend llama_cpp: our policies, and llama.cpp's target-only, its speculative decoding at its
+    defaults and at the grid entry fastest on the tuning prompts (which the eval does not decode), from its binaries
+    as its users run them (sampling flags as the mode's, the same threads, its own decoding time)."""
+    import json
+
+    import yaml
+
+    from evaluation.__main__ import main
+    from testing.tiny import write_eval_config, write_prompts
+
+    prompts = write_prompts(tmp_path / "prompts.jsonl", n=6)
+    config = write_eval_config(
+        tmp_path / "eval.yaml", gguf_pair[0], gguf_pair[1], prompts, tmp_path / "eval", limit=3, backend="llama_cpp", threads=1, untimed_prefill=True, hf_peer={"enabled": False}, max_new_tokens=8,
+        modes=[{"name": "greedy", "temperature": 0.0}], loglik=False,
+        policies=[{"family": "target_only"}, {"family": "sd", "grid": {"k": [2]}}],
+        llama_peer={"enabled": True, "tools": str(stub_tools), "grid": [[0.0, 2], [0.5, 8]], "tune_prompts": [3, 6]})
+    settings = yaml.safe_load(config.read_text())
+    for role, checkpoint in zip(("draft", "target"), tiny_pair):
+        settings[role]["tokenizer"] = str(checkpoint)
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["--config", str(config)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    runs = {r["run"] for r in records}
+    assert {"llama_target_only", "llama_speculative[p_min=0,n_max=3]", "llama_speculative[p_min=0,n_max=2]",
+            "target_only", "sd[k=2]"} <= runs, runs
+    tuning = [json.loads(line) for line in (tmp_path / "eval" / "llama_tuning.jsonl").read_text().splitlines()]
+    assert sorted({r["prompt"] for r in tuning}) == [3, 4, 5] and len(tuning) == 6
+    for run in ("llama_target_only", "llama_speculative[p_min=0,n_max=3]"):  # its own text, its decoding time
+        peer = next(r for r in records if r["run"] == run)
+        assert peer["text"] == "return a + b"
+    peer = next(r for r in records if r["run"] == "llama_target_only")
+    assert peer["stats"]["wall_s"] == pytest.approx(0.1) and peer["stats"]["new_tokens"] == 4
+    calls = [json.loads(line) for line in (stub_tools / "llama-completion.calls").read_text().splitlines()]
+    assert all(c[c.index("--temp") + 1] == "0.0" and c[c.index("-t") + 1] == "1" for c in calls)
+    assert "llama_target_only" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_the_entry_point_decodes_two_gguf_files_with_a_policy(gguf_pair, tiny_pair, llama_models):
+    """``SpeculativeLlama`` (``specheads generate``): a llama-cpp-python user's way to our rules, without the harness;
+    greedy SD gives the target's greedy text, and a bad policy setting is one line."""
+    from decoding.runtimes.llama_cpp import SpeculativeLlama
+
+    llm = SpeculativeLlama(gguf_pair[1], gguf_pair[0], threads=1, n_ctx=256, tokenizer=str(tiny_pair[1]),
+                           policy="sd", k=2)
+    text, stats = llm.generate([1, 10, 11], max_new_tokens=10, temperature=0.0)
+    same = ModelPair(*llama_models[0], eos_token_ids=llm.eos, sampling=Sampling(temperature=0.0, max_new_tokens=10))
+    reference = generate(build_policy("target_only"), same, [1, 10, 11]).tokens
+    assert text == llm.tokenizer.decode(reference, skip_special_tokens=True)
+    assert stats.new_tokens == len(reference) and stats.draft_calls > 0
+    with pytest.raises(UserError, match="policy sd: k must be at least 1"):
+        SpeculativeLlama(gguf_pair[1], gguf_pair[0], threads=1, n_ctx=256, tokenizer=str(tiny_pair[1]), policy="sd",
+                         k=0)

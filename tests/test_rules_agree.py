@@ -224,3 +224,71 @@ def test_sprinter_acceptance_agrees(model, position):
         if position == "prev":  # the runtime runs SPRINTER on the paper's feature only
             seen = runtime_rounds(model, head, tau, prompt, length, 20)
             assert [s + n for s, n, rejected in seen if rejected] == np.flatnonzero(~accepts).tolist()
+
+
+def draft_table(model) -> torch.Tensor:
+    """q(· | x) of the counting draft at temperature 1, by previous token x: its distribution depends on x alone."""
+    with torch.no_grad():
+        return model[0](torch.arange(VOCAB)[:, None]).logits[:, -1].float().log_softmax(-1)
+
+
+def sampled_goodput_reads(model, calibration, loop: str, top1: bool = False) -> list[tuple[int, int, float]]:
+    """(previous token, candidate, log â the goodput stop read) of every candidate of a few sampled generations with
+    a target unlike the draft (candidates off the argmax, some rejected), through the decoder or the runtime;
+    ``top1``: a broken loop that calibrates the draft's top-1 probability instead of the candidate's."""
+    from decoding.policies.goodput import CalibratedStop
+
+    reads = []
+    original_stop, original_rule = CalibratedStop.__call__, runtime.CalibratedRule.decides
+
+    def stop(self, dec, candidates, step, confidence):
+        value = confidence.max() if top1 else confidence[candidates[-1]]
+        reads.append(((dec.seq + candidates)[-2], candidates[-1], float(self.calibration.log_accept(value.item()))))
+        return self.rule(reads[-1][2])
+
+    def decides(self, token):
+        confidence = self.confidence(self.tap.logits)
+        value = confidence.max() if top1 else confidence[token]
+        previous = int(self.tap.logits.argmax()) - 1  # the counting draft's argmax is the previous token + 1
+        reads.append((previous % VOCAB, int(token), float(self.calibration.log_accept(value.item()))))
+        return self.stop(reads[-1][2])
+
+    CalibratedStop.__call__, runtime.CalibratedRule.decides = stop, decides
+    try:
+        costs = replay.RoundCosts(draft=0.05, verify=lambda m: 1.0 + 0.05 * m, name="test")
+        target = counting_model(seed=1)
+        for seed, prompt in enumerate([[3], [17], [40]]):
+            if loop == "decoder":
+                pair = ModelPair(draft=model[0], target=target, eos_token_ids=[],
+                                 sampling=Sampling(temperature=1.0, max_new_tokens=24))
+                build_policy("goodput", calibration=calibration, costs=costs, max_k=6).generate(
+                    pair, prompt, torch.Generator().manual_seed(seed))
+            else:
+                torch.manual_seed(seed)
+                decoding = runtime.HeadDecoding(None, model[0], max_k=6, calibration=calibration, costs=costs)
+                target.generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=True, temperature=1.0,
+                                top_k=0, top_p=1.0, max_new_tokens=24)
+    finally:
+        CalibratedStop.__call__, runtime.CalibratedRule.decides = original_stop, original_rule
+    return reads
+
+
+def misread(model, reads, calibration) -> int:
+    """How many reads are not the calibration of the candidate's own q(Y_i) (from the draft's table)."""
+    table = draft_table(model)
+    return sum(not np.isclose(value, calibration.log_accept(table[x, y].item()), atol=1e-5) for x, y, value in reads)
+
+
+@pytest.mark.parametrize("loop", ["decoder", "runtime"])
+def test_sampled_candidates_are_calibrated_on_their_own_probability(model, loop):
+    """Sampling with a target unlike the draft: candidates off the draft's argmax, rejections, and every candidate's
+    estimate is the calibration of its own q(Y_i), in the decoder and in the runtime; a loop that calibrates the
+    draft's top-1 probability instead is caught."""
+    calibration = CalibratedConfidence(q=np.array([0.0, 0.03, 0.06, 0.2]), acceptance=np.array([0.1, 0.5, 0.8, 0.95]))
+    reads = sampled_goodput_reads(model, calibration, loop)
+    table = draft_table(model)
+    off_argmax = sum(y != int(table[x].argmax()) for x, y, _ in reads)
+    assert len(reads) > 20 and off_argmax > len(reads) // 2
+    assert misread(model, reads, calibration) == 0
+    broken = sampled_goodput_reads(model, calibration, loop, top1=True)
+    assert misread(model, broken, calibration) > len(broken) // 2

@@ -13,7 +13,7 @@ class TargetOnly:
     """Autoregressive sampling from the target: one target call per token (target_calls == new_tokens)."""
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
-        dec = Decoding(pair, prompt_ids, generator)
+        dec = Decoding(pair, prompt_ids, generator, reads=("target",))
         while not dec.done:
             dec.extend([dec.sample(dec.target_dist()[-1])])
         return dec.result()
@@ -24,7 +24,7 @@ class DraftOnly:
     """Autoregressive sampling from the draft: one draft call per token, no target call."""
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
-        dec = Decoding(pair, prompt_ids, generator)
+        dec = Decoding(pair, prompt_ids, generator, reads=("draft",))
         while not dec.done:
             dec.extend([dec.sample(dec.draft_dist())])
         return dec.result()

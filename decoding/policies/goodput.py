@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from decoding.costs import read_timing
-from decoding.estimates import CalibratedConfidence, load_calibration
+from decoding.estimates import CalibratedConfidence, EstimateFileError, load_calibration
 from decoding.policies.registry import register
 from decoding.policies.specdecpp import HeadStop, HeadStopPolicy, load_stop_head
 from decoding.replay import RoundCosts, goodput_round_lengths, goodput_rule
@@ -51,6 +51,33 @@ class CalibratedStop:
 
     def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
         return self.rule(float(self.calibration.log_accept(confidence[candidates[-1]].item())))
+
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+
+
+def check_calibration(calibration: CalibratedConfidence, pair: ModelPair) -> None:
+    """Refuse, in one line, a calibration fitted on rows of another draft (or backend) than ``pair``'s, or at
+    another sampling: its knots map the draft's q to acceptance as those rows measured it (under greedy decoding
+    acceptance is an argmax match, not min(1, p/q); top-k and top-p change q). A file that records neither (made
+    before they were recorded) is used as it is, with a warning."""
+    import warnings
+
+    from core.identity import check_same_model, model_identity
+
+    fitted = calibration.fitted
+    if not fitted:
+        warnings.warn("the calibration records neither the draft nor the sampling it was fitted at; fit it again "
+                      "with `make calibrate` to have them checked", stacklevel=3)
+        return
+    check_same_model(fitted["draft"], model_identity(pair.draft),
+                     f"the calibration was fitted on rows of draft {fitted['draft'].get('name')!r}, this decoding "
+                     "drafts with another")
+    mine = {k: fitted["sampling"].get(k) for k in SAMPLING_KEYS}
+    theirs = {k: getattr(pair.sampling, k) for k in SAMPLING_KEYS}
+    if mine != theirs:
+        raise EstimateFileError(f"the calibration was fitted on rows labeled at {mine}, this decoding samples at "
+                                f"{theirs}: fit one on labels of this sampling (`make calibrate`)")
 
 
 @register("goodput", setting="lam", head_role="stop", simulable=True)
@@ -100,6 +127,7 @@ class Goodput(HeadStopPolicy):
     def stop_rule(self, pair: ModelPair) -> HeadStop | CalibratedStop:
         if self.head is not None:
             return super().stop_rule(pair)
+        check_calibration(self.calibration, pair)
         self.stop = CalibratedStop(self.calibration, self.head_rule())
         return self.stop
 
