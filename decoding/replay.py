@@ -76,6 +76,8 @@ def goodput_round_lengths(log_accept: np.ndarray, costs: RoundCosts, rate: float
     """n(s) for the goodput stop from the log acceptance estimate log â at every position (``rules.log_accept`` of
     a stop head's logit, or any source of ``decoding.estimates``)."""
     stop = goodput_rule(costs, rate, max_k, future, reads_candidate)
+    if not stop.drafting_pays:  # no round can beat the rate: the policy drafts nothing
+        return np.zeros(len(log_accept), dtype=int)
 
     def new_round() -> Callable[[int], bool]:
         stop.reset()

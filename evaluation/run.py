@@ -634,8 +634,12 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set
                     for s in sweeps}
         # Every setting on the sweep prompts; then every run on every prompt in one pass (one-setting families,
         # the chosen settings, the peers), so target-only and a chosen run are made minutes apart on each prompt.
+        # llama.cpp's runs need no choice of ours: where the sweep covers every prompt they join its pass, tuned
+        # first, so they too are made beside ours on each prompt (a shared CPU's speed drifts over an hour).
+        llama = (llama_jobs(cfg, runner, mode, sampling, out, quiet)
+                 if cfg.llama_peer.enabled and engine.llama_generate is not None else [])
         runner.run(mode, [runner.policy(mode, pair, s.family, s.fixed, params) for s in sweeps
-                          for params in settings[s.family]], sweep_ids)
+                          for params in settings[s.family]] + (llama if sweep_ids == all_ids else []), sweep_ids)
         chosen = choose(store.records(), mode.name, [s.family for s in sweeps], sweep_ids, cfg.select_by,
                         selection_fit(cfg.latency_fits(store.records())), cfg.max_pass_drop,
                         preset={f: run_label(f, params) for f, params in simulated.items()})
@@ -648,9 +652,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set
             ours = chosen_file_settings(chosen, store.records(), mode.name, {s.family: s.fixed for s in sweeps})
             finish += [runner.peer(sampling, run)
                        for run in peer_runs(cfg.hf_peer, mode, best_k(chosen, store.records(), mode.name), ours)]
-        if cfg.llama_peer.enabled and engine.llama_generate is not None:
-            finish += llama_jobs(cfg, runner, mode, sampling, out, quiet)
-        runner.run(mode, finish, all_ids)
+        runner.run(mode, finish + llama, all_ids)
     if cfg.loglik and engine.loglik is not None:
         score_records(out, store.records(), runner._ids, engine.loglik, quiet)
     if engine.record_trace is not None:

@@ -39,7 +39,7 @@ def test_round_trip_gives_identical_outputs(tmp_path, name, kw):
     assert meta["head"] == {"type": name, "init_args": {"hidden_size": 16, "scores": [], **kw}}
     assert list(meta["inputs"]["scores"]) == kw.get("scores", [])
     assert meta["draft"] == {"name": "tiny-draft", "source": "dir:draft", "fingerprint": "abc123",
-                            "quantization": "none"}
+                            "quantization": "none", "backend": "transformers"}
     assert meta["threshold"]["value"] == 0.3 and meta["label"]["w_rej"] == 6.0
     assert meta["hidden_size"] == 16 and meta["vocab_size"] == 57
 

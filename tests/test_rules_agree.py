@@ -226,10 +226,15 @@ def test_sprinter_acceptance_agrees(model, position):
             assert [s + n for s, n, rejected in seen if rejected] == np.flatnonzero(~accepts).tolist()
 
 
+SAMPLED_T = 3.0
+"""The temperature of the sampled cases: the counting draft is sure of its next token at 1 (its norm scales the
+logits), so few candidates would leave the argmax."""
+
+
 def draft_table(model) -> torch.Tensor:
-    """q(· | x) of the counting draft at temperature 1, by previous token x: its distribution depends on x alone."""
+    """q(· | x) of the counting draft at ``SAMPLED_T``, by previous token x: its distribution depends on x alone."""
     with torch.no_grad():
-        return model[0](torch.arange(VOCAB)[:, None]).logits[:, -1].float().log_softmax(-1)
+        return (model[0](torch.arange(VOCAB)[:, None]).logits[:, -1].float() / SAMPLED_T).log_softmax(-1)
 
 
 def sampled_goodput_reads(model, calibration, loop: str, top1: bool = False) -> list[tuple[int, int, float]]:
@@ -260,14 +265,14 @@ def sampled_goodput_reads(model, calibration, loop: str, top1: bool = False) -> 
         for seed, prompt in enumerate([[3], [17], [40]]):
             if loop == "decoder":
                 pair = ModelPair(draft=model[0], target=target, eos_token_ids=[],
-                                 sampling=Sampling(temperature=1.0, max_new_tokens=24))
+                                 sampling=Sampling(temperature=SAMPLED_T, max_new_tokens=24))
                 build_policy("goodput", calibration=calibration, costs=costs, max_k=6).generate(
                     pair, prompt, torch.Generator().manual_seed(seed))
             else:
                 torch.manual_seed(seed)
                 decoding = runtime.HeadDecoding(None, model[0], max_k=6, calibration=calibration, costs=costs)
-                target.generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=True, temperature=1.0,
-                                top_k=0, top_p=1.0, max_new_tokens=24)
+                target.generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=True,
+                                temperature=SAMPLED_T, top_k=0, top_p=1.0, max_new_tokens=24)
     finally:
         CalibratedStop.__call__, runtime.CalibratedRule.decides = original_stop, original_rule
     return reads

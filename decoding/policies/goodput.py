@@ -149,8 +149,6 @@ class Goodput(HeadStopPolicy):
         decoding starts; an online λ enters a replay as the rate it settles at, ``decoding.replay.goodput_rate``)."""
         costs = read_timing(timing).round_costs() if costs is None else costs  # as an eval config names them
         lam = costs.target_only_rate() if lam is None else lam
-        if not goodput_rule(costs, lam, max_k).drafting_pays:
-            return np.zeros(len(trace), dtype=int)
         if head is None:
             log_accept = load_calibration(calibration).log_accept(trace.logp_draft)
         return goodput_round_lengths(log_accept, costs, lam, head is not None and head.position == "own", max_k,

@@ -170,6 +170,8 @@ class HeadCandidateGenerator(AssistedCandidateGenerator):
         self.rule.reset()
         if self.on_round is not None:
             self.on_round(input_ids.shape[-1])
+        if not getattr(self.rule.stop, "drafting_pays", True):  # the goodput stop where no round can pay
+            return input_ids, None  # no candidates: transformers' loop then samples the target's token alone
         return super().get_candidates(input_ids, **kwargs)
 
     def _calculate_new_tokens(self, input_ids: torch.LongTensor) -> tuple[int, int]:
