@@ -87,10 +87,7 @@ class Engine:
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_model
         from core.shards import read_manifest
-        from decoding.policies import build_policy
-        from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.hf_peer import hf_generate
-        from heads.exported import ExportedHead
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -117,21 +114,34 @@ class Engine:
                                custom_generate=decodings[key])
 
         from evaluation.bench_timing import time_pair
+
+        return cls.of_pair(cfg, draft, target, t_tok, eos, cfg.resolved_decoder(),
+                           lambda prompt, new: time_pair(draft, target, device, prompt, new,
+                                                         decoder=cfg.resolved_decoder()),
+                           hf_generate=peer)
+
+    @classmethod
+    def of_pair(cls, cfg: EvalConfig, draft, target, tokenizer, eos: list[int], decoder: str,
+                time_forwards: Callable[[int, int], dict], **peers) -> "Engine":
+        """An engine over a loaded pair, whatever backend runs it: our decoder's pairs, the head check, the
+        likelihood, the traces and the timing of its forwards (``time_forwards``); ``peers``: the backend's peer."""
+        from decoding.policies import build_policy
+        from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.likelihood import mean_loglik
         from evaluation.traces import record_trace
+        from heads.exported import ExportedHead
 
         return cls(
-            tokenizer=t_tok,
-            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s,
-                                          decoder=cfg.resolved_decoder(), untimed_prefill=cfg.untimed_prefill),
+            tokenizer=tokenizer,
+            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s, decoder=decoder,
+                                          untimed_prefill=cfg.untimed_prefill),
             build_policy=build_policy,
-            hf_generate=peer,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),
-            time_forwards=lambda prompt, new: time_pair(draft, target, device, prompt, new,
-                                                         decoder=cfg.resolved_decoder()),
+            time_forwards=time_forwards,
+            **peers,
         )
 
 
@@ -141,12 +151,7 @@ class Engine:
         from core.identity import check_labels_pair
         from core.models import check_vocabularies, eos_token_ids, load_llama_model
         from core.shards import read_manifest
-        from decoding.policies import build_policy
-        from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.bench_timing import time_llama_pair
-        from evaluation.likelihood import mean_loglik
-        from evaluation.traces import record_trace
-        from heads.exported import ExportedHead
 
         n_ctx = 4096
         draft, tok, d_id = load_llama_model(cfg.draft, cfg.llama_threads(), n_ctx)
@@ -165,18 +170,9 @@ class Engine:
                                          cfg.llama_threads(), n_ctx)
             return t_tok.encode(text, add_special_tokens=False), stats
 
-        return cls(
-            tokenizer=t_tok,
-            make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s,
-                                          untimed_prefill=cfg.untimed_prefill),
-            llama_generate=llama_generate,
-            build_policy=build_policy,
-            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
-            loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
-            record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
-                                                                            prompt),
-            time_forwards=lambda prompt, new: time_llama_pair(draft, target, prompt, new),
-        )
+        return cls.of_pair(cfg, draft, target, t_tok, eos, "eager",
+                           lambda prompt, new: time_llama_pair(draft, target, prompt, new),
+                           llama_generate=llama_generate)
 
 
 def load_prompts(cfg: PromptConfig) -> list[dict]:
