@@ -15,7 +15,8 @@ import _thread
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from core.errors import UserError
 
@@ -68,6 +69,8 @@ class CtrlCGuard:
     def __init__(self):
         self.received = False
         self._owed = _OwedInterrupt()
+        self._deferring = False
+        self._held = False
 
     def __enter__(self) -> CtrlCGuard:
         self._previous_hook = sys.unraisablehook
@@ -85,7 +88,24 @@ class CtrlCGuard:
 
     def _on_sigint(self, signum, frame) -> None:
         self.received = True
+        if self._deferring:
+            self._held = True
+            return
         self._previous_handler(signum, frame)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """``with ctrl_c.deferred():`` around the imports of native libraries: a Ctrl-C inside is held and raised as
+        the block ends. torch calls Python from C++ as it loads, where a ``KeyboardInterrupt`` cannot pass: raised
+        there, it aborts the process (pybind11's ``terminate``) instead of stopping the command."""
+        self._deferring, self._held = True, False
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._held:
+            self._held = False
+            raise KeyboardInterrupt
 
     def _hook(self, unraisable) -> None:
         # SIGINT is handled in the main thread only: another thread's KeyboardInterrupt is no Ctrl-C

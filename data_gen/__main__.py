@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     ctrl_c = CtrlCGuard()
     try:  # the imports too: Ctrl-C while torch and Lightning load is one line as well
         with ctrl_c:
-            from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
+            with ctrl_c.deferred():
+                from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
 
             p = parser()
             ns = p.instantiate(parse_settings(p, argv))

@@ -11,10 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     ctrl_c = CtrlCGuard()
     try:  # the imports too: Ctrl-C while torch and transformers load is one line as well
         with ctrl_c:
-            from evaluation.config import parse
-            from evaluation.results import ResultStore
-            from evaluation.run import load_prompts, run_eval
-            from evaluation.rundir import RunDir
+            with ctrl_c.deferred():
+                from evaluation.config import parse
+                from evaluation.results import ResultStore
+                from evaluation.run import load_prompts, run_eval
+                from evaluation.rundir import RunDir
 
             cfg, report_only = parse(argv)
             if report_only:

@@ -515,6 +515,26 @@ def test_a_block_that_ends_first_drops_the_owed_interrupt(python_sigint):
     _no_interrupt_arrives(0.3)
 
 
+def test_a_ctrl_c_while_native_libraries_load_waits_for_the_imports(python_sigint):
+    """torch calls Python from C++ as it imports, where a KeyboardInterrupt aborts the process: a Ctrl-C inside
+    ``deferred()`` is held until the block ends, then raised, and one outside it still stops at once."""
+    reached = []
+    ctrl_c = CtrlCGuard()
+    with pytest.raises(KeyboardInterrupt), ctrl_c:
+        with ctrl_c.deferred():
+            signal.raise_signal(signal.SIGINT)
+            reached.append("rest of the imports")
+        reached.append("after the imports")
+    assert reached == ["rest of the imports"] and ctrl_c.received
+    ctrl_c = CtrlCGuard()
+    with pytest.raises(KeyboardInterrupt), ctrl_c:
+        with ctrl_c.deferred():
+            pass
+        signal.raise_signal(signal.SIGINT)  # no longer held
+        reached.append("unreachable")
+    assert reached == ["rest of the imports"]
+
+
 @pytest.mark.parametrize("failure", [RecursionError("maximum recursion depth exceeded"),
                                      UserError("cannot read prompts from prompts.jsonl: maximum recursion depth")])
 def test_a_failure_after_a_ctrl_c_a_library_caught_is_the_interrupt(failure, tiny_pair, tmp_path, monkeypatch,
