@@ -25,6 +25,8 @@ import torch
 from core.errors import UserError
 
 BACKENDS = ("transformers", "llama_cpp")
+MAX_SEQUENCES = 256
+"""llama.cpp's limit on the sequences of one context (``LLAMA_MAX_SEQ``)."""
 """A model pair's runtime (``backend:`` in a pair file): part of the pair's identity (``core.identity``)."""
 
 _initialized = False
@@ -55,6 +57,7 @@ class LlamaConfig:
     hidden_size: int
     vocab_size: int
     max_position_embeddings: int
+    num_hidden_layers: int
 
 
 class LlamaCppModel:
@@ -63,13 +66,16 @@ class LlamaCppModel:
     backend = "llama_cpp"
     device = torch.device("cpu")
 
-    def __init__(self, path: str | Path, *, threads: int, n_ctx: int = 4096, name: str | None = None):
+    def __init__(self, path: str | Path, *, threads: int, n_ctx: int = 4096, name: str | None = None,
+                 sequences: int = 1):
         lib = _lib()
         path = Path(path)
         if not path.is_file():
             raise UserError(f"model file not found: {path}")
         if threads < 1:
             raise UserError(f"threads must be at least 1, got {threads}")
+        if not 1 <= sequences <= MAX_SEQUENCES:
+            raise ValueError(f"sequences must be within 1 … {MAX_SEQUENCES}, got {sequences}")
         self.path = path
         self.name = name or path.name
         self.threads = threads
@@ -83,7 +89,9 @@ class LlamaCppModel:
         cp.n_ctx = n_ctx
         cp.n_batch = n_ctx
         cp.n_ubatch = min(512, n_ctx)
-        cp.n_seq_max = 1
+        cp.n_seq_max = sequences
+        # one cache for every sequence: a token can then belong to several (``decode``), its cell stored once
+        cp.kv_unified = sequences > 1
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings = True
         cp.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
@@ -97,11 +105,13 @@ class LlamaCppModel:
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.config = LlamaConfig(hidden_size=lib.llama_model_n_embd(self._model),
                                   vocab_size=lib.llama_vocab_n_tokens(vocab),
-                                  max_position_embeddings=min(self.n_ctx, lib.llama_model_n_ctx_train(self._model)))
+                                  max_position_embeddings=min(self.n_ctx, lib.llama_model_n_ctx_train(self._model)),
+                                  num_hidden_layers=lib.llama_model_n_layer(self._model))
         self.eog_ids = [t for t in range(self.config.vocab_size) if lib.llama_vocab_is_eog(vocab, t)]
         """The ids that end a generation in llama.cpp (``llama_vocab_is_eog``): its users' stopping set."""
         self.description = self._desc()
-        self._batch = lib.llama_batch_init(self.n_ctx, 0, 1)
+        self.sequences = sequences
+        self._batch = lib.llama_batch_init(self.n_ctx, 0, sequences)
         self._embeddings = True
         self.ids: list[int] = []
         """The tokens the KV cache holds, in order from position 0."""
@@ -182,6 +192,48 @@ class LlamaCppModel:
             self.crop(start)  # a failed batch may have written part of its positions
             raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed with status {status}")
         self.ids.extend(int(t) for t in tokens)
+
+    def decode(self, tokens: list[int], positions: list[int], seqs: list[list[int]],
+               outputs: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens at their ``positions``, each stored for the sequences it lists in ``seqs``: a token attends to the
+        cache cells of its own (first) sequence at positions up to its own, so several sequences share a prefix by
+        listing it once for all. Returns the hidden states and raw logits of the tokens with ``outputs``, in order.
+        The tokens before the first output are read in a batch of their own with outputs off (with embeddings on,
+        llama.cpp computes every token's). For many sequences in one context (``sequences``: labeling); ``read``
+        keeps the one-sequence cache the decoder reads through, and ``ids`` tracks that one only."""
+        if not (len(tokens) == len(positions) == len(seqs) == len(outputs)) or not any(outputs):
+            raise ValueError("decode needs one position, sequence list and output flag per token, and an output")
+        if len(tokens) > self.n_ctx:
+            raise UserError(f"{self.name}: a batch of {len(tokens)} tokens does not fit its context of {self.n_ctx}")
+        first = list(map(bool, outputs)).index(True)
+        if first:
+            self._decode_seqs(tokens[:first], positions[:first], seqs[:first], embeddings=False)
+        self._decode_seqs(tokens[first:], positions[first:], seqs[first:], embeddings=True)
+        keep = torch.tensor(outputs[first:], dtype=torch.bool)
+        vocab, d = self.config.vocab_size, self.config.hidden_size
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(len(keep), vocab))
+        hidden = np.ctypeslib.as_array(self._lib.llama_get_embeddings(self._ctx), shape=(len(keep), d))
+        return torch.from_numpy(hidden.copy())[keep], torch.from_numpy(logits.copy())[keep]
+
+    def _decode_seqs(self, tokens, positions, seqs, embeddings: bool) -> None:
+        if embeddings != self._embeddings:
+            self._lib.llama_set_embeddings(self._ctx, embeddings)
+            self._embeddings = embeddings
+        b = self._batch
+        b.n_tokens = len(tokens)
+        for i, (t, p, ss) in enumerate(zip(tokens, positions, seqs)):
+            b.token[i], b.pos[i], b.logits[i], b.n_seq_id[i] = t, p, embeddings, len(ss)
+            for j, s in enumerate(ss):
+                b.seq_id[i][j] = s
+        status = self._lib.llama_decode(self._ctx, b)
+        if status != 0:
+            raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed with status {status}")
+
+    def remove(self, seq: int, start: int) -> None:
+        """Remove sequence ``seq``'s cells from position ``start`` on (every sequence's when ``seq`` is −1)."""
+        self._lib.llama_memory_seq_rm(self._memory, seq, start, -1)
+        if seq in (0, -1):
+            del self.ids[start:]
 
     def set_threads(self, threads: int) -> None:
         self.threads = threads

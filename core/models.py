@@ -219,7 +219,7 @@ def gguf_file(spec: ModelSpec) -> tuple[Path, dict]:
     return path, {"source": f"gguf:{path.name}", "sha256": _pinned_sha256(path, spec)}
 
 
-def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096):
+def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096, sequences: int = 1):
     """Load (model, tokenizer, identity) run by llama.cpp (``core.llama_cpp``) from the GGUF file as shipped; the
     tokenizer is transformers' reading of the same file (or ``spec.tokenizer``), so prompts are the ids the
     transformers backend reads. ``spec.quantization`` is the transformers backend's: llama.cpp runs the file's own
@@ -229,7 +229,7 @@ def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096):
     from core.llama_cpp import LlamaCppModel
 
     path, identity = gguf_file(spec)
-    model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name)
+    model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name, sequences=sequences)
     try:
         tok = (AutoTokenizer.from_pretrained(spec.tokenizer) if spec.tokenizer
                else AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))

@@ -53,10 +53,12 @@ TAPPED_LAYERS = len(TAPPED_DEPTHS)
 """Draft layers besides the last whose outputs a row holds (``core.adapter.tap_layers``)."""
 
 
-def vector_sizes(draft_hidden: int, target_hidden: int) -> dict[str, int]:
-    """Length of each vector column."""
-    return {"hidden": draft_hidden, "hidden_prev": draft_hidden, "hidden_layers": TAPPED_LAYERS * draft_hidden,
-            "hidden_layers_prev": TAPPED_LAYERS * draft_hidden, "stale_hidden_target": target_hidden}
+def vector_sizes(draft_hidden: int, target_hidden: int, tapped: bool = True) -> dict[str, int]:
+    """Length of each vector column; without the tapped layers' columns where the draft's runtime gives none
+    (llama.cpp)."""
+    taps = {"hidden_layers": TAPPED_LAYERS * draft_hidden, "hidden_layers_prev": TAPPED_LAYERS * draft_hidden}
+    return {"hidden": draft_hidden, "hidden_prev": draft_hidden, **(taps if tapped else {}),
+            "stale_hidden_target": target_hidden}
 
 
 def features(sizes: dict[str, int]) -> Features:
@@ -341,7 +343,8 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
         "feature": {
             "columns": FEATURE_COLUMNS,
             "hidden_size": models["draft"]["hidden_size"],
-            "sizes": vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"]),
+            "sizes": vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"],
+                                  tapped=bool(tapped_layers)),
             "tapped_layers": list(tapped_layers) if tapped_layers else None,
             "dtype": "float16",
         },

@@ -76,6 +76,22 @@ def sequences(prompts: list["Prompt"], response: torch.Tensor | None = None, val
             "mixed_ids": cut(mixed)}
 
 
+def batch_category(prompts: list[Prompt]) -> str:
+    """The one category of a batch's prompts."""
+    categories = {p.category for p in prompts}
+    if len(categories) != 1:
+        raise ValueError(f"a batch must hold one category, got {sorted(categories)}")
+    return categories.pop()
+
+
+def prompt_uniforms(prompts: list[Prompt], seed: int, n: int) -> torch.Tensor:
+    """(B, 5, n) uniforms, a fixed count per prompt from its own generator, so that a prompt's draws do not depend
+    on its batch: rows ``U_X`` (the target's response X), ``U_Y`` (the draft's tokens Y, or its own completion),
+    ``U_MIX`` (the mixing mask), ``U_C`` (candidates after Z<i), ``U_STALE`` (each row's round index)."""
+    return torch.stack([torch.rand(5, n, generator=prompt_generator(seed, p.prompt_id), dtype=torch.float64)
+                        for p in prompts])
+
+
 def _prompt_scales(model: CausalLM, mask: torch.Tensor, prompt_width: int):
     """``core.quantization.prompt_scales`` for a forward whose first ``prompt_width`` columns are the prompt (per-token
     scales everywhere when it is 0)."""
@@ -163,20 +179,9 @@ class Labeler:
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
     def label(self, prompts: list[Prompt], device) -> dict[str, torch.Tensor]:
-        categories = {p.category for p in prompts}
-        if len(categories) != 1:
-            raise ValueError(f"a batch must hold one category, got {sorted(categories)}")
-        n = self.s.max_new_tokens
-        # per prompt, a fixed count of uniforms => batch-independent draws: rows U_X (the target's response X),
-        # U_Y (the draft's tokens Y, or its own completion), U_MIX (the mixing mask), U_C (candidates after Z<i),
-        # U_STALE (each row's round index)
-        draws = []
-        for p in prompts:
-            g = prompt_generator(self.seed, p.prompt_id)
-            draws.append(torch.rand(5, n, generator=g, dtype=torch.float64))
-        u = torch.stack(draws).to(device)  # (B, 5, N)
+        category = batch_category(prompts)
+        u = prompt_uniforms(prompts, self.seed, self.s.max_new_tokens).to(device)
         ids, mask = _left_pad([p.input_ids for p in prompts], self.pad, device)
-        category = categories.pop()
         if category == "original":
             return self._label_original(prompts, ids, mask, u)
         if category == "draft":
@@ -208,7 +213,7 @@ class Labeler:
         stats = lm.token_stats(logq, logp, y)
         extra = self._extra(taps, taps_d[:, width - m - 1 : width - 1], logq,
                             self._stale(h_t, mask, a, width, u[:, U_STALE, :m].flip(-1)))
-        rows = self._rows(prompts, "original", stats, y, feats, h_prev, valid, valid, a - (width - lens).unsqueeze(1),
+        rows = make_rows(prompts, "original", stats, y, feats, h_prev, valid, valid, a - (width - lens).unsqueeze(1),
                           extra)
         return {**rows, SEQUENCES: sequences(prompts)}
 
@@ -275,7 +280,7 @@ class Labeler:
         a = self._response_index(ids, n)
         extra = self._extra(taps_d[:, p_len:], taps_d[:, p_len - 1 : p_len - 1 + n], logq,
                             self._stale(h_t, full_mask, a, p_len, u[:, U_STALE, :n]))
-        rows = self._rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
+        rows = make_rows(prompts, "draft", stats, z, h_d[:, p_len:], h_d[:, p_len - 1 : p_len - 1 + n], valid, valid,
                           self._offsets(mask, n), extra)
         return {**rows, SEQUENCES: sequences(prompts, z, valid)}
 
@@ -305,7 +310,7 @@ class Labeler:
             feats, taps = self._candidate_pass(cache, full_mask, y, a, resp_pos)
             stats = lm.token_stats(logq, logp, y, dists)
             extra = self._extra(taps, taps_d[:, p_len - 1 : p_len - 1 + n], logq, stale_x)
-            rows.append(self._rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets, extra))
+            rows.append(make_rows(prompts, "target", stats, y, feats, h_prev_x, valid, valid, offsets, extra))
 
         # SpecDec++ token mixing: Z takes X_i with probability r, else Y_i; the label stays on the clean X<i
         from_target = lm.mixing_mask(u[:, U_MIX, :n], self.mixing_ratio)
@@ -318,7 +323,7 @@ class Labeler:
         logq_z = self.warp(self.draft.logits(h_prev_z))
         stats = {**lm.token_stats(logq, logp, z, dists), **read_scores(logq_z, z)}  # the head reads q at Z<i, as decoding
         extra = self._extra(taps_z, taps_prev_z, logq_z, stale_x)
-        rows.append(self._rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets,
+        rows.append(make_rows(prompts, lm.TOKEN_MIXED, stats, z, h_z, h_prev_z, valid, valid & ~from_target, offsets,
                                extra))
 
         if category == "interleaved":  # fresh candidates at the mixed prefix, scored by both models there
@@ -328,7 +333,7 @@ class Labeler:
             feats, taps = self._candidate_pass(cache, full_mask, c, a, resp_pos)
             stats = lm.token_stats(logq_z, logp_z, c)
             extra = self._extra(taps, taps_prev_z, logq_z, self._stale(h_t, full_mask, a, p_len, u[:, U_STALE, :n]))
-            rows.append(self._rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets, extra))
+            rows.append(make_rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets, extra))
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z)}
 
     @staticmethod
@@ -344,21 +349,14 @@ class Labeler:
 
     def _stale(self, h_target, mask, a, prompt_end, u):
         """What a decoder still holds from the target's last call when it decides on the candidate at padded index
-        ``a`` (B,N): the candidate is the k-th of its round (k = ``round_index``, drawn from ``u``), so the last call
-        ended by sampling the token at a − k from the target's distribution there, which the target computed from
-        its hidden state at a − k − 1 (``h_target`` (B,T,d) over the row's label sequence: index j produces the
-        distribution of token j + 1). k is cut so that this stays inside the sequence and never reaches the row's
-        own distribution (k ≥ 1); a row at the prompt's second token has no such state (k = 0, stale columns 0).
-        Also the candidate's index in the response (negative inside the prompt)."""
+        ``a`` (B,N) (``stale_columns``): ``h_target`` (B,T,d) is the target's hidden state over the row's label
+        sequence (index j produces the distribution of token j + 1). Also the candidate's index in the response
+        (negative inside the prompt)."""
         start = mask.long().argmax(-1, keepdim=True).to(a.device)  # first unpadded index (responses pad on the right)
-        k = torch.minimum((u * MAX_ROUND_INDEX).long() + 1, a - 1 - start)
+        k = round_index(u, a - start)
         at = (a - k - 1).clamp(min=0)
         hidden = h_target.gather(1, at.unsqueeze(-1).expand(*at.shape, h_target.shape[-1]))
-        logp = self.warp(self.target.logits(hidden))
-        held = k >= 1
-        return {"round_index": k.clamp(min=0), "response_index": a - prompt_end,
-                "stale_entropy_target": lm.entropy(logp) * held, "stale_top1_target": logp.max(-1).values.exp() * held,
-                "stale_hidden_target": hidden * held.unsqueeze(-1)}
+        return stale_columns(k, a - prompt_end, hidden, self.warp(self.target.logits(hidden)))
 
     @staticmethod
     def _extra(taps_own, taps_prev, logq_read, stale):
@@ -384,23 +382,41 @@ class Labeler:
         h, taps, _ = self._draft(cand, _float_mask(allowed, self.mask_dtype), cand_pos, cache)
         return h, taps
 
-    def _rows(self, prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions, extra):
-        """Flatten (B, N) tensors to rows of one category, keeping valid positions; vectors are stored as float16."""
-        keep = valid.cpu()
-        stats = {**read_scores_of_label(stats), **stats}
-        cols = {k: v.cpu()[keep] for k, v in stats.items()}
-        b, n = valid.shape
-        cols["prompt_id"] = torch.tensor([p.prompt_id for p in prompts]).unsqueeze(1).expand(b, n)[keep]
-        cols["position"] = positions.cpu()[keep]
-        cols["token_id"] = tokens.cpu()[keep]
-        cols["loss_mask"] = loss_mask.cpu()[keep]
-        cols["hidden"] = feats.cpu()[keep].to(torch.float16)
-        cols["hidden_prev"] = feats_prev.cpu()[keep].to(torch.float16)
-        for name, v in extra.items():
-            v = v.cpu()[keep]
-            cols[name] = v.to(torch.float16) if v.dim() == 2 else v
-        cols["category"] = [category] * int(keep.sum())
-        return cols
+
+def make_rows(prompts, category, stats, tokens, feats, feats_prev, valid, loss_mask, positions, extra):
+    """Flatten (B, N) tensors to rows of one category, keeping valid positions; vectors are stored as float16."""
+    keep = valid.cpu()
+    stats = {**read_scores_of_label(stats), **stats}
+    cols = {k: v.cpu()[keep] for k, v in stats.items()}
+    b, n = valid.shape
+    cols["prompt_id"] = torch.tensor([p.prompt_id for p in prompts]).unsqueeze(1).expand(b, n)[keep]
+    cols["position"] = positions.cpu()[keep]
+    cols["token_id"] = tokens.cpu()[keep]
+    cols["loss_mask"] = loss_mask.cpu()[keep]
+    cols["hidden"] = feats.cpu()[keep].to(torch.float16)
+    cols["hidden_prev"] = feats_prev.cpu()[keep].to(torch.float16)
+    for name, v in extra.items():
+        v = v.cpu()[keep]
+        cols[name] = v.to(torch.float16) if v.dim() == 2 else v
+    cols["category"] = [category] * int(keep.sum())
+    return cols
+
+
+def round_index(u: torch.Tensor, room: torch.Tensor) -> torch.Tensor:
+    """Each row's candidate index k in its drafting round, drawn from its uniform ``u`` on 1..MAX_ROUND_INDEX and cut
+    so that the target's last call, k + 1 positions before the candidate, stays inside the sequence (``room``: the
+    candidate's unpadded index); k = 0 only where no earlier state exists (the prompt's second token)."""
+    return torch.minimum((u * MAX_ROUND_INDEX).long() + 1, room - 1)
+
+
+def stale_columns(k: torch.Tensor, response_index: torch.Tensor, hidden: torch.Tensor, logp: torch.Tensor) -> dict:
+    """The stale columns of rows whose target's last call is ``k`` (``round_index``) positions back: the call ended
+    by sampling the token at a − k from the target's distribution there, ``logp`` (warped), computed from its hidden
+    state ``hidden`` at a − k − 1; rows with k = 0 hold no such state (columns 0)."""
+    held = k >= 1
+    return {"round_index": k.clamp(min=0), "response_index": response_index,
+            "stale_entropy_target": lm.entropy(logp) * held, "stale_top1_target": logp.max(-1).values.exp() * held,
+            "stale_hidden_target": hidden * held.unsqueeze(-1)}
 
 
 def read_scores(logq: torch.Tensor, token: torch.Tensor) -> dict:

@@ -28,13 +28,15 @@ from core import label_math as lm
 from core import shards
 from core.adapter import HFCausalLM, tap_layers
 from core.errors import UserError
+from core.llama_cpp import BACKENDS, MAX_SEQUENCES
 from core.lock import LOCK_FILE, folder_lock, launching_process
-from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_model,
-                         resolve_dtype)
+from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_llama_model,
+                         load_model, resolve_dtype)
 from core.prompts import PromptConfig, input_digests, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.quantization import decode_numerics
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt
+from data_gen.llama_labeler import LlamaLabeler
 
 
 class LabelingError(UserError):
@@ -79,10 +81,10 @@ class LabelConfig:
     (``core.models.resolve_dtype``: bfloat16 on CUDA and on CPUs with native bf16, else float32), so that labels,
     heads and decoding read features of one precision."""
     backend: str = "transformers"
-    """The runtime of both models (``core.llama_cpp.BACKENDS``; the pair file sets it): labels are made with
-    transformers; ``llama_cpp`` is refused until its labeler exists (core/DESIGN.md, "The llama.cpp backend")."""
+    """The runtime of both models (``core.llama_cpp.BACKENDS``; the pair file sets it): labels of one backend serve
+    the heads and calibrations of that backend only (``data_gen.llama_labeler`` labels on llama.cpp)."""
     threads: int | None = None
-    """CPU threads of a llama.cpp model (the pair file sets it; unused by transformers)."""
+    """CPU threads of a llama.cpp model (the pair file sets it; unused by transformers; all cores when unset)."""
     accelerator: str = "auto"
     """Lightning accelerator: auto (CUDA when present, else CPU), cpu, gpu."""
     devices: int | str = "auto"
@@ -102,9 +104,17 @@ class LabelConfig:
             raise LabelingError(f"batch_size must be positive, got {self.batch_size}")
         if self.dtype not in DTYPES and self.dtype != "auto":
             raise LabelingError(f"unknown dtype {self.dtype!r}; choose auto or one of {sorted(DTYPES)}")
-        if self.backend != "transformers":
-            raise LabelingError(f"backend {self.backend!r}: labels are made with transformers only (backend: "
-                                "transformers); llama.cpp runs the eval, its timing and its peer")
+        if self.backend not in BACKENDS:
+            raise LabelingError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.backend == "llama_cpp":
+            if self.accelerator in ("gpu", "cuda") or self.devices not in ("auto", 1) or self.num_nodes != 1:
+                raise LabelingError("backend llama_cpp labels in one process on the CPU: use accelerator auto or "
+                                    "cpu, devices 1 and num_nodes 1")
+            if self.sampling.max_new_tokens + 1 > MAX_SEQUENCES:
+                raise LabelingError(f"backend llama_cpp labels at most {MAX_SEQUENCES - 1} new tokens a prompt (a "
+                                    f"sequence per candidate), got max_new_tokens {self.sampling.max_new_tokens}")
+        if self.threads is not None and self.threads < 1:
+            raise LabelingError(f"threads must be at least 1, got {self.threads}")
         # Lightning's own checks of these come after the run's record is written, as a traceback
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
             raise LabelingError(f"accelerator must be auto, cpu, gpu or cuda, got {self.accelerator!r}")
@@ -136,8 +146,9 @@ class LabelConfig:
         d = dataclasses.asdict(self)
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
-        for k in ("backend", "threads"):  # labels are made with transformers alone (``backend``)
-            d.pop(k)
+        d.pop("threads")  # how fast, not what: the rows do not depend on it
+        if self.backend == "transformers":  # named only where it is another, as runs before it was a setting
+            d.pop("backend")
         for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)
             model.pop("gguf_sha256")
             if model["tokenizer"] is None:  # named only where set, as runs before it was a setting
@@ -200,6 +211,9 @@ class LabelingModule(pl.LightningModule):
         self.labeler_kwargs = labeler_kwargs
 
     def on_predict_start(self) -> None:
+        if is_llama(self.draft):
+            self.labeler = LlamaLabeler(self.draft, self.target, **self.labeler_kwargs)
+            return
         dtype = next(self.draft.parameters()).dtype
         self.labeler = Labeler(HFCausalLM(self.draft), HFCausalLM(self.target), mask_dtype=dtype, **self.labeler_kwargs)
 
@@ -260,7 +274,7 @@ it instead of loading both models again."""
 
 def pair_fields(models: dict, draft, target) -> dict:
     """What ``PAIR_FILE`` records of a loaded pair (``load_pair``'s models and identities)."""
-    return {"models": models, "draft_layers": draft.config.num_hidden_layers,
+    return {"models": models, "draft_layers": None if is_llama(draft) else draft.config.num_hidden_layers,
             "context": min(context_window(draft), context_window(target))}
 
 
@@ -423,7 +437,8 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
                 return {}  # another rank: rank 0 writes the manifest
             _check_complete(out, batches)
-            manifest = write_run_manifest(out, cfg, models, inputs, batches, draft.config.num_hidden_layers,
+            manifest = write_run_manifest(out, cfg, models, inputs, batches,
+                                          pair_fields(models, draft, target)["draft_layers"],
                                           seconds=time.perf_counter() - t_start)
     if not quiet:
         print_summary(manifest, out)
@@ -431,8 +446,9 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
 
 
 def write_run_manifest(out: Path, cfg: LabelConfig, models: dict, inputs: dict, batches: list[dict],
-                       draft_layers: int, seconds: float, snapshot: dict | None = None) -> dict:
-    """The manifest of the dataset of ``batches`` in ``out``, labeled by a run of ``cfg`` from ``inputs``."""
+                       draft_layers: int | None, seconds: float, snapshot: dict | None = None) -> dict:
+    """The manifest of the dataset of ``batches`` in ``out``, labeled by a run of ``cfg`` from ``inputs``;
+    ``draft_layers`` None where the rows have no tapped layers (llama.cpp)."""
     count = sum(len(b["prompts"]) for b in batches)
     return shards.write_manifest(
         out, models=models, prompts={**dataclasses.asdict(cfg.prompts), "count": count},
@@ -440,7 +456,8 @@ def write_run_manifest(out: Path, cfg: LabelConfig, models: dict, inputs: dict, 
         keys=[b["key"] for b in batches],
         mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
         settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
-        seconds=round(seconds, 1), tapped_layers=tap_layers(draft_layers), snapshot=snapshot,
+        seconds=round(seconds, 1), tapped_layers=tap_layers(draft_layers) if draft_layers else None,
+        snapshot=snapshot,
     )
 
 
@@ -490,10 +507,29 @@ def _done(shard: Path) -> bool:
     return False
 
 
+LLAMA_WINDOW = 2048
+"""The longest prompt + response a llama.cpp labeling run reads: its contexts hold a batch of such sequences."""
+
+
+def is_llama(model) -> bool:
+    return getattr(model, "backend", None) == "llama_cpp"
+
+
 def load_pair(cfg: LabelConfig):
     """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked.
     An int8 model computes each token as the decoder's steps do (``core.quantization.decode_numerics``), so that a
-    row does not depend on the batch it is labeled in."""
+    row does not depend on the batch it is labeled in. On llama.cpp each model's context holds a batch of
+    ``LLAMA_WINDOW``-token sequences, and the draft's one sequence per candidate of a prompt besides."""
+    if cfg.backend == "llama_cpp":
+        threads = cfg.threads or os.cpu_count() or 1
+        n_ctx = cfg.batch_size * LLAMA_WINDOW
+        draft, d_tok, d_id = load_llama_model(
+            cfg.draft, threads, n_ctx, sequences=max(cfg.batch_size, cfg.sampling.max_new_tokens + 1))
+        target, t_tok, t_id = load_llama_model(cfg.target, threads, n_ctx, sequences=cfg.batch_size)
+        for model in (draft, target):
+            model.config.max_position_embeddings = min(model.config.max_position_embeddings, LLAMA_WINDOW)
+        check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
+        return draft, target, t_tok, {"draft": d_id, "target": t_id}
     draft, d_tok, d_id = load_model(cfg.draft, cfg.model_dtype)
     target, t_tok, t_id = load_model(cfg.target, cfg.model_dtype)
     draft, target = decode_numerics(draft), decode_numerics(target)
@@ -517,10 +553,11 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
             mixing_ratio=cfg.mixing_ratio,
         ),
     )
-    sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"])
+    llama = is_llama(draft)
+    sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"], tapped=not llama)
     trainer = pl.Trainer(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
+        accelerator="cpu" if llama else cfg.accelerator,
+        devices=1 if llama else cfg.devices,
         num_nodes=cfg.num_nodes,
         logger=False,
         enable_checkpointing=False,

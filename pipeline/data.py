@@ -255,8 +255,10 @@ class LabelDataModule(pl.LightningDataModule):
         sizes = self.manifest["feature"].get("sizes", {})
         missing = [c for c in self.vector_columns if c not in sizes]
         if missing:
-            raise SettingError(f"{self.labels}: the labels hold no columns {missing} (vectors {self.vectors}); label "
-                               f"again with this version (data_gen/SCHEMA.md)")
+            why = ("they were labeled on llama.cpp, which gives no layer but the last: train without the vector "
+                   "'layers'" if self.draft.get("backend") == "llama_cpp"
+                   else "label again with this version (data_gen/SCHEMA.md)")
+            raise SettingError(f"{self.labels}: the labels hold no columns {missing} (vectors {self.vectors}); {why}")
         return sum(int(sizes[c]) for c in self.vector_columns)
 
     @property

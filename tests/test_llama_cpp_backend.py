@@ -283,3 +283,47 @@ def test_the_entry_point_decodes_two_gguf_files_with_a_policy(gguf_pair, tiny_pa
     with pytest.raises(UserError, match="policy sd: k must be at least 1"):
         SpeculativeLlama(gguf_pair[1], gguf_pair[0], threads=1, n_ctx=256, tokenizer=str(tiny_pair[1]), policy="sd",
                          k=0)
+
+
+@pytest.mark.parametrize("response_source", ["target", "dataset"])
+def test_labels_on_llama_cpp_are_the_transformers_labels(gguf_pair, tiny_pair, prompt_file, tmp_path,
+                                                         response_source):
+    """The llama.cpp labeler (prompts as sequences of one context, candidates as sequences sharing their prefix) gives
+    the transformers labeler's rows, category by category: the same candidates and positions, and numbers within
+    llama.cpp's float16 KV rounding; without the tapped layers, which llama.cpp does not give, and refused where a
+    head would read them."""
+    import dataclasses
+
+    from core.shards import load_split, read_manifest
+    from data_gen.run import run_labels
+    from pipeline.data import LabelDataModule
+    from core.errors import SettingError
+    from testing.tiny import label_config
+
+    hf = label_config(*tiny_pair, prompt_file, tmp_path / "hf", max_new_tokens=8, response_source=response_source)
+    llama = dataclasses.replace(
+        hf, output_dir=str(tmp_path / "llama"), backend="llama_cpp", threads=1,
+        draft=ModelSpec(path=str(gguf_pair[0]), tokenizer=str(tiny_pair[0]), name="tiny-draft"),
+        target=ModelSpec(path=str(gguf_pair[1]), tokenizer=str(tiny_pair[1]), name="tiny-target"))
+    run_labels(hf, quiet=True)
+    run_labels(llama, quiet=True)
+    manifest = read_manifest(llama.output_dir)
+    assert manifest["models"]["draft"]["backend"] == "llama_cpp" and manifest["feature"]["tapped_layers"] is None
+    for split in ("train", "val", "test"):
+        a = load_split(hf.output_dir, split).to_pandas()
+        b = load_split(llama.output_dir, split).to_pandas()
+        assert set(a.columns) - set(b.columns) == {"hidden_layers", "hidden_layers_prev"}
+        key = ["category", "prompt_id", "position"]
+        assert a[key].values.tolist() == b[key].values.tolist()  # the same rows, in the same order
+        same = a.token_id.values == b.token_id.values
+        assert same.mean() >= 0.9, f"{split}: {(~same).sum()} of {len(same)} candidates differ"  # a near tie may flip
+        assert (a.loss_mask.values == b.loss_mask.values)[same].all()
+        for column in ("logp_draft", "logp_target", "acceptance", "tv", "entropy_draft", "read_logp_draft",
+                       "stale_entropy_target", "hidden", "hidden_prev", "stale_hidden_target"):
+            x, y = (torch.tensor(list(f[column].values[same]), dtype=torch.float64) for f in (a, b))
+            finite = x.isfinite() & y.isfinite()
+            assert (x.isfinite() == y.isfinite()).all(), column
+            assert (x[finite] - y[finite]).abs().max() < 1e-2, column
+        assert (a.round_index.values == b.round_index.values).all()
+    with pytest.raises(SettingError, match="llama.cpp, which gives no layer but the last"):
+        _ = LabelDataModule(llama.output_dir, vectors=["layers"]).extra_size
