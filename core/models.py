@@ -219,6 +219,25 @@ def gguf_file(spec: ModelSpec) -> tuple[Path, dict]:
     return path, {"source": f"gguf:{path.name}", "sha256": _pinned_sha256(path, spec)}
 
 
+def gguf_tokenizer(path: Path, identity: dict):
+    """transformers' reading of a GGUF file's tokenizer, saved in the cache keyed by the file's sha256 the first time:
+    reading it from the GGUF file parses the whole metadata in Python (about 20 s for this pair's files)."""
+    from transformers import AutoTokenizer
+
+    saved = cache_root() / "tokenizers" / identity["sha256"][:24]
+    if saved.is_dir():
+        return AutoTokenizer.from_pretrained(saved)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tmp = saved.with_name(f".{saved.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, saved)
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
 def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096, sequences: int = 1):
     """Load (model, tokenizer, identity) run by llama.cpp (``core.llama_cpp``) from the GGUF file as shipped; the
     tokenizer is transformers' reading of the same file (or ``spec.tokenizer``), so prompts are the ids the
@@ -231,8 +250,7 @@ def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096, sequences
     path, identity = gguf_file(spec)
     model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name, sequences=sequences)
     try:
-        tok = (AutoTokenizer.from_pretrained(spec.tokenizer) if spec.tokenizer
-               else AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+        tok = AutoTokenizer.from_pretrained(spec.tokenizer) if spec.tokenizer else gguf_tokenizer(path, identity)
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read the tokenizer of {spec.display_name!r}: {str(e).splitlines()[0]}") from None
     if len(tok) > model.config.vocab_size:

@@ -22,12 +22,12 @@ from collections import defaultdict
 import torch
 from jsonargparse import ArgumentParser
 
-from core.adapter import HFCausalLM
-from core.errors import UserError
+from core.errors import UserError, parse_settings
+from core.llama_cpp import BACKENDS
 from core.models import context_window, eos_token_ids
 from data_gen.__main__ import parser as label_parser
-from data_gen.labeler import Labeler
-from data_gen.run import LabelConfig, build_records, load_pair, make_batches
+from data_gen.run import (LabelConfig, build_records, is_llama, labeler_settings, load_pair, make_batches,
+                          new_labeler)
 
 
 def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:
@@ -72,37 +72,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench_prompts", type=int, default=16, help="how many prompts to time (train prompts of about the median length)")
     p.add_argument("--generate_batches", type=list[int], default=[],
                    help="also time target.generate alone at these batch sizes, on the same prompts")
+    p.add_argument("--backends", type=list[str], default=list(BACKENDS),
+                   help="the labelers to time on the same batches, one after the other batch by batch (the first "
+                        "is the reference); target.generate runs on transformers")
     try:
-        ns = p.instantiate(p.parse_args(argv))
-        n_prompts, gen_batches = ns.pop("bench_prompts"), ns.pop("generate_batches")
+        ns = p.instantiate(parse_settings(p, argv))
+        n_prompts, gen_batches, backends = ns.pop("bench_prompts"), ns.pop("generate_batches"), ns.pop("backends")
         if n_prompts < 1 or any(b < 1 for b in gen_batches):
             raise UserError(f"--bench_prompts and --generate_batches must be 1 or more, got {n_prompts} and "
                             f"{gen_batches}")
-        cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
-        draft, target, tok, _ = load_pair(cfg)  # as labeling loads them, int8 models with its numerics
+        if not backends or set(backends) - set(BACKENDS) or len(set(backends)) < len(backends):
+            raise UserError(f"--backends takes distinct ones of {', '.join(BACKENDS)}, got {backends}")
+        settings = {k: v for k, v in vars(ns).items() if k != "config"}
+        cfgs = {b: LabelConfig(**{**settings, "backend": b}) for b in backends}
+        pairs = {b: load_pair(c) for b, c in cfgs.items()}  # as labeling loads them, int8 models with its numerics
+        cfg, (draft, target, tok, _) = cfgs[backends[0]], pairs[backends[0]]
         device = torch.device("cuda" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "cpu")
-        draft.to(device)
-        target.to(device)
-        records = bench_records(build_records(cfg, tok, min(context_window(draft), context_window(target))),
-                                n_prompts)
+        for d, t, _, _ in pairs.values():
+            if not is_llama(d):
+                d.to(device)
+                t.to(device)
+        window = min(context_window(m) for d, t, _, _ in pairs.values() for m in (d, t))
+        records = bench_records(build_records(cfg, tok, window), n_prompts)  # one tokenization: one vocabulary
         if not records:
             raise UserError("the config's train split holds no prompt to time (split_fractions, prompts.limit)")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     batches = make_batches(records, cfg.batch_size)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    labeler = Labeler(
-        HFCausalLM(draft),
-        HFCausalLM(target),
-        cfg.sampling,
-        seed=cfg.seed,
-        eos_token_ids=eos_token_ids(target, tok),
-        pad_token_id=pad,
-        mixing_ratio=cfg.mixing_ratio,
-        mask_dtype=next(draft.parameters()).dtype,
-    )
-    labeler.timing = {}
+    labelers = {b: new_labeler(d, t, labeler_settings(cfgs[b], t, tk)) for b, (d, t, tk, _) in pairs.items()}
+    for labeler in labelers.values():
+        labeler.timing = {}
+    hf = pairs.get("transformers")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(fn):
@@ -113,48 +114,57 @@ def main(argv: list[str] | None = None) -> int:
         sync()
         return out, time.perf_counter() - t
 
-    tot = defaultdict(float)  # gen1 / genB tokens and seconds; label target rows, all rows and seconds
+    tot = defaultdict(float)  # gen1 / genB tokens and seconds; each backend's target rows, all rows and seconds
     torch.manual_seed(cfg.seed)
+    threads = ", ".join(f"{b}: {pairs[b][0].threads if is_llama(pairs[b][0]) else torch.get_num_threads()} threads"
+                        for b in backends)
     print(f"timing {len(records)} prompts in {len(batches)} batches of <= {cfg.batch_size}, "
-          f"max_new_tokens={cfg.sampling.max_new_tokens}, {device}, {cfg.model_dtype}, "
-          f"{torch.get_num_threads()} threads")
+          f"max_new_tokens={cfg.sampling.max_new_tokens}, {device}, transformers in {cfg.model_dtype}; {threads}")
     for b in batches:
-        n1, t1 = 0, 0.0
-        for prompt in b["prompts"]:
-            n, t = timed(lambda: _generate_tokens(target, tok, [prompt], cfg))
-            n1, t1 = n1 + n, t1 + t
-        print(f"  {b['key']:<24} generate b=1 {n1:5d} tok {t1:7.1f} s", flush=True)
-        nb, tb = timed(lambda: _generate_tokens(target, tok, b["prompts"], cfg))
-        print(f"  {b['key']:<24} generate b={len(b['prompts'])} {nb:5d} tok {tb:7.1f} s", flush=True)
-        cols, tl = timed(lambda: labeler.label(b["prompts"], device))
-        n_target = sum(c == "target" for c in cols["category"])
-        for k, v in (("gen1_tok", n1), ("gen1_s", t1), ("genB_tok", nb), ("genB_s", tb), ("lab_target", n_target),
-                     ("lab_rows", len(cols["category"])), ("lab_s", tl)):
-            tot[k] += v
-        print(f"  {b['key']:<24} label {n_target:5d} target positions ({len(cols['category'])} rows) {tl:7.1f} s",
-              flush=True)
+        if hf is not None:
+            n1, t1 = 0, 0.0
+            for prompt in b["prompts"]:
+                n, t = timed(lambda: _generate_tokens(hf[1], hf[2], [prompt], cfg))
+                n1, t1 = n1 + n, t1 + t
+            print(f"  {b['key']:<24} generate b=1 {n1:5d} tok {t1:7.1f} s", flush=True)
+            nb, tb = timed(lambda: _generate_tokens(hf[1], hf[2], b["prompts"], cfg))
+            print(f"  {b['key']:<24} generate b={len(b['prompts'])} {nb:5d} tok {tb:7.1f} s", flush=True)
+            for k, v in (("gen1_tok", n1), ("gen1_s", t1), ("genB_tok", nb), ("genB_s", tb)):
+                tot[k] += v
+        for backend, labeler in labelers.items():
+            cols, tl = timed(lambda: labeler.label(b["prompts"], device))
+            n_target = sum(c == "target" for c in cols["category"])
+            for k, v in (("target", n_target), ("rows", len(cols["category"])), ("s", tl)):
+                tot[f"{backend}_{k}"] += v
+            print(f"  {b['key']:<24} {backend:<12} label {n_target:5d} target positions ({len(cols['category'])} "
+                  f"rows) {tl:7.1f} s", flush=True)
     sweep = {}
-    for bs in gen_batches:
+    for bs in gen_batches if hf is not None else []:
         n, t = 0, 0.0
         for i in range(0, len(records), bs):
-            ni, ti = timed(lambda: _generate_tokens(target, tok, [r["prompt"] for r in records[i : i + bs]], cfg))
+            ni, ti = timed(lambda: _generate_tokens(hf[1], hf[2], [r["prompt"] for r in records[i : i + bs]], cfg))
             n, t = n + ni, t + ti
         sweep[bs] = n / t
         print(f"  target.generate alone, batch {bs:3d}: {n:5d} tok {t:7.1f} s  {n / t:7.2f} tok/s", flush=True)
 
-    g1, gb = tot["gen1_tok"] / tot["gen1_s"], tot["genB_tok"] / tot["genB_s"]
-    lab = tot["lab_target"] / tot["lab_s"]
-    print(f"\n{'':<34} {'tokens/s':>10} {'x batch-1 generate':>20}")
-    print(f"{'target.generate, batch 1':<34} {g1:10.2f} {1.0:20.2f}")
-    print(f"{f'target.generate, batch {cfg.batch_size}':<34} {gb:10.2f} {gb / g1:20.2f}")
-    print(f"{f'labeled target positions, batch {cfg.batch_size}':<34} {lab:10.2f} {lab / g1:20.2f}")
-    print(f"{f'labeled rows (all), batch {cfg.batch_size}':<34} {tot['lab_rows'] / tot['lab_s']:10.2f}")
-    for bs, rate in sweep.items():
-        print(f"{f'target.generate alone, batch {bs}':<34} {rate:10.2f} {rate / g1:20.2f}")
-    gen, rd = labeler.timing.get("target_generation", 0.0), labeler.timing.get("draft_reading", 0.0)
-    print(f"labeling time: target generation {gen / tot['lab_s']:.0%}, draft reading {rd / tot['lab_s']:.0%}, "
-          f"scoring {(tot['lab_s'] - gen - rd) / tot['lab_s']:.0%} of {tot['lab_s']:.1f} s")
-    print("goal: labeled target positions/s >= 3x target.generate at batch 1")
+    reference = tot[f"{backends[0]}_target"] / tot[f"{backends[0]}_s"]
+    print(f"\n{'':<44} {'tokens/s':>10} {f'x {backends[0]} labeling':>22}")
+    if hf is not None:
+        g1, gb = tot["gen1_tok"] / tot["gen1_s"], tot["genB_tok"] / tot["genB_s"]
+        print(f"{'target.generate, batch 1':<44} {g1:10.2f} {g1 / reference:22.2f}")
+        print(f"{f'target.generate, batch {cfg.batch_size}':<44} {gb:10.2f} {gb / reference:22.2f}")
+        for bs, rate in sweep.items():
+            print(f"{f'target.generate alone, batch {bs}':<44} {rate:10.2f} {rate / reference:22.2f}")
+    for backend, labeler in labelers.items():
+        rate, seconds = tot[f"{backend}_target"] / tot[f"{backend}_s"], tot[f"{backend}_s"]
+        print(f"{f'{backend}: labeled target positions, batch {cfg.batch_size}':<44} {rate:10.2f} "
+              f"{rate / reference:22.2f}")
+        print(f"{f'{backend}: labeled rows (all)':<44} {tot[f'{backend}_rows'] / seconds:10.2f}")
+        gen, rd = (labeler.timing.get(k, 0.0) for k in ("target_generation", "draft_reading"))
+        print(f"  {backend} labeling time: target generation {gen / seconds:.0%}, draft reading {rd / seconds:.0%}, "
+              f"scoring {(seconds - gen - rd) / seconds:.0%} of {seconds:.1f} s")
+    print("goals: transformers labeling >= 3x target.generate at batch 1; llama.cpp labeling >= 4x transformers "
+          "labeling")
     return 0
 
 

@@ -211,14 +211,24 @@ class LabelingModule(pl.LightningModule):
         self.labeler_kwargs = labeler_kwargs
 
     def on_predict_start(self) -> None:
-        if is_llama(self.draft):
-            self.labeler = LlamaLabeler(self.draft, self.target, **self.labeler_kwargs)
-            return
-        dtype = next(self.draft.parameters()).dtype
-        self.labeler = Labeler(HFCausalLM(self.draft), HFCausalLM(self.target), mask_dtype=dtype, **self.labeler_kwargs)
+        self.labeler = new_labeler(self.draft, self.target, self.labeler_kwargs)
 
     def predict_step(self, batch, batch_idx):
         return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": self.labeler.label(batch["prompts"], self.device)}
+
+
+def labeler_settings(cfg: LabelConfig, target, tok) -> dict:
+    """The keyword arguments of a labeler for ``cfg``'s run of a loaded pair (``load_pair``)."""
+    return dict(sampling=cfg.sampling, seed=cfg.seed, eos_token_ids=eos_token_ids(target, tok),
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                mixing_ratio=cfg.mixing_ratio)
+
+
+def new_labeler(draft, target, settings: dict):
+    """The labeler of the pair's backend (``LlamaLabeler`` for llama.cpp models, else ``Labeler``)."""
+    if is_llama(draft):
+        return LlamaLabeler(draft, target, **settings)
+    return Labeler(HFCausalLM(draft), HFCausalLM(target), mask_dtype=next(draft.parameters()).dtype, **settings)
 
 
 class ShardWriter(BasePredictionWriter):
@@ -541,18 +551,7 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
                    callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
     todo = [b for b in labeling_order(batches) if not _done(out / f"{b['key']}.arrow")]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    module = LabelingModule(
-        draft,
-        target,
-        dict(
-            sampling=cfg.sampling,
-            seed=cfg.seed,
-            eos_token_ids=eos_token_ids(target, tok),
-            pad_token_id=pad,
-            mixing_ratio=cfg.mixing_ratio,
-        ),
-    )
+    module = LabelingModule(draft, target, labeler_settings(cfg, target, tok))
     llama = is_llama(draft)
     sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"], tapped=not llama)
     trainer = pl.Trainer(

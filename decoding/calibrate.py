@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
+from core.outputs import check_output_file
 from core.shards import SPLITS, read_manifest
 from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.traces import trace_rows
@@ -48,15 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_out(out: Path) -> None:
     """OUT may be a new file or a calibration file this command wrote, which it replaces; anything else (a folder, a
-    label folder's manifest, any other file) is refused before the fit."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder: give the JSON file to write")
-    if out.exists():
-        try:
-            CalibratedConfidence.load(out)
-        except UserError:
-            raise UserError(f"--out {out} exists and is not a calibration file: give a new path (or a calibration "
-                            "file, which is replaced)") from None
+    label folder's manifest, any other file, a path under a file) is refused before the fit."""
+    check_output_file(out, "--out", "calibration file", CalibratedConfidence.load)
 
 
 def main(argv: list[str] | None = None) -> CalibratedConfidence:

@@ -41,6 +41,7 @@ import torch
 
 from core.errors import SettingError
 from core.interrupt import run_main
+from core.outputs import check_output_file
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
 from core.sampling import Sampling
@@ -344,9 +345,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
     if a.backend == "llama_cpp" and a.out is not None and Path(a.out).is_file():
         raise SettingError(f"--out {a.out} is a file: with --backend llama_cpp give the folder to write into")
-    if a.out is not None and Path(a.out).is_dir() and a.backend != "llama_cpp":
-        raise SettingError(f"--out {a.out} is a folder: give the JSON file to write")
+    outs = ([Path(a.out or "runs/bench") / f"timing-llama_cpp-{t}t.json" for t in a.threads]
+            if a.backend == "llama_cpp" else [Path(a.out)] if a.out is not None else [])
+    for out in outs:
+        check_output_file(out, "--out", "timing file", _timing_file)
     return a
+
+
+def _timing_file(path: Path) -> dict:
+    """A timing file this command wrote, or a ``SettingError``."""
+    try:
+        timing = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        timing = None
+    if not (isinstance(timing, dict) and isinstance(timing.get("models"), list)):
+        raise SettingError(f"{path} is not a timing file")
+    return timing
 
 
 def table(result: dict) -> str:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import SettingError, UserError
+from core.errors import SettingError
 from core.interrupt import run_main
+from core.outputs import check_output_file
 from decoding.replay import RoundCosts
 from decoding.schedule import draw_rounds, read_schedule, target_only_rounds, write_schedule
 from decoding.simulate import cached_head, round_lengths
@@ -60,14 +61,7 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
 def check_out(out: Path) -> None:
     """OUT may be a new file or a schedule this command wrote, which it replaces; a folder or any other file (a head,
     a label folder's manifest) is refused before any work."""
-    if out.is_dir():
-        raise SettingError(f"--out {out} is a folder: give the JSON file to write")
-    if out.exists():
-        try:
-            read_schedule(out)
-        except UserError:
-            raise SettingError(f"--out {out} exists and is not a schedule: give a new path (or a schedule, which is "
-                               "replaced)") from None
+    check_output_file(out, "--out", "schedule", read_schedule)
 
 
 def main(argv: list[str] | None = None) -> dict:

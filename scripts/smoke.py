@@ -32,13 +32,13 @@ MARKER = ".smoke-run"
 
 
 def clear(root: Path) -> None:
-    """Delete an earlier smoke run's own outputs (those of ``OWN`` in a folder a smoke run marked, or in one that
-    holds nothing else); anything else there is left alone, and a folder of other files no smoke run marked is
-    refused."""
+    """Delete an earlier smoke run's own outputs (those of ``OWN`` in a folder a smoke run marked); anything else
+    there is left alone, and a folder no smoke run marked that holds anything (even under the names a smoke run
+    writes) is refused."""
     if root.is_file():
         raise SettingError(f"{root} is a file; the smoke run writes a folder there")
     entries = [e for e in root.iterdir() if e.name not in (MARKER, ".lock")] if root.is_dir() else []
-    if any(e.name not in OWN for e in entries) and not (root / MARKER).is_file():
+    if entries and not (root / MARKER).is_file():
         raise SettingError(f"{root} holds files no smoke run wrote ({entries[0].name}, …): move them, or delete the "
                            "folder")
     for name in OWN:

@@ -34,6 +34,23 @@ COMMANDS = {
 }
 """Subcommand → (the module it runs as ``python -m``, what it does), in pipeline order."""
 
+LIGHTNING = {"labels", "snapshot", "bench-labels", "train", "lightning", "curve", "bench-train"}
+"""The commands whose modules import Lightning as they load."""
+
+
+def preload(name: str) -> None:
+    """Import the native libraries a command's module imports as it loads (torch, and Lightning where it uses it)
+    before running it, with a Ctrl-C held until they are in (``core.interrupt.CtrlCGuard.deferred``): raised inside
+    torch's import, it aborts the process or ends in a traceback."""
+    from core.interrupt import CtrlCGuard
+
+    guard = CtrlCGuard()
+    with guard, guard.deferred():
+        import torch  # noqa: F401
+
+        if name in LIGHTNING:
+            import pytorch_lightning  # noqa: F401
+
 
 def usage() -> str:
     lines = ["usage: specheads <command> [flags]   (specheads <command> --help: its flags)", "", "commands:"]
@@ -52,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = COMMANDS[name][0]
     sys.argv = [f"specheads {name}", *rest]
+    try:
+        if not {"-h", "--help"} & set(rest):
+            preload(name)
+    except KeyboardInterrupt:
+        from core.interrupt import interrupted_line
+
+        print(interrupted_line(), file=sys.stderr)
+        return 130
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:

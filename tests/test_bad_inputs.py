@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -122,11 +123,19 @@ def test_bench_timing_counts_below_one_are_one_line(flags, words):
         parse_args(flags)
 
 
-def test_bench_timing_out_a_folder_is_one_line(tmp_path):
+def test_bench_timing_out_a_folder_another_file_or_a_path_under_a_file_is_one_line(tmp_path):
     from evaluation.bench_timing import parse_args
 
-    with pytest.raises(SettingError, match="is a folder"):
-        parse_args(["--out", str(tmp_path)])
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text('{"a label folder": "manifest"}')
+    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a timing file"),
+                       (manifest / "timing.json", "is a file, not a folder")]:
+        with pytest.raises(SettingError, match=words):
+            parse_args(["--out", str(out)])
+    assert manifest.read_text() == '{"a label folder": "manifest"}'
+    timing = tmp_path / "timing.json"
+    timing.write_text('{"models": []}')
+    assert parse_args(["--out", str(timing)]).out == str(timing)  # its own earlier file is replaced
 
 
 def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_path, capsys):
@@ -134,7 +143,8 @@ def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_pat
 
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"a label folder": "manifest"}')
-    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a calibration file")]:
+    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a calibration file"),
+                       (manifest / "calibration.json", "is a file, not a folder")]:
         with pytest.raises(SystemExit) as stop:
             main(["--labels", str(tmp_path / "no-labels"), "--out", str(out)])
         assert stop.value.code == 2
@@ -185,8 +195,13 @@ def test_the_smoke_run_deletes_only_its_own_outputs(tmp_path):
         clear(root)  # unmarked, with a file of the user's: nothing deleted
     assert (root / "labels").is_dir() and (root / "notes.txt").read_text() == "mine"
     (root / "notes.txt").unlink()
-    clear(root)  # an unmarked earlier run's outputs only: cleared and marked
-    assert not (root / "labels").exists() and (root / MARKER).is_file()
+    (root / "labels" / "important.arrow").write_text("mine")
+    with pytest.raises(SettingError, match="holds files no smoke run wrote"):
+        clear(root)  # unmarked, under a name a smoke run writes: no run of ours marked it, nothing deleted
+    assert (root / "labels" / "important.arrow").read_text() == "mine"
+    shutil.rmtree(root / "labels")
+    clear(root)  # empty: marked
+    assert (root / MARKER).is_file()
     (root / "labels").mkdir()
     (root / "notes.txt").write_text("mine")
     clear(root)  # marked: its own outputs go, the user's file stays

@@ -22,7 +22,8 @@ def test_the_bench_times_train_prompts_of_about_the_median_length():
 def test_the_bench_reports_labeling_against_batch_1_generate(label_config, tmp_path, capsys):
     cfg = dataclasses.asdict(label_config(categories=["target"]))
     (tmp_path / "labels.yaml").write_text(yaml.safe_dump(cfg))
-    assert bench.main(["--config", str(tmp_path / "labels.yaml"), "--bench_prompts", "4"]) == 0
+    assert bench.main(["--config", str(tmp_path / "labels.yaml"), "--bench_prompts", "4", "--backends",
+                       "[transformers]"]) == 0
     out = capsys.readouterr().out
     assert "timing 4 prompts in 2 batches of <= 3" in out
     for line in ("target.generate, batch 1", "labeled target positions, batch 3", "labeling time: target generation"):
@@ -30,11 +31,12 @@ def test_the_bench_reports_labeling_against_batch_1_generate(label_config, tmp_p
 
 
 @pytest.mark.parametrize("args, message", [(["--bench_prompts", "0"], "must be 1 or more"),
+                                           (["--backends", "[onnx]"], "--backends takes distinct ones of"),
                                            (["--split_fractions", "[0, 1, 0]"], "train split holds no prompt")])
 def test_a_bench_with_nothing_to_time_is_one_line(label_config, tmp_path, capsys, args, message):
     cfg = dataclasses.asdict(label_config(categories=["target"]))
     (tmp_path / "labels.yaml").write_text(yaml.safe_dump(cfg))
-    assert bench.main(["--config", str(tmp_path / "labels.yaml"), *args]) == 2
+    assert bench.main(["--config", str(tmp_path / "labels.yaml"), "--backends", "[transformers]", *args]) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err

@@ -327,3 +327,36 @@ def test_labels_on_llama_cpp_are_the_transformers_labels(gguf_pair, tiny_pair, p
         assert (a.round_index.values == b.round_index.values).all()
     with pytest.raises(SettingError, match="llama.cpp, which gives no layer but the last"):
         _ = LabelDataModule(llama.output_dir, vectors=["layers"]).extra_size
+
+
+def test_the_labeling_bench_times_both_backends_on_the_same_batches(gguf_pair, tiny_pair, prompt_file, tmp_path,
+                                                                    capsys, monkeypatch):
+    """The real pair's GGUF files serve both backends; the tiny GGUF files carry no tokenizer transformers converts,
+    so its backend reads the checkpoints they were written from."""
+    import dataclasses
+
+    import yaml
+
+    from data_gen import bench
+    from data_gen.run import load_pair
+    from testing.tiny import label_config
+
+    def either(cfg):
+        if cfg.backend == "transformers":
+            cfg = dataclasses.replace(cfg, draft=ModelSpec(path=str(tiny_pair[0]), name="tiny-draft"),
+                                      target=ModelSpec(path=str(tiny_pair[1]), name="tiny-target"))
+        return load_pair(cfg)
+
+    monkeypatch.setattr(bench, "load_pair", either)
+
+    cfg = dataclasses.asdict(label_config(*gguf_pair, prompt_file, tmp_path / "unused", categories=["target"],
+                                          threads=1))
+    for role, folder in zip(("draft", "target"), tiny_pair):
+        cfg[role]["tokenizer"] = str(folder)
+    (tmp_path / "labels.yaml").write_text(yaml.safe_dump(cfg))
+    assert bench.main(["--config", str(tmp_path / "labels.yaml"), "--bench_prompts", "4"]) == 0
+    out = capsys.readouterr().out
+    for line in ("target.generate, batch 1", "transformers: labeled target positions, batch 4",
+                 "llama_cpp: labeled target positions, batch 4", "llama_cpp labeling time: target generation",
+                 "x transformers labeling"):
+        assert line in out, out

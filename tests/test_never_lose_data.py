@@ -565,9 +565,11 @@ def test_a_failure_after_a_ctrl_c_a_library_caught_is_the_interrupt(failure, tin
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
-@pytest.mark.parametrize("command", ["data_gen", "evaluation"])
+@pytest.mark.parametrize("command", ["data_gen", "evaluation", "specheads"])
 def test_ctrl_c_while_starting_up_is_one_line(command, tiny_pair, prompt_file, tmp_path):
-    if command == "data_gen":
+    if command == "specheads":  # a module that imports torch and Lightning as it loads, run by the console script
+        args = ["train", "--labels", str(tmp_path / "labels"), "--out", str(tmp_path / "out")]
+    elif command == "data_gen":
         args = ["--draft.path", str(tiny_pair[0]), "--target.path", str(tiny_pair[1]), "--prompts.source",
                 str(prompt_file), "--output_dir", str(tmp_path / "out"), "--accelerator", "cpu", "--devices", "1"]
     else:
