@@ -51,7 +51,7 @@ def score_records(out: Path, records: list[dict], prompt_ids: dict[int, list[int
     """Score every record with tokens that ``loglik.jsonl`` lacks (or holds for other tokens); return how many."""
     from tqdm.auto import tqdm
 
-    scores = ResultStore(RunDir(out).loglik)
+    scores = ResultStore(RunDir(out).claim(RunDir(out).loglik))
     todo = [r for r in records if r["tokens"] and
             (scores.get(record_key(r)) or {}).get("tokens_sha256") != tokens_sha256(r["tokens"])]
     for r in tqdm(todo, desc="target log-likelihood", disable=quiet, file=sys.stderr):

@@ -328,9 +328,9 @@ def write_report(out: Path, cfg: EvalConfig, records: list[dict], prompts: list[
     training, metrics = training_md(Path(cfg.train_dir) if cfg.train_dir else None, out)
     s["training"] = metrics
     if s["modes"]:
-        plot_pareto(s, folder.pareto_png)
-        plot_speedup(s, folder.speedup_png)
-        plot_quality(s, folder.quality_png)
-    folder.report_json.write_text(json.dumps(s, indent=2, default=str) + "\n")
-    folder.report_md.write_text(render_md(cfg, s, training))
+        plot_pareto(s, folder.claim(folder.pareto_png))
+        plot_speedup(s, folder.claim(folder.speedup_png))
+        plot_quality(s, folder.claim(folder.quality_png))
+    folder.claim(folder.report_json).write_text(json.dumps(s, indent=2, default=str) + "\n")
+    folder.claim(folder.report_md).write_text(render_md(cfg, s, training))
     return s

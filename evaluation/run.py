@@ -244,6 +244,11 @@ def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
     held."""
     path, results = RunDir(out).settings, RunDir(out).results
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
+    strays = [p.relative_to(out).as_posix() for p in RunDir(out).strays()]
+    if strays:
+        raise EvalError(f"{out} holds {', '.join(strays[:3])}{', …' if len(strays) > 3 else ''} under an "
+                        "evaluation's names, which no evaluation wrote here: move them (an evaluation would read or "
+                        "replace them; overwrite deletes only its own files)")
     if cfg.overwrite:
         named = [p.relative_to(out).as_posix() for p in RunDir(out).files()]
         if named and not (path.exists() or results.exists()):  # an eval's names, and no eval's record or results
@@ -289,7 +294,7 @@ def _commit_output(cfg: EvalConfig, out: Path, settings: dict) -> None:
         for d in [*sorted(folder.traces.glob("*/")), folder.traces]:
             with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
                 d.rmdir()
-    write_json(folder.settings, settings)
+    write_json(folder.claim(folder.settings), settings)
 
 
 def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
@@ -448,7 +453,8 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
             return
     if not quiet:
         print("eval: timing the draft's and the target's forwards on this device", flush=True)
-    write_json(path, {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens), "timed_at": timed_at})
+    write_json(RunDir(out).claim(path), {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens),
+                                         "timed_at": timed_at})
 
 
 class LabelTraces(NamedTuple):
@@ -491,7 +497,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
     if traces is None or not mode.samples_like(traces.sampling):  # traces: only with select_by: simulated
         if selection["modes"].pop(mode.name, None) is not None:  # a choice of other settings: not this run's
             selection["inputs"].pop(mode.name, None)
-            write_json(path, selection)
+            write_json(RunDir(out).claim(path), selection)
         return {}
     fit = selection_fit(cfg.latency_fits([]), simulated=True)
     if fit is None:
@@ -512,7 +518,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
                                   label_traces=traces.traces)
         selection["modes"][mode.name] = {f: {**c, "run": run_label(f, c["params"])} for f, c in choice.items()}
         selection["inputs"][mode.name] = inputs
-        write_json(path, selection)
+        write_json(RunDir(out).claim(path), selection)
         if not quiet:
             for f, c in selection["modes"][mode.name].items():
                 print(f"eval [{mode.name}] {f}: simulator picks {c['run']} (predicted {c['predicted_speedup']:.2f}x "
@@ -539,7 +545,7 @@ def llama_jobs(cfg: EvalConfig, runner: Runner, mode: Mode, sampling: Sampling, 
     tuning = load_prompts(dataclasses.replace(cfg.prompts, limit=end))[first:end]
     if not tuning:
         raise EvalError(f"llama_peer.tune_prompts {peer.tune_prompts}: the prompt source has no prompts there")
-    store = ResultStore(RunDir(out).llama_tuning)
+    store = ResultStore(RunDir(out).claim(RunDir(out).llama_tuning))
     tuner = Runner(cfg, runner.engine, tuning, store, quiet)
     ids = tuner._ids
     if {tuple(v) for v in runner._ids.values()} & {tuple(v) for v in ids.values()}:
@@ -616,7 +622,7 @@ def _evaluate(cfg: EvalConfig, engine: Engine, prompts: list[dict], decoded: set
     from evaluation.report import write_report
     from evaluation.traces import UNWARPED, record_traces
 
-    store = ResultStore(RunDir(out).results)
+    store = ResultStore(RunDir(out).claim(RunDir(out).results))
     runner = Runner(cfg, engine, prompts, store, quiet)
     _time_forwards(cfg, engine, runner, out, quiet)
     all_ids = [p["prompt"] for p in prompts]

@@ -117,5 +117,5 @@ def record_traces(out: str | Path, mode: str, records: list[dict], prompt_ids: d
     for r in tqdm(todo, desc=f"decoder traces [{mode}]", disable=quiet or not todo):
         prompt = int(r["prompt"])
         trace = record(prompt_ids[prompt], r["tokens"], generator_of(prompt), prompt)
-        write_trace(RunDir(out).trace(mode, prompt), trace, tokens_sha256(r["tokens"]))
+        write_trace(RunDir(out).claim(RunDir(out).trace(mode, prompt)), trace, tokens_sha256(r["tokens"]))
     return len(todo)

@@ -92,17 +92,28 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
     (folder / "traces" / "sample" / "00000.safetensors").write_bytes(b"a trace")
     (folder / "traces" / "notes.txt").write_text("not a trace")
     calls = []
+    for overwrite in (False, True):  # under an eval's name, but no eval wrote it: refused, kept
+        with pytest.raises(EvalError, match="under an evaluation's names, which no evaluation wrote here"):
+            run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=overwrite, max_new_tokens=5, **QUICK),
+                     fake_engine(calls), quiet=True)
+    assert (folder / "traces" / "sample" / "00000.safetensors").read_bytes() == b"a trace"
+    (folder / "traces" / "sample" / "00000.safetensors").unlink()
     run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, max_new_tokens=5, **QUICK),
              fake_engine(calls), quiet=True)
     again = _tree(folder)
     assert {k: again[k] for k in before} == before and again["traces/notes.txt"] == b"not a trace"
-    assert "traces/sample/00000.safetensors" not in again
     fresh = run_eval(make_cfg(tmp_path, output_dir=str(tmp_path / "fresh"), max_new_tokens=5, **QUICK),
                      fake_engine(), quiet=True)
     assert len(ResultStore(folder / "results.jsonl")) == len(ResultStore(fresh / "results.jsonl")) == len(calls)
     # what overwrite deletes is every file an evaluation writes
     assert {p.relative_to(fresh).as_posix() for p in RunDir(fresh).files()} == set(_tree(fresh)) - {LOCK_FILE}
     assert set(again) - set(before) - {"traces/notes.txt"} == set(_tree(fresh))
+    # files an evaluation writes, put there by someone else beside its results: refused, kept
+    (folder / "loglik.jsonl").write_text("mine")
+    (folder / "selection.json").write_text("mine too")
+    with pytest.raises(EvalError, match="loglik.jsonl, selection.json under an evaluation's names"):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert (folder / "loglik.jsonl").read_text() == "mine" and (folder / "selection.json").read_text() == "mine too"
 
 
 def test_eval_overwrite_keeps_the_previous_results_until_the_models_and_heads_pass(tmp_path, monkeypatch):
