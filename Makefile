@@ -5,10 +5,14 @@ SPECHEADS := $(VENV)/bin/specheads
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 MODELS  := $(VENV)/.models-installed
-LABELS_CONFIG ?= configs/labels/corpus.yaml
-HELDOUT_CONFIG ?= configs/labels/humaneval-heldout.yaml
-TRAIN_LABELS ?= runs/labels/corpus
-TEST_LABELS ?= runs/labels/humaneval-heldout
+# BACKEND=llama_cpp: labels, heads and calibration of the llama.cpp backend, in their own files (-llama); its labels
+# have no tapped draft layers, so the heads that read them (draft, all) are not trained
+BACKEND ?= transformers
+SUFFIX  := $(if $(filter llama_cpp,$(BACKEND)),-llama,)
+LABELS_CONFIG ?= configs/labels/corpus$(SUFFIX).yaml
+HELDOUT_CONFIG ?= configs/labels/humaneval-heldout$(SUFFIX).yaml
+TRAIN_LABELS ?= runs/labels/corpus$(SUFFIX)
+TEST_LABELS ?= runs/labels/humaneval-heldout$(SUFFIX)
 EVAL_CONFIG ?= configs/eval/humaneval.yaml
 ARGS    ?=
 
@@ -48,7 +52,7 @@ labels: $(MODELS) | $(CORPUS)/manifest.json ## label the real pair: 120 corpus p
 	$(SPECHEADS) labels --config $(LABELS_CONFIG) $(ARGS)
 	$(SPECHEADS) labels --config $(HELDOUT_CONFIG)
 
-LABELS ?= runs/labels/corpus
+LABELS ?= runs/labels/corpus$(SUFFIX)
 audit: $(MODELS) ## recompute random label rows with plain forwards (LABELS=<folder>)
 	$(SPECHEADS) audit --labels $(LABELS) $(ARGS)
 
@@ -66,10 +70,13 @@ TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.
                  configs/train/sprinter_lam1.5.yaml configs/train/specdecpp_d3_w6.yaml \
                  configs/train/sprinter_lam1.5_scores.yaml configs/train/specdecpp_d3_w6_scores.yaml \
                  configs/train/sprinter_lam1.5_own.yaml configs/train/sprinter_lam1.5_scores_own.yaml \
-                 $(foreach f,runtime draft stale all,configs/train/sprinter_lam1.5_$(f).yaml configs/train/specdecpp_d3_w6_$(f).yaml)
+                 $(foreach f,runtime stale $(if $(SUFFIX),,draft all),configs/train/sprinter_lam1.5_$(f).yaml \
+                   configs/train/specdecpp_d3_w6_$(f).yaml)
+HEADS_DIR ?= checkpoints/heads$(SUFFIX)
 
 train: $(STAMP) ## train and export every head on runs/labels/corpus: checkpoints/heads
-	$(SPECHEADS) train --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) $(ARGS)
+	$(SPECHEADS) train --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) \
+	  --heads-dir $(HEADS_DIR) --out runs/train$(SUFFIX) --checkpoints checkpoints$(if $(SUFFIX),/llama,) $(ARGS)
 
 curve: $(STAMP) ## the learning curve of the heads over shares of the corpus labels: runs/curve
 	$(SPECHEADS) curve $(ARGS)
@@ -83,7 +90,7 @@ eval: $(MODELS) ## every policy and transformers' peer on the real pair: runs/ev
 simulate: $(STAMP) ## replay every policy over label traces, beside the oracle (ARGS="--c 0.12")
 	$(SPECHEADS) simulate $(ARGS)
 
-CALIBRATION ?= checkpoints/calibration.json
+CALIBRATION ?= checkpoints/calibration$(SUFFIX).json
 calibrate: $(STAMP) ## calibrate the draft's confidence (LABELS=<folder> CALIBRATION=<file>)
 	$(SPECHEADS) calibrate --labels $(LABELS) --splits train --out $(CALIBRATION) $(ARGS)
 

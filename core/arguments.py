@@ -28,3 +28,11 @@ def resolve_paths(args: argparse.Namespace, *pairs: tuple[str, str]) -> argparse
         setattr(args, dest, named if named is not None else given)
         delattr(args, f"{dest}_flag")
     return args
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, with a mistake on the command line in one line (``error: …``, exit 2) where argparse
+    prints its whole usage first."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the flags)\n")

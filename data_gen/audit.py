@@ -12,7 +12,6 @@ audit"). It prints each column's median and worst difference and exits 1 when a 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import sys
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from core import label_math as lm
 from core.adapter import tap
-from core.arguments import path_argument, resolve_paths
+from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.models import DTYPES, load_model
 from core.quantization import decode_numerics, prompt_scales
@@ -360,6 +359,10 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"--seed must be 0 or more (it seeds the choice of rows), got {seed}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
+    if manifest["models"]["draft"].get("backend") == "llama_cpp":
+        raise UserError(f"{folder} was labeled on llama.cpp; the audit recomputes rows with transformers forwards "
+                        "(the llama.cpp labeler is checked against the transformers one row by row in "
+                        "tests/test_llama_cpp_backend.py)")
     if not (folder / "run.json").is_file():
         raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "
                         "to audit it")
@@ -439,7 +442,7 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
     path_argument(p, "labels", "--labels", "a label folder written by `python -m data_gen`")
     p.add_argument("--rows", type=int, default=200, help="rows drawn from each split (at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of rows (0 or more)")

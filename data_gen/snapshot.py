@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from core import shards
-from core.arguments import path_argument, resolve_paths
+from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 from core.lock import LOCK_FILE, folder_lock
@@ -170,7 +170,7 @@ def _link_or_copy(src: Path, dst: Path, written: list[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
     path_argument(p, "run", "--labels", "the folder of a labeling run (finished or not)")
     path_argument(p, "out", "--out", "a new folder for the snapshot")
     a = p.parse_args(argv)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.arguments import CommandParser
 from core.errors import UserError
 from core.outputs import check_output_file
 from core.shards import SPLITS, read_manifest
@@ -37,7 +38,7 @@ def errors(calibration: CalibratedConfidence, rows: dict[str, np.ndarray]) -> di
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m decoding.calibrate", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m decoding.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--labels", required=True, help="a label folder whose traces' rows to fit on")
     p.add_argument("--splits", nargs="+", default=["train"], choices=SPLITS, help="its splits to fit on")
     p.add_argument("--out", required=True, help="the JSON file to write (CalibratedConfidence.save)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from core.arguments import CommandParser
 from core.label_math import tv_distance, warp_logits
 from core.models import ModelSpec, load_model
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
@@ -30,7 +31,7 @@ DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evaluation.bench_precision", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m evaluation.bench_precision", description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/labels/humaneval.yaml", help="a labeling config: its draft and target")
     p.add_argument("--precision", nargs="+", default=list(DEFAULT_PRECISIONS), choices=[*DTYPES, *QUANTIZATIONS],
                    help="the draft's precisions (a dtype, or an int8 quantization of float32 weights)")

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.outputs import check_output_file
@@ -303,7 +304,7 @@ def llama_table(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
     p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",
                    help=f"a model to time (repeatable); SHAPE: {', '.join(BUILTIN)}, a config.json or a checkpoint "
                         f"folder; default: {' '.join(DEFAULT_MODELS)}")

@@ -9,10 +9,10 @@ mode when the eval has several. A name that matches no run, or more than one, is
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from core.arguments import CommandParser
 from core.errors import UserError
 from core.intervals import Interval, speedup_interval
 from evaluation.rundir import RunDir
@@ -67,7 +67,7 @@ def ratio(runs: dict, a: str, b: str) -> tuple[str, str, Interval, int]:
 
 
 def main(argv: list[str] | None = None) -> list[tuple[str, str, Interval, int]]:
-    p = argparse.ArgumentParser(prog="python -m evaluation.pairs", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m evaluation.pairs", description=__doc__.split("\n")[0])
     p.add_argument("folder", help="a finished eval's output_dir")
     p.add_argument("pairs", nargs="+", metavar="A/B", help="run A over run B, by the start of their labels")
     p.add_argument("--mode", default=None, help="the eval's mode (needed when it has several)")

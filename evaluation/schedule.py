@@ -12,11 +12,11 @@ graphs, docs/results.md). Then one realisation of its rounds is drawn on every t
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.outputs import check_output_file
@@ -65,7 +65,7 @@ def check_out(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m evaluation.schedule",
+    p = CommandParser(prog="python -m evaluation.schedule",
                                 description="A trace-forced schedule from held-out label traces, for the GPU check.")
     p.add_argument("--labels", required=True, help="a label folder with held-out traces (e.g. runs/labels/heldout-20)")
     p.add_argument("--head", nargs="*", default=[], help="exported stop heads (SpecDec++, and goodput on each)")

@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from core.arguments import CommandParser
 from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from core.shards import SPLITS, read_manifest
@@ -316,7 +317,7 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evaluation.simulate", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m evaluation.simulate", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/humaneval-heldout", help="a label folder (its `target` rows are traces)")
     p.add_argument("--splits", nargs="+", default=["val", "test"], choices=SPLITS,
                    help="splits whose prompts are replayed (default: the ones no head trained on)")

@@ -8,7 +8,6 @@ The random features and labels are written once under ``runs/bench/`` and reused
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
+from core.arguments import CommandParser
 from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
 
 SHARD_ROWS = 100_000
@@ -111,7 +111,7 @@ def tensor_epoch(folder: Path, batch_size: int) -> tuple[float, float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m pipeline.bench", description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--hidden-size", type=int, default=896)
     p.add_argument("--batch-size", type=int, default=4096)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval
@@ -219,7 +220,7 @@ TRAINING_FLAGS = {"labels": "runs/labels/corpus", "test_labels": "runs/labels/hu
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
     d = TRAINING_FLAGS
     p.add_argument("--labels", help=f"training labels (train and val splits; default {d['labels']})")
     p.add_argument("--test-labels", help="held-out labels: their test rows and traces judge every head "

@@ -29,6 +29,7 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
+from core.arguments import CommandParser
 from core.cache import file_sha256
 from core.errors import SettingError
 from core.interrupt import run_main
@@ -287,7 +288,7 @@ def _intervals_text(intervals: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/corpus", help="labeled dataset folder (data_gen output)")
     p.add_argument("--test-labels", default=None,
                    help="test on the test split of this label folder (held-out prompts, e.g. "

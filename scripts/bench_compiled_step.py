@@ -10,7 +10,6 @@ the cache, so the cache grows by a few hundred positions over the timing (immate
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from evaluation.bench_timing import DEFAULT_MODELS, build, model_config
@@ -51,7 +51,7 @@ def time_forwards(model, prefix: int, lengths: tuple[int, ...], repeats: int, co
 
 @torch.no_grad()
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.bench_compiled_step", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="python -m scripts.bench_compiled_step", description=__doc__.splitlines()[0])
     p.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed forwards")
     p.add_argument("--verify", type=int, default=8, help="tokens of the timed verification")
     p.add_argument("--repeats", type=int, default=20)

@@ -18,7 +18,6 @@ over one forced generation) into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.lock import folder_lock
@@ -280,7 +280,7 @@ def check_out(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="python -m scripts.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--schedule", required=True, help="a trace-forced schedule (python -m evaluation.schedule)")
     p.add_argument("--out", default="runs/gpu-check")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats of each forward (median)")

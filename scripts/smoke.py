@@ -9,7 +9,6 @@ Outputs stay under ``runs/smoke/`` (ignored): the tiny models, the prompts, and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.lock import folder_lock
@@ -124,7 +124,7 @@ STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.smoke", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="python -m scripts.smoke", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every stage runs")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

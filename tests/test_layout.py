@@ -16,12 +16,13 @@ ALLOWED = {
     "evaluation": {"core", "heads", "decoding", "evaluation"},
     "testing": {"core", "data_gen", "testing"},
     "scripts": {"core", "heads", "decoding", "data_gen", "pipeline", "evaluation", "testing", "scripts"},
-    "specheads": {"specheads"},
+    "specheads": {"core", "specheads"},
 }
 """Per stage (top-level package), the packages its modules may import: the layers below it and itself."""
 
 IMPORTED_ONLY_BY = {"evaluation": {"evaluation", "scripts"}, "testing": {"testing", "scripts"}}
-# specheads, the command line, reaches every stage by module name when a subcommand runs, never by an import
+# specheads, the command line, reaches every stage by module name when a subcommand runs, never by an import (core's
+# Ctrl-C guard it uses while it preloads torch)
 """Packages that only some others may import (``tests/`` may import any): the experiment harness, which only the
 scripts that drive it use, so the decoding library a user imports never reaches into it; and the tiny and stub
 models, which only the tests and the smoke run decode with."""

@@ -28,7 +28,6 @@ head with nothing of this project installed. Usage: ``python -m decoding.runtime
 
 from __future__ import annotations
 
-import argparse
 import ast
 import base64
 import hashlib
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import transformers
 
-from core.arguments import path_argument, resolve_paths
+from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.lock import LOCK_FILE, folder_lock
 from core.quantization import NONE, QUANTIZATIONS
@@ -281,7 +280,7 @@ def _number(text: str, flag: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
+    parser = CommandParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
     path_argument(parser, "head", "--head", "an exported head file (checkpoints/heads/*.safetensors)")
     path_argument(parser, "out", "--out", "the folder to write")
     parser.add_argument("--timing", default=None,

@@ -19,12 +19,12 @@ token with probability p(y), not min(1, p/q), and it has no place for a stop rul
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
+from core.arguments import CommandParser
 from core.errors import UserError
 from core.interrupt import run_main
 from core.models import ModelSpec, eos_token_ids, load_llama_model
@@ -64,7 +64,7 @@ class SpeculativeLlama:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m decoding.runtimes.llama_cpp", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="python -m decoding.runtimes.llama_cpp", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="the target's GGUF file")
     p.add_argument("--draft", required=True, help="the draft's GGUF file")
     p.add_argument("--prompt", required=True, help="the prompt's text (the chat template is applied)")
