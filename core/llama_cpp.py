@@ -1,11 +1,12 @@
 """A GGUF model run by llama.cpp (through llama-cpp-python's low-level API): the kernels CPU users run.
 
-``LlamaCppModel`` holds one model and one context with one sequence in its KV cache. ``read(seq, rows)`` brings
-that cache to cover ``seq`` the way the decoder's ``CachedLM`` does: it keeps the longest common prefix, removes
+``LlamaCppModel`` holds one model and one context. The decoder reads through one sequence of its KV cache:
+``read(seq, rows)`` brings that sequence to cover ``seq`` the way the decoder's ``CachedLM`` does: it keeps the longest common prefix, removes
 the rest from the cache (``llama_memory_seq_rm``, no copy), and reads what is missing in one batch; it returns the
 raw logits of the last ``rows`` positions and the final-norm hidden state of the same positions, both from that
 one forward (the context runs with ``embeddings`` on and no pooling, so llama.cpp keeps its ``result_norm`` beside
 the logits). Only the rows asked are computed past the last layer: a prompt's prefill pays for one output row.
+Labeling reads many sequences at once (``decode``, ``remove``; ``data_gen.llama_labeler``).
 
 The model is read from the GGUF file as shipped (no conversion): the quantized weights are the ones llama.cpp's
 users run. See core/DESIGN.md, "The llama.cpp backend".
@@ -25,9 +26,10 @@ import torch
 from core.errors import UserError
 
 BACKENDS = ("transformers", "llama_cpp")
+"""A model pair's runtime (``backend:`` in a pair file): part of the pair's identity (``core.identity``)."""
+
 MAX_SEQUENCES = 256
 """llama.cpp's limit on the sequences of one context (``LLAMA_MAX_SEQ``)."""
-"""A model pair's runtime (``backend:`` in a pair file): part of the pair's identity (``core.identity``)."""
 
 _initialized = False
 
@@ -67,7 +69,7 @@ class LlamaCppModel:
     device = torch.device("cpu")
 
     def __init__(self, path: str | Path, *, threads: int, n_ctx: int = 4096, name: str | None = None,
-                 sequences: int = 1):
+                 sequences: int = 1, shared_cells: bool = False):
         lib = _lib()
         path = Path(path)
         if not path.is_file():
@@ -90,8 +92,9 @@ class LlamaCppModel:
         cp.n_batch = n_ctx
         cp.n_ubatch = min(512, n_ctx)
         cp.n_seq_max = sequences
-        # one cache for every sequence: a token can then belong to several (``decode``), its cell stored once
-        cp.kv_unified = sequences > 1
+        # ``shared_cells``: one cache for every sequence, where a token can belong to several (``decode``), stored
+        # once; else each sequence has n_ctx / sequences cells of its own, and a token attends over its own only
+        cp.kv_unified = shared_cells
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings = True
         cp.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
@@ -196,24 +199,26 @@ class LlamaCppModel:
     def decode(self, tokens: list[int], positions: list[int], seqs: list[list[int]],
                outputs: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens at their ``positions``, each stored for the sequences it lists in ``seqs``: a token attends to the
-        cache cells of its own (first) sequence at positions up to its own, so several sequences share a prefix by
-        listing it once for all. Returns the hidden states and raw logits of the tokens with ``outputs``, in order.
-        The tokens before the first output are read in a batch of their own with outputs off (with embeddings on,
-        llama.cpp computes every token's). For many sequences in one context (``sequences``: labeling); ``read``
-        keeps the one-sequence cache the decoder reads through, and ``ids`` tracks that one only."""
+        cache cells of its own (first) sequence at positions up to its own, so with ``shared_cells`` several
+        sequences share a prefix by listing it once for all. Returns the hidden states and raw logits of the tokens
+        with ``outputs``, in order. The tokens without outputs are read first, in a batch of their own with outputs
+        off (with embeddings on, llama.cpp computes every token's logits), so each must come before every output
+        token of its sequences. For many sequences in one context (``sequences``: labeling); ``read`` keeps the
+        one-sequence cache the decoder reads through, and ``ids`` tracks that one only."""
         if not (len(tokens) == len(positions) == len(seqs) == len(outputs)) or not any(outputs):
             raise ValueError("decode needs one position, sequence list and output flag per token, and an output")
         if len(tokens) > self.n_ctx:
             raise UserError(f"{self.name}: a batch of {len(tokens)} tokens does not fit its context of {self.n_ctx}")
-        first = list(map(bool, outputs)).index(True)
-        if first:
-            self._decode_seqs(tokens[:first], positions[:first], seqs[:first], embeddings=False)
-        self._decode_seqs(tokens[first:], positions[first:], seqs[first:], embeddings=True)
-        keep = torch.tensor(outputs[first:], dtype=torch.bool)
+        quiet = [i for i, o in enumerate(outputs) if not o]
+        out = [i for i, o in enumerate(outputs) if o]
+        for rows, embeddings in ((quiet, False), (out, True)):
+            if rows:
+                self._decode_seqs([tokens[i] for i in rows], [positions[i] for i in rows], [seqs[i] for i in rows],
+                                  embeddings)
         vocab, d = self.config.vocab_size, self.config.hidden_size
-        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(len(keep), vocab))
-        hidden = np.ctypeslib.as_array(self._lib.llama_get_embeddings(self._ctx), shape=(len(keep), d))
-        return torch.from_numpy(hidden.copy())[keep], torch.from_numpy(logits.copy())[keep]
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(len(out), vocab))
+        hidden = np.ctypeslib.as_array(self._lib.llama_get_embeddings(self._ctx), shape=(len(out), d))
+        return torch.from_numpy(hidden.copy()), torch.from_numpy(logits.copy())
 
     def _decode_seqs(self, tokens, positions, seqs, embeddings: bool) -> None:
         if embeddings != self._embeddings:

@@ -238,21 +238,34 @@ def gguf_tokenizer(path: Path, identity: dict):
     return tok
 
 
-def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096, sequences: int = 1):
+def llama_tokenizer(spec: ModelSpec, path: Path | None = None, identity: dict | None = None):
+    """The tokenizer the llama.cpp backend reads prompts with: ``spec.tokenizer``, or transformers' reading of the GGUF
+    file (``gguf_tokenizer``; ``path`` and ``identity``: ``gguf_file(spec)``, when known), so that a prompt is the
+    same ids on both backends."""
+    from transformers import AutoTokenizer
+
+    try:
+        if spec.tokenizer:
+            return AutoTokenizer.from_pretrained(spec.tokenizer)
+        if path is None:
+            path, identity = gguf_file(spec)
+        return gguf_tokenizer(path, identity)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the tokenizer of {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+
+
+def load_llama_model(spec: ModelSpec, threads: int, n_ctx: int = 4096, sequences: int = 1,
+                     shared_cells: bool = False):
     """Load (model, tokenizer, identity) run by llama.cpp (``core.llama_cpp``) from the GGUF file as shipped; the
     tokenizer is transformers' reading of the same file (or ``spec.tokenizer``), so prompts are the ids the
     transformers backend reads. ``spec.quantization`` is the transformers backend's: llama.cpp runs the file's own
     quantized weights (its type is the identity's ``dtype``)."""
-    from transformers import AutoTokenizer
-
     from core.llama_cpp import LlamaCppModel
 
     path, identity = gguf_file(spec)
-    model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name, sequences=sequences)
-    try:
-        tok = AutoTokenizer.from_pretrained(spec.tokenizer) if spec.tokenizer else gguf_tokenizer(path, identity)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read the tokenizer of {spec.display_name!r}: {str(e).splitlines()[0]}") from None
+    model = LlamaCppModel(path, threads=threads, n_ctx=n_ctx, name=spec.display_name, sequences=sequences,
+                          shared_cells=shared_cells)
+    tok = llama_tokenizer(spec, path, identity)
     if len(tok) > model.config.vocab_size:
         raise UserError(f"{spec.display_name}: its tokenizer has {len(tok)} tokens, the model's vocabulary "
                         f"{model.config.vocab_size}")

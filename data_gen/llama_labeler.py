@@ -5,10 +5,13 @@ the kernels a llama.cpp decoder runs. What differs is how the batch is laid out:
 
 - No padding: every prompt is a sequence of its own in one llama.cpp context (``LlamaCppModel.decode``). The target
   samples every prompt's response at once, one ``llama_decode`` of one token per unfinished prompt a step.
-- The candidate pass (Y_i read right after X<i) uses sequences instead of a 4D mask: within one prompt, candidate i
-  is sequence i + 1, and each token of the context belongs to sequence 0 and to every candidate's sequence after it.
-  llama.cpp stores such a token once and lets a token attend to its own sequence's cells up to its position, so the
-  context and all candidates take two forwards.
+- The draft reads one prompt at a time. Its candidate pass (Y_i read right after X<i) uses sequences instead of a
+  4D mask: candidate i is sequence i + 1, and each token of the context belongs to sequence 0 and to every
+  candidate's sequence after it. llama.cpp stores such a token once (the draft's sequences share cells) and lets a
+  token attend to its own sequence's cells up to its position, so the context takes one forward and all of its
+  candidates one more.
+- A response ends at llama.cpp's end-of-generation ids (the eos ids the run passes: ``eos_token_ids`` of a llama.cpp
+  model), as its decoder stops.
 - llama.cpp gives the final norm's output and no earlier layer: the rows have no tapped layers (``hidden_layers``,
   ``hidden_layers_prev``); the manifest says so (``tapped_layers`` none) and a head that reads them is refused.
 - A draft's own completion (``draft`` rows) is read in its generation steps, not again in one forward.

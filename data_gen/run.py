@@ -110,9 +110,10 @@ class LabelConfig:
             if self.accelerator in ("gpu", "cuda") or self.devices not in ("auto", 1) or self.num_nodes != 1:
                 raise LabelingError("backend llama_cpp labels in one process on the CPU: use accelerator auto or "
                                     "cpu, devices 1 and num_nodes 1")
-            if self.sampling.max_new_tokens + 1 > MAX_SEQUENCES:
+            if self.sampling.max_new_tokens + 1 > MAX_SEQUENCES or self.batch_size > MAX_SEQUENCES:
                 raise LabelingError(f"backend llama_cpp labels at most {MAX_SEQUENCES - 1} new tokens a prompt (a "
-                                    f"sequence per candidate), got max_new_tokens {self.sampling.max_new_tokens}")
+                                    f"sequence per candidate) and {MAX_SEQUENCES} prompts a batch, got max_new_tokens "
+                                    f"{self.sampling.max_new_tokens} and batch_size {self.batch_size}")
         if self.threads is not None and self.threads < 1:
             raise LabelingError(f"threads must be at least 1, got {self.threads}")
         # Lightning's own checks of these come after the run's record is written, as a traceback
@@ -518,7 +519,8 @@ def _done(shard: Path) -> bool:
 
 
 LLAMA_WINDOW = 2048
-"""The longest prompt + response a llama.cpp labeling run reads: its contexts hold a batch of such sequences."""
+"""The longest prompt + response a llama.cpp labeling run reads (a longer prompt is refused before any work): its
+contexts hold a batch of such sequences. The transformers labeler reads up to the models' own window."""
 
 
 def is_llama(model) -> bool:
@@ -533,8 +535,10 @@ def load_pair(cfg: LabelConfig):
     if cfg.backend == "llama_cpp":
         threads = cfg.threads or os.cpu_count() or 1
         n_ctx = cfg.batch_size * LLAMA_WINDOW
-        draft, d_tok, d_id = load_llama_model(
-            cfg.draft, threads, n_ctx, sequences=max(cfg.batch_size, cfg.sampling.max_new_tokens + 1))
+        # the draft holds a prompt's candidates beside its context, in cells its sequences share
+        draft, d_tok, d_id = load_llama_model(cfg.draft, threads, n_ctx + cfg.sampling.max_new_tokens,
+                                              sequences=max(cfg.batch_size, cfg.sampling.max_new_tokens + 1),
+                                              shared_cells=True)
         target, t_tok, t_id = load_llama_model(cfg.target, threads, n_ctx, sequences=cfg.batch_size)
         for model in (draft, target):
             model.config.max_position_embeddings = min(model.config.max_position_embeddings, LLAMA_WINDOW)

@@ -137,12 +137,12 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
 def _pair(cfg, run_dir: Path, record: dict) -> tuple:
     """(the target's tokenizer, the pair as the run loaded it: ``data_gen.run.PAIR_FILE``'s fields). From the run's
     record when it wrote one; else (a run started before that record was kept) by loading both models, as it did."""
-    from core.models import load_tokenizer
+    from core.models import llama_tokenizer, load_tokenizer
     from data_gen.run import load_pair, pair_fields, read_pair_record
 
     pair = read_pair_record(run_dir, record)
     if pair is not None:
-        return load_tokenizer(cfg.target), pair
+        return (llama_tokenizer if cfg.backend == "llama_cpp" else load_tokenizer)(cfg.target), pair
     draft, target, tok, models = load_pair(cfg)
     return tok, pair_fields(models, draft, target)
 
