@@ -42,15 +42,19 @@ class States:
 
     def __init__(self, start: int, hidden: list[torch.Tensor], logits: list[torch.Tensor]):
         self.start, self.hidden, self.logits = start, list(hidden), list(logits)
+        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def append(self, hidden: torch.Tensor, logits: torch.Tensor) -> None:
         self.hidden.append(hidden)
         self.logits.append(logits)
+        self._stacked = None
 
     def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, logits) at ``positions`` (...), clamped to those held (a padding row's position may lie outside)."""
+        if self._stacked is None:  # stacked once for every lookup until the next append
+            self._stacked = torch.stack(self.hidden), torch.stack(self.logits)
         i = (positions - self.start).clamp(0, len(self.hidden) - 1)
-        return torch.stack(self.hidden)[i], torch.stack(self.logits)[i]
+        return self._stacked[0][i], self._stacked[1][i]
 
 
 class LlamaLabeler:
