@@ -75,8 +75,8 @@ TRAIN_CONFIGS ?= configs/train/sprinter_lam1.yaml configs/train/sprinter_lam1.2.
 HEADS_DIR ?= checkpoints/heads$(SUFFIX)
 
 train: $(STAMP) ## train and export every head on runs/labels/corpus: checkpoints/heads
-	$(SPECHEADS) train --labels $(TRAIN_LABELS) --test-labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) \
-	  --heads-dir $(HEADS_DIR) --out runs/train$(SUFFIX) --checkpoints checkpoints$(if $(SUFFIX),/llama,) $(ARGS)
+	$(SPECHEADS) train --labels $(TRAIN_LABELS) --test_labels $(TEST_LABELS) --configs $(TRAIN_CONFIGS) \
+	  --heads_dir $(HEADS_DIR) --out runs/train$(SUFFIX) --checkpoints checkpoints$(if $(SUFFIX),/llama,) $(ARGS)
 
 curve: $(STAMP) ## the learning curve of the heads over shares of the corpus labels: runs/curve
 	$(SPECHEADS) curve $(ARGS)

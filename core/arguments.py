@@ -1,7 +1,9 @@
-"""One spelling for the paths every command takes: ``--labels`` a label folder, ``--out`` what the command writes.
+"""One flag style for every command: ``--snake_case`` words, as LightningCLI and the label and eval configs spell
+them (``--trainer.max_epochs``, ``--prompts.limit``), and one spelling for the paths every command takes:
+``--labels`` a label folder, ``--out`` what the command writes.
 
-Commands that took these as positionals keep them (old command lines still run); the flag is the spelling the docs
-use. Giving both, with different values, or neither, is one line.
+Old spellings keep working and stay out of the help: a flag's ``--kebab-case`` form, and the positionals of the
+commands that took their paths so. Giving a path both ways, with different values, or neither, is one line.
 """
 
 from __future__ import annotations
@@ -30,9 +32,30 @@ def resolve_paths(args: argparse.Namespace, *pairs: tuple[str, str]) -> argparse
     return args
 
 
+class OneSpellingHelp(argparse.HelpFormatter):
+    """Help that lists each flag under its first spelling only (the ``--snake_case`` one)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        first = action.option_strings[0]
+        return first if action.nargs == 0 else f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
 class CommandParser(argparse.ArgumentParser):
-    """argparse's parser, with a mistake on the command line in one line (``error: …``, exit 2) where argparse
-    prints its whole usage first."""
+    """argparse's parser with the project's flag style: ``--snake_case`` flags, each also accepted as
+    ``--kebab-case``; a mistake on the command line is one line (``error: …``, exit 2) where argparse prints its
+    whole usage first."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", OneSpellingHelp)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names: str, **kwargs):
+        if any(n.startswith("--") and "-" in n[2:] for n in names):
+            raise TypeError(f"flags are spelled --snake_case here: {names}")
+        kebab = [n.replace("_", "-") for n in names if n.startswith("--") and "_" in n]
+        return super().add_argument(*names, *kebab, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the flags)\n")

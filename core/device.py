@@ -18,13 +18,14 @@ def cpu_model() -> str:
     return found.group(1).strip() if found else "cpu"
 
 
-def describe_device(device: torch.device | str = "cpu") -> str:
+def describe_device(device: torch.device | str = "cpu", threads: int | None = None) -> str:
     """``NVIDIA H100 80GB HBM3`` for a GPU; ``cpu (<model>, N threads)`` for the CPU: the thread count is part of
-    it, since a CPU's costs scale with the threads torch runs on."""
+    it, since a CPU's costs scale with the threads the models run on (``threads``: a backend's own, such as
+    llama.cpp's; None: torch's)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({cpu_model()}, {torch.get_num_threads()} threads)"
+    return f"cpu ({cpu_model()}, {threads or torch.get_num_threads()} threads)"
 
 
 def same_device(recorded: str | None, here: str) -> bool:

@@ -24,16 +24,25 @@ def parse_settings(parser, argv: list[str] | None = None):
     from argparse import ArgumentError
     from pathlib import Path
 
-    args = sys.argv[1:] if argv is None else argv
+    args = with_out_flag(parser, sys.argv[1:] if argv is None else list(argv))
     configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
     configs += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     for config in configs:
         check_config_file(Path(config), parser.prog)
     try:
-        return parser.parse_args(argv)
+        return parser.parse_args(args)
     except ArgumentError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         raise SettingError(" ".join(lines) + f" (`{parser.prog} --help` lists the settings)") from None
+
+
+def with_out_flag(parser, args: list[str]) -> list[str]:
+    """``args`` with ``--out`` spelled ``--output_dir`` where ``parser``'s settings name their output so: ``--out``
+    is the output of every command (``core.arguments``), whatever its settings call it."""
+    known = parser._option_string_actions
+    if "--out" in known or "--output_dir" not in known:
+        return args
+    return ["--output_dir" + a[len("--out"):] if a == "--out" or a.startswith("--out=") else a for a in args]
 
 
 def check_config_file(path, prog: str) -> None:

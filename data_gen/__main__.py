@@ -13,7 +13,7 @@ def parser():
 
     from data_gen.run import LabelConfig
 
-    p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair.",
+    p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair (--out FOLDER: --output_dir).",
                        exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(LabelConfig, None, as_group=False)

@@ -2,7 +2,7 @@
 without a head (``decoding.estimates.CalibratedConfidence``: isotonic regression of min(1, p/q) on q).
 
     python -m decoding.calibrate --labels runs/labels/corpus --splits train --out checkpoints/calibration.json \\
-        [--heldout runs/labels/humaneval-heldout --heldout-splits test]
+        [--heldout runs/labels/humaneval-heldout --heldout_splits test]
 
 It fits on the traces' rows (the ``target`` rows, ``decoding.traces.trace_rows``) of the label folder's splits, saves
 the fit to OUT with what its rows came from (the draft, its backend, the labels' sampling: the goodput policy
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--splits", nargs="+", default=["train"], choices=SPLITS, help="its splits to fit on")
     p.add_argument("--out", required=True, help="the JSON file to write (CalibratedConfidence.save)")
     p.add_argument("--heldout", default=None, metavar="FOLDER", help="a label folder to report the ECE on too")
-    p.add_argument("--heldout-splits", nargs="+", default=["val", "test"], choices=SPLITS,
+    p.add_argument("--heldout_splits", nargs="+", default=["val", "test"], choices=SPLITS,
                    help="its splits (default: those a fit on train has not seen, when it is the same folder)")
     return p.parse_args(argv)
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> CalibratedConfidence:
         check_out(out)
         same = a.heldout is not None and Path(a.heldout).resolve() == Path(a.labels).resolve()
         if same and set(a.splits) & set(a.heldout_splits):
-            raise UserError(f"--heldout-splits {' '.join(a.heldout_splits)} and --splits {' '.join(a.splits)} share "
+            raise UserError(f"--heldout_splits {' '.join(a.heldout_splits)} and --splits {' '.join(a.splits)} share "
                             f"{' '.join(sorted(set(a.splits) & set(a.heldout_splits)))} of {a.labels}: those rows are "
                             "fitted on, not held out")
         fitted_on = trace_rows(a.labels, tuple(a.splits), COLUMNS)

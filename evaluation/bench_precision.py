@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default="configs/labels/humaneval.yaml", help="a labeling config: its draft and target")
     p.add_argument("--precision", nargs="+", default=list(DEFAULT_PRECISIONS), choices=[*DTYPES, *QUANTIZATIONS],
                    help="the draft's precisions (a dtype, or an int8 quantization of float32 weights)")
-    p.add_argument("--target-precision", default="float32", choices=[*DTYPES, *QUANTIZATIONS])
+    p.add_argument("--target_precision", default="float32", choices=[*DTYPES, *QUANTIZATIONS])
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts, spread over the 164")
     p.add_argument("--positions", type=int, default=48, help="reference tokens read per prompt")
     p.add_argument("--cache", type=int, default=128, help="KV-cache length of the timed decode step")

@@ -11,9 +11,9 @@ Weights are random (timing does not depend on their values), so only a shape is 
 - ``decode``: one forward of one token after a cache of each ``--cache`` length (the draft step, and the target's
   cost per call in Eq. 5.1);
 - ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call), and
-  ``verify_short``, one of ``--verify-short`` tokens: on a CPU a forward of a few tokens leaves the one-token
+  ``verify_short``, one of ``--verify_short`` tokens: on a CPU a forward of a few tokens leaves the one-token
   step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate;
-- ``verify_by_tokens`` (with ``--verify-lengths``): one forward of each of those lengths, where a line through two
+- ``verify_by_tokens`` (with ``--verify_lengths``): one forward of each of those lengths, where a line through two
   lengths does not describe the cost (a 1.5B target on 2 CPU cores: 0.50 s for one token, 1.07 s for two, 1.34 s
   for three, 1.84 s for ten).
 
@@ -311,10 +311,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill forward")
     p.add_argument("--cache", type=int, nargs="+", default=[256, 1024], help="KV-cache lengths of the decode step")
     p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
-    p.add_argument("--verify-short", type=int, default=3,
+    p.add_argument("--verify_short", type=int, default=3,
                    help="tokens of a shorter verification forward (separates a verification's fixed and per-token "
                         "costs; 0 = skip)")
-    p.add_argument("--verify-lengths", type=int, nargs="*", default=[],
+    p.add_argument("--verify_lengths", type=int, nargs="*", default=[],
                    help="also time a verification of each of these lengths (a cost table the latency model "
                         f"interpolates; the evaluation times the target at {' '.join(map(str, PAIR_VERIFY_LENGTHS))})")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per figure (median reported)")
@@ -334,14 +334,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     # each bad value in one line (run_main), not under argparse's usage
     if any(m < 2 for m in a.verify_lengths):
-        raise SettingError(f"--verify-lengths are tokens per verification forward (candidates + 1), each >= 2; "
+        raise SettingError(f"--verify_lengths are tokens per verification forward (candidates + 1), each >= 2; "
                            f"got {' '.join(map(str, a.verify_lengths))}")
     counts = {"--repeats": [a.repeats], "--prefill": [a.prefill], "--cache": a.cache, "--verify": [a.verify]}
     for flag, values in counts.items():
         if any(v < 1 for v in values):
             raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
     if a.verify_short < 0:
-        raise SettingError(f"--verify-short must be 0 (skip) or more, got {a.verify_short}")
+        raise SettingError(f"--verify_short must be 0 (skip) or more, got {a.verify_short}")
     if any(t < 1 for t in a.threads):
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
     if a.backend == "llama_cpp" and a.out is not None and Path(a.out).is_file():

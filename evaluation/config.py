@@ -365,7 +365,7 @@ class EvalConfig:
 
 
 def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report.",
+    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report (--out FOLDER: --output_dir).",
                        exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
     p.add_class_arguments(EvalConfig, None, as_group=False)

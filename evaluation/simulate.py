@@ -326,16 +326,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--c", type=float, nargs="+", default=[0.1, 0.2],
                    help="cost ratios t_draft / t_target to predict at")
     p.add_argument("--timing", default=None,
-                   help="a bench_timing JSON: adds its c (--timing-draft / --timing-target), a column priced by its "
+                   help="a bench_timing JSON: adds its c (--timing_draft / --timing_target), a column priced by its "
                         "costs by verification length, and the goodput stop of each stop head under them")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a calibrated confidence (`make calibrate`): with --timing, adds the goodput stop on it")
-    p.add_argument("--goodput-flat", action="store_true",
+    p.add_argument("--goodput_flat", action="store_true",
                    help="also the goodput stop of each stop head (and --calibration) under a flat cost at each --c "
                         "(every verification costs one target forward, a draft step c): SpecDec++'s cost model, "
                         "where the rule is a threshold rule whose h follows from the costs")
-    p.add_argument("--timing-draft", default="draft")
-    p.add_argument("--timing-target", default="target")
+    p.add_argument("--timing_draft", default="draft")
+    p.add_argument("--timing_target", default="target")
     p.add_argument("--eval", default=None, metavar="CONFIG",
                    help="an eval config whose finished runs to check the predictions against (adds its fitted c)")
     return p.parse_args(argv)
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
     if a.calibration and not (a.timing or a.goodput_flat):
         raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
-                           "cost: give --timing or --goodput-flat")
+                           "cost: give --timing or --goodput_flat")
     if a.calibration:
         CalibratedConfidence.load(a.calibration)  # a bad file is one line now, not after the traces are read
     costs = list(a.c)

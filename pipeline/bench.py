@@ -1,7 +1,7 @@
 """``make bench-train``: one epoch of the SPRINTER verifier over cached fp16 features, through the real data
 module and Trainer, next to a plain in-memory tensor pass over the same rows (the input pipeline's overhead).
 
-    python -m pipeline.bench [--rows 1000000] [--hidden-size 896] [--batch-size 4096]
+    python -m pipeline.bench [--rows 1000000] [--hidden_size 896] [--batch_size 4096]
 
 The random features and labels are written once under ``runs/bench/`` and reused.
 """
@@ -113,8 +113,8 @@ def tensor_epoch(folder: Path, batch_size: int) -> tuple[float, float, int]:
 def main(argv: list[str] | None = None) -> None:
     p = CommandParser(prog="python -m pipeline.bench", description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--hidden-size", type=int, default=896)
-    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--hidden_size", type=int, default=896)
+    p.add_argument("--batch_size", type=int, default=4096)
     p.add_argument("--dir", default="runs/bench", help="where the random shards are cached")
     a = p.parse_args(argv)
     folder = Path(a.dir) / f"labels-{a.rows}x{a.hidden_size}"

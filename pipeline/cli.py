@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
@@ -14,6 +15,10 @@ from core.errors import UserError
 import heads  # noqa: F401  (registers the head types, so short class names resolve)
 from pipeline.data import LabelDataModule
 from pipeline.module import HeadModule
+
+
+BASE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "base.yaml"
+"""What every head's training shares: read before a head's own config (``HeadCLI``)."""
 
 
 def default_loggers(root: str) -> list:
@@ -30,6 +35,12 @@ class HeadCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        if not BASE_CONFIG.is_file():
+            raise UserError(f"{BASE_CONFIG} is missing: every head's config overrides it (run from the project's clone)")
+        # the base config is the parser's defaults; with subcommands (fit, test, …) each has a parser of its own
+        base = {"default_config_files": [str(BASE_CONFIG)]}
+        subcommands = ("fit", "validate", "test", "predict")
+        kwargs.setdefault("parser_kwargs", base if kwargs.get("run") is False else {s: base for s in subcommands})
         super().__init__(HeadModule, LabelDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:

@@ -1,10 +1,10 @@
 """How the heads' edge over the training-free rules moves with data size, judged on prompts no head saw.
 
-    python -m pipeline.learning_curve --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
+    python -m pipeline.learning_curve --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
 
 For each share of the training labels' prompts (nested: 1/16 … all) and each head config, train and export the head
 (``pipeline.train_all.train_one``: early stopping and its threshold on the training labels' val split), then on the
-held-out labels' test rows (``--test-labels``):
+held-out labels' test rows (``--test_labels``):
 
 - AUROC and its difference from the best training-free score (q(Y_i), H(q), margin), with 95 % bootstrap intervals
   over prompts, and ECE of P̂ against the head's training target (min(1, p/q) for a stop head);
@@ -223,14 +223,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
     d = TRAINING_FLAGS
     p.add_argument("--labels", help=f"training labels (train and val splits; default {d['labels']})")
-    p.add_argument("--test-labels", help="held-out labels: their test rows and traces judge every head "
+    p.add_argument("--test_labels", help="held-out labels: their test rows and traces judge every head "
                                          f"(default {d['test_labels']})")
     p.add_argument("--configs", nargs="+", help="LightningCLI head configs (default: the four of CONFIGS)")
     p.add_argument("--shares", nargs="+", type=float, help=f"shares of the training prompts (default {d['shares']})")
     p.add_argument("--costs", nargs="+", type=float, help=f"cost ratios c of Eq. 5.1 (default {d['costs']})")
     p.add_argument("--timing", help="a bench_timing JSON of this device: also compare at its costs")
     p.add_argument("--out", help=f"output folder (default {d['out']}; required with --merge)")
-    p.add_argument("--max-epochs", type=int, help="override trainer.max_epochs")
+    p.add_argument("--max_epochs", type=int, help="override trainer.max_epochs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--merge", nargs="+", default=None, metavar="FOLDER",
                    help="train nothing: one table and plot in --out from the curve.json of these earlier runs, "
@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(not 0 < c < float("inf") for c in a.costs):
         raise SettingError(f"--costs must be positive cost ratios t_draft / t_target, got {a.costs}")
     if a.max_epochs is not None and a.max_epochs < 1:
-        raise SettingError(f"--max-epochs must be 1 or more, got {a.max_epochs}")
+        raise SettingError(f"--max_epochs must be 1 or more, got {a.max_epochs}")
     return a
 
 

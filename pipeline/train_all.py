@@ -1,6 +1,6 @@
 """``make train``: train the SPRINTER verifier and the SpecDec++ head, pick thresholds, export, report.
 
-    python -m pipeline.train_all --labels runs/labels/corpus --test-labels runs/labels/humaneval-heldout
+    python -m pipeline.train_all --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
     python -m pipeline.train_all --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
 
 For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (a verifier's τ:
@@ -48,7 +48,7 @@ SWEEP_DEPTHS = (0, 1, 2, 3, 4)
 SWEEP_W_REJ = (1.0, 3.0, 6.0, 12.0)
 STOP_C = 0.1
 """The cost ratio c = t_draft / t_target a stop head's exported h is chosen at unless told another
-(``--stop-c``): about a 0.5B draft beside a 1.5B target on a GPU."""
+(``--stop_c``): about a 0.5B draft beside a 1.5B target on a GPU."""
 STOP_H_FALLBACK = 0.5
 """A stop head's exported h where the validation traces cannot replay it (said so in its metadata)."""
 STOP_RULE = "stop drafting when 1 - prod P_hat over the round's drafted tokens > h (SpecDec++ Eq. 4.1)"
@@ -290,34 +290,34 @@ def _intervals_text(intervals: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/corpus", help="labeled dataset folder (data_gen output)")
-    p.add_argument("--test-labels", default=None,
+    p.add_argument("--test_labels", default=None,
                    help="test on the test split of this label folder (held-out prompts, e.g. "
                         "runs/labels/humaneval-heldout) instead of --labels'")
-    p.add_argument("--train-share", type=float, default=1.0,
+    p.add_argument("--train_share", type=float, default=1.0,
                    help="train on this share of the train split's prompts (nested: a learning curve's subsets)")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="LightningCLI configs to train")
     p.add_argument("--out", default="runs/train", help="logs, ROC curves and the metrics table")
     p.add_argument("--checkpoints", default="checkpoints", help="Lightning checkpoints, one folder per config")
-    p.add_argument("--heads-dir", default="checkpoints/heads", help="exported .safetensors heads")
-    p.add_argument("--max-epochs", type=int, default=None, help="override trainer.max_epochs")
+    p.add_argument("--heads_dir", default="checkpoints/heads", help="exported .safetensors heads")
+    p.add_argument("--max_epochs", type=int, default=None, help="override trainer.max_epochs")
     p.add_argument("--accelerator", default=None, help="override trainer.accelerator (cpu, gpu, auto)")
     p.add_argument("--devices", default=None, help="override trainer.devices (N > 1 fits with DDP)")
-    p.add_argument("--num-nodes", type=int, default=None, help="override trainer.num_nodes")
+    p.add_argument("--num_nodes", type=int, default=None, help="override trainer.num_nodes")
     p.add_argument("--strategy", default=None, help="override trainer.strategy (ddp, …)")
     p.add_argument("--sweep", action="store_true", help="SpecDec++ head over D × w_rej instead of --configs")
-    p.add_argument("--stop-c", type=float, default=STOP_C,
+    p.add_argument("--stop_c", type=float, default=STOP_C,
                    help="cost ratio t_draft / t_target a stop head's exported h is chosen at (trace simulator)")
     p.add_argument("--timing", default=None,
                    help="a bench_timing JSON of this device (models `draft`, `target`): choose a stop head's h at "
-                        "its costs instead of --stop-c")
+                        "its costs instead of --stop_c")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     if a.max_epochs is not None and a.max_epochs < 1 and a.max_epochs != -1:
-        raise SettingError(f"--max-epochs must be 1 or more (or -1: until early stopping), got {a.max_epochs}")
+        raise SettingError(f"--max_epochs must be 1 or more (or -1: until early stopping), got {a.max_epochs}")
     if not 0 < a.train_share <= 1:
-        raise SettingError(f"--train-share must be in (0, 1], got {a.train_share:g}")
+        raise SettingError(f"--train_share must be in (0, 1], got {a.train_share:g}")
     if a.num_nodes is not None and a.num_nodes < 1:
-        raise SettingError(f"--num-nodes must be 1 or more, got {a.num_nodes}")
+        raise SettingError(f"--num_nodes must be 1 or more, got {a.num_nodes}")
     if a.devices is not None and not re.fullmatch(r"auto|[1-9]\d*|\d+(,\d+)*,|\d+(,\d+)+", a.devices):
         raise SettingError(f"--devices must be auto, a number of devices (1 or more) or a list of device indices "
                            f"like 0,1; got {a.devices!r}")
@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[RunResult]:
     a = parse_args(argv)
     if not 0 < a.stop_c < float("inf"):
-        raise SettingError(f"--stop-c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
+        raise SettingError(f"--stop_c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
     if a.timing:
         read_timing(a.timing)  # a bad file is one line now, not after the first fit
     out, ckpt = Path(a.out), Path(a.checkpoints)
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    for flag, folder in (("--out", out), ("--checkpoints", ckpt), ("--heads-dir", heads_dir)):
+    for flag, folder in (("--out", out), ("--checkpoints", ckpt), ("--heads_dir", heads_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():
             raise SettingError(f"{flag} {folder} is a file: give a folder")
     # two runs exporting into one heads folder would leave heads of one beside the other's metrics: one at a time

@@ -284,14 +284,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--schedule", required=True, help="a trace-forced schedule (python -m evaluation.schedule)")
     p.add_argument("--out", default="runs/gpu-check")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats of each forward (median)")
-    p.add_argument("--prompt-tokens", type=int, default=160, help="prompt length of the forced runs")
-    p.add_argument("--skip-7b", action="store_true", help="leave out the 7B target shape")
-    p.add_argument("--skip-compile", action="store_true", help="leave out the bare compiled step (about 30 s)")
+    p.add_argument("--prompt_tokens", type=int, default=160, help="prompt length of the forced runs")
+    p.add_argument("--skip_7b", action="store_true", help="leave out the 7B target shape")
+    p.add_argument("--skip_compile", action="store_true", help="leave out the bare compiled step (about 30 s)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SettingError("this checks CUDA graphs: it needs a CUDA GPU")
     if a.repeats < 1 or a.prompt_tokens < 1:
-        raise SettingError("--repeats and --prompt-tokens must be at least 1")
+        raise SettingError("--repeats and --prompt_tokens must be at least 1")
     schedule = read_schedule(a.schedule)
     out = Path(a.out)
     check_out(out)

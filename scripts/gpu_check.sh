@@ -6,7 +6,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl \
 #       transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 # The schedule comes from held-out labels on the CPU (python -m evaluation.schedule). On an H100 the pair's part ran in
-# 107 s and the 7B shape's in about 50 s more; the bare compiled step (--skip-compile leaves it out) adds a compile.
+# 107 s and the 7B shape's in about 50 s more; the bare compiled step (--skip_compile leaves it out) adds a compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 schedule=${1:?usage: scripts/gpu_check.sh <schedule.json> <out folder> [flags]}

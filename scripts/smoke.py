@@ -68,7 +68,7 @@ def stage_train(root: Path, device: str) -> None:
 
     results = train_all.main([
         "--labels", str(root / "labels"), "--out", str(root / "train"), "--checkpoints", str(root / "checkpoints"),
-        "--heads-dir", str(root / "heads"), "--max-epochs", "3", "--quiet",
+        "--heads_dir", str(root / "heads"), "--max_epochs", "3", "--quiet",
         "--accelerator", "gpu" if device == "cuda" else "cpu",
     ])
     draft = json.loads((root / "labels" / "manifest.json").read_text())["models"]["draft"]

@@ -115,7 +115,7 @@ def test_labeling_lightning_settings_are_checked_before_anything_is_written(labe
 @pytest.mark.parametrize("flags, words", [(["--repeats", "0"], "--repeats must be at least 1"),
                                           (["--prefill", "-5"], "--prefill must be at least 1"),
                                           (["--cache", "256", "0"], "--cache must be at least 1"),
-                                          (["--verify-lengths", "1"], "each >= 2")])
+                                          (["--verify_lengths", "1"], "each >= 2")])
 def test_bench_timing_counts_below_one_are_one_line(flags, words):
     from evaluation.bench_timing import parse_args
 
@@ -160,12 +160,12 @@ def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_tra
     labels = str(tmp_path / "no-labels")  # never read: both refusals come first
     afile = tmp_path / "heads"
     afile.write_text("not a folder")
-    with pytest.raises(SettingError, match="--heads-dir .* is a file"):
-        main(["--labels", labels, "--heads-dir", str(afile), "--out", str(tmp_path / "out")])
+    with pytest.raises(SettingError, match="--heads_dir .* is a file"):
+        main(["--labels", labels, "--heads_dir", str(afile), "--out", str(tmp_path / "out")])
     held = tmp_path / "held"
     with folder_lock(held, "a training run"):
         with pytest.raises(FolderInUse, match="in use by a training run"):
-            main(["--labels", labels, "--heads-dir", str(held), "--out", str(tmp_path / "out")])
+            main(["--labels", labels, "--heads_dir", str(held), "--out", str(tmp_path / "out")])
 
 
 def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path):

@@ -27,7 +27,7 @@ def bf16_run(tiny_pair, tmp_path_factory):
                             split_fractions=(0.5, 0.25, 0.25))
     run_labels(cfg, quiet=True)
     train_all.main(["--labels", str(root / "labels"), "--out", str(root / "train"), "--checkpoints",
-                    str(root / "checkpoints"), "--heads-dir", str(root / "heads"), "--max-epochs", "1", "--quiet"])
+                    str(root / "checkpoints"), "--heads_dir", str(root / "heads"), "--max_epochs", "1", "--quiet"])
     return root, root / "labels", root / "heads"
 
 

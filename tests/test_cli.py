@@ -43,3 +43,41 @@ def test_paths_take_the_one_spelling_and_the_old_positionals(tmp_path, capsys):
     assert "given twice" in capsys.readouterr().err
     assert main(["snapshot", "--labels", missing]) == 2
     assert "--out is required" in capsys.readouterr().err
+
+
+def test_every_flag_is_spelled_snake_case_and_the_kebab_spelling_still_parses(capsys):
+    """One flag style, the one the configs use (``--section.key``, ``--snake_case``): every command's help lists
+    no ``--kebab-case`` flag, and a flag's old kebab spelling parses to the same setting."""
+    import re
+
+    for name in COMMANDS:
+        if name == "lightning":
+            continue  # LightningCLI's own subcommands (fit, test, …) are argparse's: their help is LightningCLI's
+        main([name, "--help"])
+        flags = re.findall(r"(?<![\w-])--[a-z0-9][\w.-]*", capsys.readouterr().out)
+        assert flags, name
+        assert not [f for f in flags if "-" in f[2:]], (name, [f for f in flags if "-" in f[2:]])
+    from pipeline.train_all import parse_args
+
+    assert parse_args(["--test-labels", "x", "--heads-dir", "h"]).test_labels == "x"
+    assert parse_args(["--test_labels", "x", "--heads_dir", "h"]).heads_dir == "h"
+
+
+def test_a_kebab_flag_is_refused_where_a_command_defines_it():
+    from core.arguments import CommandParser
+
+    with pytest.raises(TypeError, match="snake_case"):
+        CommandParser().add_argument("--test-labels")
+
+
+def test_out_is_the_output_of_the_commands_whose_settings_say_output_dir(tmp_path):
+    from evaluation.config import parse
+
+    cfg, _ = parse(["--config", "configs/eval/llamacpp.yaml", "--out", str(tmp_path / "e")])
+    assert cfg.output_dir == str(tmp_path / "e")
+    from data_gen.__main__ import parser
+
+    from core.errors import parse_settings
+
+    assert parse_settings(parser(), ["--config", "configs/labels/corpus.yaml", f"--out={tmp_path}/l"]).output_dir == \
+        f"{tmp_path}/l"

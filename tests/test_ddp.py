@@ -70,7 +70,7 @@ def test_make_train_takes_the_device_flags(tiny_pair, prompt_file, tmp_path):
                                  split_fractions=(0.5, 0.25, 0.25)), quiet=True)
     proc = _run(["-m", "pipeline.train_all", "--labels", str(labels), "--configs", "configs/train/sprinter_lam1.yaml",
                  "--out", str(tmp_path / "train"), "--checkpoints", str(tmp_path / "ckpt"),
-                 "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1", "--accelerator", "cpu",
+                 "--heads_dir", str(tmp_path / "heads"), "--max_epochs", "1", "--accelerator", "cpu",
                  "--devices", "2", "--strategy", "ddp", "--quiet"], tmp_path)
     _, meta = load_head(tmp_path / "heads" / "sprinter_lam1.safetensors")
     assert meta["role"] == "verifier" and 0 <= meta["threshold"]["value"] <= 1

@@ -17,6 +17,13 @@ def test_the_cpu_is_described_by_its_model_and_threads():
     assert here.startswith("cpu (") and here.endswith(" threads)") and same_device(here, here)
 
 
+def test_a_backend_running_its_own_threads_names_them():
+    """llama.cpp runs each model on the threads its pair file sets, whatever torch's count: a one-thread profile
+    says one thread, so an eval at one thread takes it as its own."""
+    assert describe_device("cpu", 1).endswith(", 1 threads)")
+    assert describe_device("cpu", 1) != describe_device("cpu", 7)
+
+
 @pytest.mark.parametrize("recorded, here, same", [
     ("cpu (Intel(R) Xeon(R) X, 2 threads)", "cpu (Intel(R) Xeon(R) X, 2 threads)", True),
     ("cpu (Intel(R) Xeon(R) X, 2 threads)", "cpu (Intel(R) Xeon(R) X, 4 threads)", False),

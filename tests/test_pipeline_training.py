@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 import torch
 from torch import nn
 
@@ -20,7 +21,7 @@ from pipeline.data import BlockSampler, LabelDataModule
 from pipeline.loss import weighted_bce
 from pipeline.module import HeadModule
 
-CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/train/*.yaml"))
+CONFIGS = sorted(c for c in Path(__file__).resolve().parents[1].glob("configs/train/*.yaml") if c.stem != "base")
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +179,10 @@ def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path,
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--max-epochs", "-5"], "--max-epochs must be 1 or more (or -1: until early stopping), got -5"),
+    (["--max_epochs", "-5"], "--max_epochs must be 1 or more (or -1: until early stopping), got -5"),
     (["--devices", "-1"], "--devices must be auto, a number of devices (1 or more) or a list of device indices"),
     (["--devices", "0"], "got '0'"),
-    (["--num-nodes", "0"], "--num-nodes must be 1 or more, got 0"),
+    (["--num_nodes", "0"], "--num_nodes must be 1 or more, got 0"),
 ])
 def test_train_all_names_a_bad_flag_in_one_line(flags, message, tmp_path):
     """Refused before any labels are read: one ``error:`` line, status 2."""
@@ -208,6 +209,21 @@ def test_every_config_parses_through_the_cli(config, tiny_labels):
     cli = HeadCLI(args=["--config", str(config), "--data.labels", str(tiny_labels)], run=False)
     assert cli.model.head.config["hidden_size"] == 32  # linked from the data, not typed in the YAML
     assert cli.datamodule.label in ("soft", "sprinter")
+    # configs/train/base.yaml under the head's own keys: what every head shares is said there once
+    assert cli.trainer.max_epochs == 40 and cli.datamodule.batch_size == 256 and cli.model.lr == 0.001
+
+
+def test_the_base_config_is_read_under_each_heads_own_and_a_flag_overrides_both(capsys):
+    """``python -m pipeline fit`` (a subcommand's parser) reads the base first too; the head's keys and then flags
+    override it."""
+    from pipeline.cli import main
+
+    config = CONFIGS[0].parent / "sprinter_lam1.5.yaml"
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--trainer.max_epochs", "7", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["max_epochs"] == 7 and printed["trainer"]["accelerator"] == "cpu"
+    assert printed["data"]["batch_size"] == 256 and printed["data"]["lam"] == 1.5 and printed["seed_everything"] == 0
 
 
 def test_fast_dev_run_fit(tiny_labels, tmp_path):
@@ -225,8 +241,8 @@ def test_train_all_exports_loadable_heads(tiny_labels, tmp_path):
     from pipeline import train_all
 
     results = train_all.main(["--labels", str(tiny_labels), "--out", str(tmp_path / "train"),
-                              "--checkpoints", str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"),
-                              "--max-epochs", "2", "--quiet"])
+                              "--checkpoints", str(tmp_path / "ckpt"), "--heads_dir", str(tmp_path / "heads"),
+                              "--max_epochs", "2", "--quiet"])
     draft = read_manifest(tiny_labels)["models"]["draft"]
     assert [r.name for r in results] == ["sprinter_lam1", "specdecpp_d3_w6"]
     for r in results:
@@ -251,8 +267,8 @@ def test_feature_family_heads_train_export_and_name_what_they_read(tiny_labels, 
 
     configs = [str(CONFIGS[0].parent / f"{c}_all.yaml") for c in ("sprinter_lam1.5", "specdecpp_d3_w6")]
     results = train_all.main(["--labels", str(tiny_labels), "--configs", *configs, "--out", str(tmp_path / "train"),
-                              "--checkpoints", str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"),
-                              "--max-epochs", "1", "--quiet"])
+                              "--checkpoints", str(tmp_path / "ckpt"), "--heads_dir", str(tmp_path / "heads"),
+                              "--max_epochs", "1", "--quiet"])
     draft = read_manifest(tiny_labels)["models"]["draft"]
     for r in results:
         head, meta = load_head(r.export, draft=draft)
@@ -317,8 +333,8 @@ def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
 
     results = train_all.main(["--labels", str(tiny_labels), "--configs", str(CONFIGS[0].parent / "specdecpp_d3_w6.yaml"),
                               "--out", str(tmp_path / "train"), "--checkpoints", str(tmp_path / "ckpt"),
-                              "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1", "--quiet",
-                              "--train-share", "0.5"])
+                              "--heads_dir", str(tmp_path / "heads"), "--max_epochs", "1", "--quiet",
+                              "--train_share", "0.5"])
     _, meta = load_head(results[0].export)
     digests = {s: {int(r["prompt_id"]): prompt_digest(r["prompt_ids"]) for r in load_sequences(tiny_labels, s)}
                for s in ("train", "val", "test")}
@@ -337,9 +353,9 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
     from heads.export import HeadFileError, check_unseen, read_metadata
 
     configs = [str(CONFIGS[0].parent / c) for c in ("specdecpp_d3_w6.yaml", "sprinter_lam1.5.yaml")]
-    points = learning_curve.main(["--labels", str(tiny_labels), "--test-labels", str(tiny_labels), "--configs",
+    points = learning_curve.main(["--labels", str(tiny_labels), "--test_labels", str(tiny_labels), "--configs",
                                   *configs, "--shares", "1", "--costs", "0.1", "--out", str(tmp_path / "c"),
-                                  "--max-epochs", "1", "--quiet"])
+                                  "--max_epochs", "1", "--quiet"])
     assert [(p.share, p.run.name) for p in points] == [(1.0, "specdecpp_d3_w6"), (1.0, "sprinter_lam1.5")]
     stop = points[0].speedups["c=0.1"]
     assert set(stop) >= {"specdecpp", "confidence", "svip", "sd", "oracle_share"} and 0 < stop["oracle_share"] <= 1

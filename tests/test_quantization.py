@@ -159,7 +159,7 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
     assert plain["ok"], {c: r["worst_diff"] for c, r in plain["columns"].items() if not r["ok"]}
     assert manifest["models"]["target"]["quantization"] == "none"
     results = train_all.main(["--labels", str(cfg.output_dir), "--out", str(tmp_path / "train"), "--checkpoints",
-                              str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"), "--max-epochs", "1",
+                              str(tmp_path / "ckpt"), "--heads_dir", str(tmp_path / "heads"), "--max_epochs", "1",
                               "--quiet"])
     stop = next(r.export for r in results if "specdecpp" in r.name)
     head = ExportedHead(stop)

@@ -615,7 +615,7 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
     stated c (Eq. 5.1, 0.1 by default) and says so in the metadata: replaying the exported file over the same
     traces at every h of the grid picks the same h, and the file's default replays at that speedup. At other costs
     (a head whose logit follows the draft's confidence, so the choice moves with c) the same holds; a head the
-    traces cannot replay gets the stated fallback; a bad ``--stop-c`` is one line."""
+    traces cannot replay gets the stated fallback; a bad ``--stop_c`` is one line."""
     from test_eval_latency import timing_file
 
     from data_gen.run import run_labels
@@ -649,8 +649,8 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
 
     config = str(Path(__file__).parents[1] / "configs" / "train" / "specdecpp_d3_w6.yaml")
     train_all.main(["--labels", str(labels.output_dir), "--configs", config, "--out", str(tmp_path / "train"),
-                    "--checkpoints", str(tmp_path / "ckpt"), "--heads-dir", str(tmp_path / "heads"),
-                    "--max-epochs", "1", "--quiet"])
+                    "--checkpoints", str(tmp_path / "ckpt"), "--heads_dir", str(tmp_path / "heads"),
+                    "--max_epochs", "1", "--quiet"])
     check(str(tmp_path / "heads" / "specdecpp_d3_w6.safetensors"), train_all.STOP_C)
 
     head = ResNetHead(hidden_size=32, depth=0, scores=["logp_draft"])
@@ -675,8 +675,8 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
     check(str(path), 0.1, fit)
     fallback = train_all.stop_threshold(head, str(labels.output_dir), "own", ["layers"], 0.1)
     assert fallback["value"] == train_all.STOP_H_FALLBACK and "traces do not hold" in fallback["chosen_by"]["method"]
-    with pytest.raises(UserError, match="--stop-c must be a positive"):
-        train_all.main(["--labels", str(labels.output_dir), "--stop-c", "0"])
+    with pytest.raises(UserError, match="--stop_c must be a positive"):
+        train_all.main(["--labels", str(labels.output_dir), "--stop_c", "0"])
     with pytest.raises(UserError, match="not a bench_timing JSON file"):
         train_all.main(["--labels", str(labels.output_dir), "--timing", str(Path(__file__))])
 

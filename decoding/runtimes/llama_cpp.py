@@ -1,7 +1,7 @@
 """Speculative decoding of two GGUF files in llama.cpp with our rules, outside the evaluation harness.
 
     specheads generate --target T.gguf --draft D.gguf --timing runs/bench/timing-llama_cpp-2t.json \\
-        --calibration checkpoints/calibration.json --prompt "def fib(n):" [--max-new-tokens 128] [--threads 2]
+        --calibration checkpoints/calibration.json --prompt "def fib(n):" [--max_new_tokens 128] [--threads 2]
 
 or from Python::
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--head", help="an exported stop head, for goodput or specdecpp")
     p.add_argument("--k", type=int, help="candidates per round, for sd")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
