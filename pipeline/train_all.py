@@ -35,11 +35,11 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
 from core.lock import folder_lock
-from core.shards import prompt_digests
+from core.shards import prompt_digests, read_manifest
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
 from decoding.traces import TraceError, load_label_traces
-from heads.export import export_head
+from heads.export import HeadFileError, check_draft, export_head, read_metadata
 from pipeline.cli import HeadCLI
 from pipeline.metrics import BASELINES
 
@@ -287,6 +287,27 @@ def _intervals_text(intervals: dict) -> str:
     return f"{f'[{a.low:.3f}, {a.high:.3f}]':>18}{f'[{d.low:+.3f}, {d.high:+.3f}]':>20}"
 
 
+def check_heads_folder(heads_dir: Path, labels: str) -> None:
+    """Refuse a heads folder holding heads of another draft than ``labels``' (or files that are no head of ours):
+    this run's heads would sit beside them, one folder of two drafts' heads, the older ones' metrics elsewhere.
+    Heads of the same draft are replaced or kept beside as before."""
+    found = sorted(heads_dir.glob("*.safetensors")) if heads_dir.is_dir() else []
+    if not found:
+        return
+    draft = read_manifest(labels, verify=False)["models"]["draft"]
+    for path in found:
+        try:
+            meta = read_metadata(path)
+        except HeadFileError as e:
+            raise SettingError(f"--heads_dir {heads_dir} holds {path.name}, which is not a head this project can read "
+                               f"({e}); export into another folder") from None
+        try:
+            check_draft(meta, draft=draft, path=path)
+        except HeadFileError as e:
+            raise SettingError(f"--heads_dir {heads_dir} holds heads of another draft than {labels}'s ({e}); "
+                               "export into another folder, e.g. one per pair and backend") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
     p.add_argument("--labels", default="runs/labels/corpus", help="labeled dataset folder (data_gen output)")
@@ -352,6 +373,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             raise SettingError(f"{flag} {folder} is a file: give a folder")
     # two runs exporting into one heads folder would leave heads of one beside the other's metrics: one at a time
     with folder_lock(heads_dir or out, "a training run"):
+        if heads_dir is not None:
+            check_heads_folder(heads_dir, a.labels)
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports

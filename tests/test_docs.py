@@ -1,11 +1,16 @@
-"""The front page and the manuals name commands that exist: every `make` target in a README.md or docs/ command
-(fenced blocks and the quick-start table) is a Makefile target, every `python -m` module is importable, every script
-is there, and every relative link points at a file."""
+"""The front page and the manuals name commands that exist, with flags they take: every `make` target in a README.md
+or docs/ command (fenced blocks and the quick-start table) is a Makefile target, every `python -m` module is
+importable, every script is there, every relative link points at a file; and every command the pages give with its
+flags (`specheads …`, `python -m …`, `make … ARGS="…"`, in blocks or inline) parses those flags as the command
+would, without running it. Running each stage on the tiny pair is the smoke run's (`make smoke`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,3 +83,73 @@ def test_make_help_lists_every_target_in_pipeline_order_within_100_columns():
     assert order.index("labels") < order.index("train") < order.index("eval")
     for target, words in described.items():
         assert len(f"  make {target:<16} {words}") <= 100, target
+
+
+INLINE = re.compile(r"`((?:specheads|python -m|make) [^`]+)`")
+
+
+def flagged_commands(page: Path) -> list[str]:
+    """The page's command lines that give flags: blocks, tables and inline code spans; placeholders (``<…>``, shell
+    substitutions) and elisions left out."""
+    text = page.read_text()
+    found = commands(page) + [" ".join(span.split()) for span in INLINE.findall(text)]  # spans wrap lines
+    return sorted({c for c in found if " --" in c and "--help" not in c
+                   and not re.search(r"<|\$\(|…|\.\.\.|\[", c)})
+
+
+class Parsed(BaseException):
+    """Raised once a command's parser has read its flags: the command goes no further."""
+
+
+def parse_only(argv: list[str], monkeypatch) -> None:
+    """Run ``specheads`` with ``argv`` up to the end of its parse: a flag it refuses exits 2 with its one line."""
+    import jsonargparse
+
+    from specheads.cli import main
+
+    for cls in (argparse.ArgumentParser, jsonargparse.ArgumentParser):
+        original = cls.parse_args
+
+        def parse_then_stop(self, *args, _original=original, **kwargs):
+            _original(self, *args, **kwargs)
+            raise Parsed
+
+        monkeypatch.setattr(cls, "parse_args", parse_then_stop)
+    monkeypatch.setattr("specheads.cli.preload", lambda name: None)
+    try:
+        code = main(argv)
+    except Parsed:
+        return
+    except SystemExit as e:
+        code = e.code
+    raise AssertionError(f"specheads {' '.join(argv)}: exit {code} before its flags were read")
+
+
+def as_specheads(line: str) -> list[list[str]]:
+    """``line`` as the ``specheads`` argument lists it runs (``make`` through its dry run, with the ARGS given)."""
+    from specheads.cli import COMMANDS
+
+    words = shlex.split(line)
+    if words[0] == "specheads":
+        return [words[1:]]
+    if words[:2] == ["python", "-m"]:
+        name = next(n for n, (module, _) in COMMANDS.items() if module == words[2])
+        return [[name, *words[3:]]]
+    dry = subprocess.run([*words, "-n"], capture_output=True, text=True, cwd=ROOT).stdout.splitlines()
+    return [shlex.split(run)[1:] for run in dry if run.startswith(".venv/bin/specheads ")]
+
+
+@pytest.mark.parametrize("line", [c for page in PAGES for c in flagged_commands(page)])
+def test_every_command_a_page_gives_parses_its_flags(line, monkeypatch, capsys):
+    runs = as_specheads(line)
+    assert runs, f"{line}: runs no specheads command"
+    for argv in runs:
+        parse_only(argv, monkeypatch)
+
+
+def test_a_flag_a_command_does_not_take_is_caught(monkeypatch, capsys):
+    with pytest.raises(AssertionError, match="exit 2"):
+        parse_only(["simulate", "--labels", "x", "--timing-drfat", "d"], monkeypatch)
+    with pytest.raises(AssertionError, match="exit 2"):
+        parse_only(["eval", "--config", "configs/eval/llamacpp.yaml", "--prompts.limt", "3"], monkeypatch)
+    parse_only(["eval", "--config", "configs/eval/llamacpp.yaml", "--prompts.limit", "3"], monkeypatch)

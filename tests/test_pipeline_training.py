@@ -346,6 +346,33 @@ def test_an_exported_head_records_the_prompts_it_saw(tiny_labels, tmp_path):
     assert not set(digests["test"].values()) & seen
 
 
+def test_a_heads_folder_of_another_draft_is_refused_before_training(tiny_labels, tmp_path):
+    """Two runs into one heads folder: the second, on labels of another draft, stops in one line before it trains
+    (its heads would sit beside the first's, one folder of two drafts); on labels of the same draft it runs."""
+    import shutil
+
+    from pipeline import train_all
+
+    argv = ["--configs", str(CONFIGS[0].parent / "sprinter_lam1.yaml"), "--out", str(tmp_path / "train"),
+            "--checkpoints", str(tmp_path / "ckpt"), "--heads_dir", str(tmp_path / "heads"), "--max_epochs", "1",
+            "--quiet"]
+    train_all.main(["--labels", str(tiny_labels), *argv])
+    other = tmp_path / "other-labels"
+    shutil.copytree(tiny_labels, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["models"]["draft"] = {**manifest["models"]["draft"], "name": "another-draft", "weights": "0" * 64}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    before = sorted(p.stat().st_mtime_ns for p in (tmp_path / "heads").iterdir())
+    with pytest.raises(SettingError, match="holds heads of another draft than .*another folder"):
+        train_all.main(["--labels", str(other), *argv])
+    assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "heads").iterdir()) == before
+    (tmp_path / "heads" / "notes.safetensors").write_text("mine")
+    with pytest.raises(SettingError, match="notes.safetensors, which is not a head"):
+        train_all.main(["--labels", str(tiny_labels), *argv])
+    (tmp_path / "heads" / "notes.safetensors").unlink()
+    assert train_all.main(["--labels", str(tiny_labels), *argv])[0].export is not None
+
+
 def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels, tmp_path):
     """Every config at every share (shares: test_train_share_takes_nested_prompt_subsets), judged on the test split (prompts no head saw); a stop head's speedups beside
     the training-free rules' at each cost; the plot is written. A head that saw a test prompt is refused."""
