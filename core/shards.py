@@ -31,6 +31,7 @@ from core.cache import file_sha256
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
 from core.identity import prompt_digest
+from core.runfolder import read_json, write_json
 
 SCHEMA_VERSION = 4
 SPLITS = ("train", "val", "test")
@@ -77,25 +78,6 @@ def features(sizes: dict[str, int]) -> Features:
             **{c: List(Value("float16"), length=n) for c, n in sizes.items()},
         }
     )
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a text file whole or not at all: a temporary name, then a rename over it."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj) -> None:
-    write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path, fix: str):
-    """A JSON file a run wrote; ``UserError`` naming it, and ``fix``, when it is not JSON (damaged or edited)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
 
 
 def write_shard(path: Path, cols: dict, sizes: dict[str, int]) -> int:

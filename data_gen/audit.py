@@ -29,8 +29,9 @@ from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.models import DTYPES, load_model
 from core.quantization import decode_numerics, prompt_scales
+from core.runfolder import read_json
 from core.sampling import Sampling, prompt_generator
-from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_json, read_manifest, shard_paths,
+from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths,
                          vector_sizes)
 from data_gen.labeler import MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y
 from data_gen.run import recorded_model

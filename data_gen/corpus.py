@@ -43,8 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.errors import UserError, parse_settings
-from core.lock import LOCK_FILE, folder_lock
-from core.shards import read_json, write_json
+from core.runfolder import contents, folder_lock, read_json, write_json
 
 DEFAULT_PACKAGES = [
     "numpy", "scipy", "sympy", "mpmath", "networkx", "scikit-learn", "pandas", "matplotlib", "torch", "transformers",
@@ -433,7 +432,7 @@ def check_out(out: Path) -> None:
         raise CorpusError(f"--out {out} is a file, not a folder")
     if out.resolve() == Path.cwd().resolve():
         raise CorpusError("--out is the current directory; choose a folder of its own, e.g. runs/corpus")
-    if not out.exists() or not [f for f in out.iterdir() if f.name != LOCK_FILE]:
+    if not contents(out):
         return
     manifest = out / "manifest.json"
     m = read_json(manifest, "remove it or choose another --out") if manifest.is_file() else None

@@ -29,11 +29,11 @@ from core import shards
 from core.adapter import HFCausalLM, tap_layers
 from core.errors import UserError
 from core.llama_cpp import BACKENDS, MAX_SEQUENCES
-from core.lock import LOCK_FILE, folder_lock, launching_process
 from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, eos_token_ids, load_llama_model,
                          load_model, resolve_dtype)
 from core.prompts import PromptConfig, input_digests, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.quantization import decode_numerics
+from core.runfolder import contents, folder_lock, launching_process, listing, read_json, write_json
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt
 from data_gen.llama_labeler import LlamaLabeler
@@ -290,7 +290,7 @@ def pair_fields(models: dict, draft, target) -> dict:
 
 
 def write_pair_record(out: Path, record: dict, models: dict, draft, target) -> None:
-    shards.write_json(out / PAIR_FILE, {"run": record, **pair_fields(models, draft, target)})
+    write_json(out / PAIR_FILE, {"run": record, **pair_fields(models, draft, target)})
 
 
 def read_pair_record(out: Path, record: dict) -> dict | None:
@@ -340,7 +340,7 @@ def previous_run(out: Path) -> dict | None:
     path = out / RUN_FILE
     if not path.exists():
         return None
-    previous = shards.read_json(path, "pass --overwrite true to start over or choose another output_dir")
+    previous = read_json(path, "pass --overwrite true to start over or choose another output_dir")
     if not isinstance(previous, dict):
         raise LabelingError(f"{path} is not a labeling run's record; pass --overwrite true to start over or choose "
                             "another output_dir")
@@ -365,9 +365,9 @@ def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
     if shards.dataset_files(out) or (out / "manifest.json").exists():
         raise LabelingError(f"{out} holds shards that no labeling run recorded in {RUN_FILE} wrote; choose another "
                             "output_dir (they are not deleted, not even with --overwrite true)")
-    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    others = contents(out)
     if others and not cfg.overwrite:
-        raise LabelingError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
+        raise LabelingError(f"{out} is not empty ({listing(others)}) and "
                             "holds no labeling run; choose another output_dir, or pass --overwrite true to label "
                             "beside what it holds")
 
@@ -383,7 +383,7 @@ def _start_run(out: Path, cfg: LabelConfig, inputs: dict, names: list[str]) -> N
                                 "labeling run's own files; move it out of the dataset's folders and run again")
         for p in [*shards.dataset_files(out), out / "manifest.json"]:
             p.unlink(missing_ok=True)
-    shards.write_json(out / RUN_FILE, run_record(cfg, inputs))
+    write_json(out / RUN_FILE, run_record(cfg, inputs))
 
 
 def _refuse_unlisted(out: Path, names, manifest: bool) -> None:
@@ -425,7 +425,7 @@ def build_records(cfg: LabelConfig, tokenizer, context: int, table: list[dict] |
 
 def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool = False) -> dict:
     """Label (or resume labeling) and write the manifest; return it. Every input is read and checked (prompts,
-    models' paths and digests) before the output folder is touched, and the folder is held (``core.lock``) while
+    models' paths and digests) before the output folder is touched, and the folder is held (``core.runfolder``) while
     the run reads and writes it."""
     t_start = time.perf_counter()
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")

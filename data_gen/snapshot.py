@@ -29,7 +29,7 @@ from core import shards
 from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
-from core.lock import LOCK_FILE, folder_lock
+from core.runfolder import contents, folder_lock
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 """Why a hard link fails where a copy does: another file system, or one without links."""
@@ -44,7 +44,7 @@ def _refuse_output(out: Path, run_dir: Path) -> None:
         raise SnapshotError(f"{out} is inside the run's folder {run_dir}; choose a folder outside it")
     if out.exists() and not out.is_dir():
         raise SnapshotError(f"{out} is a file; choose a new folder")
-    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+    if contents(out):
         raise SnapshotError(f"{out} is not empty; choose a new folder (a snapshot deletes nothing)")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from core.arguments import CommandParser
 from core.errors import UserError
-from core.outputs import check_output_file
+from core.runfolder import check_output_file
 from core.shards import SPLITS, read_manifest
 from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.traces import trace_rows
@@ -69,12 +69,7 @@ def main(argv: list[str] | None = None) -> CalibratedConfidence:
         calibration = CalibratedConfidence.fit(fitted_on["logp_draft"], fitted_on["acceptance"])
         manifest = read_manifest(a.labels)
         calibration.fitted = {"draft": manifest["models"]["draft"], "sampling": manifest["sampling"]}
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            calibration.save(out)
-        except OSError as e:
-            out.with_name(out.name + ".partial").unlink(missing_ok=True)
-            raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+        calibration.save(out)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from core.errors import UserError
+from core.runfolder import write_text
 from decoding.rules import log_accept
 
 FLOOR = 1e-12
@@ -109,10 +110,7 @@ class CalibratedConfidence:
 
     def save(self, path: str | Path) -> None:
         """Written whole or not at all (a temporary file renamed over it), so a reader never sees half a fit."""
-        path = Path(path)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(self.to_dict()))
-        partial.replace(path)
+        write_text(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
     def from_dict(cls, saved: dict, where: str | Path) -> "CalibratedConfidence":

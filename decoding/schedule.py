@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
-from core.shards import write_json
+from core.runfolder import write_json
 from decoding.replay import RoundCosts
 
 SCHEDULE_KIND = "trace-forced schedule"

@@ -42,9 +42,9 @@ import torch
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.outputs import check_output_file
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
+from core.runfolder import check_output_file, write_text
 from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.costs import find_entry, step_s, verify_table
@@ -421,16 +421,8 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
 
 
 def write_json(result: dict, out: Path) -> None:
-    """Write a benchmark's figures as JSON, whole or not at all (a temporary file renamed over it), and say where;
-    a folder that cannot be written is one line."""
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(result, indent=2) + "\n")
-        partial.replace(out)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        raise SettingError(f"cannot write {out}: {e.strerror or e}") from None
+    """Write a benchmark's figures as JSON, whole or not at all (``core.runfolder``), and say where."""
+    write_text(out, json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -32,12 +32,11 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from core.lock import LOCK_FILE, folder_lock
 from core.identity import prompt_digest
 from core.models import resolve_device, resolve_dtype
 from core.prompts import PromptConfig, input_digests, load_prompt_table, tokenize_prompt
+from core.runfolder import contents, folder_lock, listing, read_json, write_json
 from core.sampling import Sampling, prompt_generator, prompt_seed
-from core.shards import read_json, write_json
 from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
 from evaluation.latency import selection_fit
@@ -246,20 +245,20 @@ def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
     strays = [p.relative_to(out).as_posix() for p in RunDir(out).strays()]
     if strays:
-        raise EvalError(f"{out} holds {', '.join(strays[:3])}{', …' if len(strays) > 3 else ''} under an "
+        raise EvalError(f"{out} holds {listing(strays)} under an "
                         "evaluation's names, which no evaluation wrote here: move them (an evaluation would read or "
                         "replace them; overwrite deletes only its own files)")
     if cfg.overwrite:
         named = [p.relative_to(out).as_posix() for p in RunDir(out).files()]
         if named and not (path.exists() or results.exists()):  # an eval's names, and no eval's record or results
-            raise EvalError(f"{out} holds {', '.join(named[:3])}{', …' if len(named) > 3 else ''} but no "
+            raise EvalError(f"{out} holds {listing(named)} but no "
                             f"evaluation's {path.name} or {results.name}: overwrite deletes only an evaluation's own "
                             "files, and these are not known to be; move them or choose another output_dir")
         return settings
     if not path.exists() and not results.exists():
-        others = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
+        others = contents(out)
         if others:
-            raise EvalError(f"{out} is not empty ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) and "
+            raise EvalError(f"{out} is not empty ({listing(others)}) and "
                             "holds no evaluation; choose another output_dir, or pass --overwrite true to write beside "
                             "what it holds (only an evaluation's own files are ever deleted)")
     elif not path.exists():
@@ -569,7 +568,7 @@ def llama_jobs(cfg: EvalConfig, runner: Runner, mode: Mode, sampling: Sampling, 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:
     """Run (or resume) the evaluation and write the report; return the output folder. Every input (prompts, head
     files, policy settings, labels, models' paths and digests) is checked before the output folder is touched, and
-    the folder is held (``core.lock``) from then on."""
+    the folder is held (``core.runfolder``) from then on."""
     from decoding.policies import build_policy
     from evaluation.hf_peer import goodput_runs, head_runs
 

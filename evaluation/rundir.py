@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.runfolder import Ledger
+
 
 def _file(name: str, doc: str) -> property:
     return property(lambda self: self.root / name, doc=f"``{name}``: {doc}")
@@ -28,11 +30,10 @@ class RunDir:
     speedup_png = _file("speedup.png", "speedup over target-only per policy")
     quality_png = _file("quality.png", "quality against speedup of the approximate policies")
     roc_png = _file("roc.png", "the training run's ROC, copied beside the report")
-    ledger = _file(".eval-files", "the files an evaluation wrote here, one name a line (``claim``): all that "
-                                  "``overwrite`` deletes")
-
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        self.ledger = Ledger(self.root, ".eval-files")
+        """The files an evaluation wrote here (``core.runfolder.Ledger``): all that ``overwrite`` deletes."""
 
     def trace(self, mode: str, prompt: int) -> Path:
         """The decoder trace of prompt ``prompt``'s target-only response in ``mode``."""
@@ -42,32 +43,19 @@ class RunDir:
         return sorted((self.traces / mode).glob("*.safetensors"))
 
     def claim(self, path: Path) -> Path:
-        """Record ``path``, a file of this folder, as an evaluation's in the ledger before it is written; returns it."""
-        name = path.relative_to(self.root).as_posix()
-        if name not in self._claimed():
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.ledger, "a") as f:
-                f.write(name + "\n")
-        return path
-
-    def _claimed(self) -> list[str]:
-        return self.ledger.read_text().splitlines() if self.ledger.is_file() else []
+        """Record ``path``, a file of this folder, as an evaluation's before it is written; returns it."""
+        return self.ledger.claim(path)
 
     def files(self) -> list[Path]:
         """Every file an evaluation wrote into the folder that is there, and nothing else: what ``overwrite``
         deletes. The ledger's files; in a folder written before the ledger, the files under an evaluation's
         names."""
-        if self.ledger.is_file():
-            return [*(p for p in (self.root / n for n in self._claimed()) if p.is_file()), self.ledger]
-        return self._named()
+        return self.ledger.files() if self.ledger.exists() else self._named()
 
     def strays(self) -> list[Path]:
         """Files under an evaluation's names that no evaluation wrote (not in the ledger): the next run would read
         them as its own or write over them."""
-        if not self.ledger.is_file():
-            return []
-        claimed = set(self._claimed())
-        return [p for p in self._named() if p.relative_to(self.root).as_posix() not in claimed]
+        return self.ledger.strays(self._named()) if self.ledger.exists() else []
 
     def _named(self) -> list[Path]:
         # not roc.png: a report whose training folder is gone keeps showing the copy it has

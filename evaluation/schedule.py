@@ -19,7 +19,7 @@ import numpy as np
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.outputs import check_output_file
+from core.runfolder import check_output_file
 from decoding.replay import RoundCosts
 from decoding.schedule import draw_rounds, read_schedule, target_only_rounds, write_schedule
 from decoding.simulate import cached_head, round_lengths

@@ -48,6 +48,7 @@ from core.identity import (DIGEST_KEYS, PROMPT_DIGEST_CHARS, TRANSFORMERS, Ident
                            model_identity, record_identity)
 from core.label_math import FEATURE_POSITIONS
 from core.quantization import NONE, output_rows
+from core.runfolder import write_with
 from heads.features import SCORES, VECTORS, vector_column
 from heads.registry import HEADS, build_head
 
@@ -96,12 +97,9 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "metrics": {k: float(v) if isinstance(v, (int, float)) else v for k, v in metrics.items()},
         **({"trained_on": trained_on} if trained_on is not None else {}),
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
     meta["weights_sha256"] = weights_digest(tensors)
-    save_file(tensors, str(path), metadata=header(meta))
-    return path
+    return write_with(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=header(meta)))
 
 
 def metadata_digest(raw: dict[str, str]) -> str:

@@ -18,7 +18,8 @@ from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
 from core.arguments import CommandParser
-from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features, write_json
+from core.runfolder import write_json
+from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features
 
 SHARD_ROWS = 100_000
 

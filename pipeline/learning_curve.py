@@ -33,6 +33,7 @@ from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval
+from core.runfolder import write_text
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
@@ -239,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given = [k for k in TRAINING_FLAGS if k != "out" and getattr(a, k) is not None]
     if a.merge:
         if given:
-            raise SettingError(f"--merge trains nothing: drop --{given[0].replace('_', '-')}")
+            raise SettingError(f"--merge trains nothing: drop --{given[0]}")
         if a.out is None:
             raise SettingError("--merge needs --out: the folder for the joined table and plot")
         return a
@@ -345,11 +346,11 @@ def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: 
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     plot(points, costs, out / "curve.png")
-    (out / "curve.txt").write_text(text + "\n")
+    write_text(out / "curve.txt", text + "\n")
     record = {"inputs": inputs, "estimate_ece": ece, "points": [p.record() for p in points]}
     if merged_from is not None:
         record[MERGED_FROM] = merged_from
-    (out / "curve.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+    write_text(out / "curve.json", json.dumps(record, indent=2, default=float) + "\n")
     print(f"table: {out / 'curve.txt'}; plot: {out / 'curve.png'}")
 
 

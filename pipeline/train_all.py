@@ -34,7 +34,7 @@ from core.cache import file_sha256
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
-from core.lock import folder_lock
+from core.runfolder import folder_lock, write_text
 from core.shards import prompt_digests, read_manifest
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     report = table(results)
     print(report)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.txt").write_text(report + "\n")
-    (out / "metrics.json").write_text(json.dumps(
+    write_text(out / "metrics.txt", report + "\n")
+    write_text(out / "metrics.json", json.dumps(
         [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
           "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
           "export": str(r.export) if r.export else None,

@@ -29,9 +29,9 @@ import torch
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.lock import folder_lock
+from core.runfolder import folder_lock
 from core.sampling import Sampling
-from core.shards import write_text
+from core.runfolder import write_text
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule

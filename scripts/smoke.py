@@ -19,7 +19,7 @@ import torch
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.lock import folder_lock
+from core.runfolder import folder_lock
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from data_gen.run import run_labels

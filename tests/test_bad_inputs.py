@@ -154,7 +154,7 @@ def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_pat
 
 
 def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_trains(tmp_path, capsys):
-    from core.lock import FolderInUse, folder_lock
+    from core.runfolder import FolderInUse, folder_lock
     from pipeline.train_all import main
 
     labels = str(tmp_path / "no-labels")  # never read: both refusals come first
@@ -169,7 +169,7 @@ def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_tra
 
 
 def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path):
-    from core.lock import FolderInUse, folder_lock
+    from core.runfolder import FolderInUse, folder_lock
     from decoding.runtimes.hf_export import write_folder
     from heads.export import export_head
     from heads.resnet import ResNetHead

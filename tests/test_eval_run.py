@@ -99,7 +99,8 @@ def write_test_labels(folder, rows: list[tuple[str, bool, float]], draft: dict =
     """A labeled dataset with only a test split: one row per (category, loss_mask, tv); other columns zero."""
     from datasets import List
 
-    from core.shards import SCHEMA_VERSION, features, shard_records, vector_sizes, write_json, write_shard
+    from core.runfolder import write_json
+    from core.shards import SCHEMA_VERSION, features, shard_records, vector_sizes, write_shard
 
     n = len(rows)
     cols = {"category": [r[0] for r in rows], "loss_mask": np.array([r[1] for r in rows]),

@@ -21,7 +21,7 @@ from test_eval_run import make_cfg
 from core import shards
 from core.errors import UserError
 from core.interrupt import CtrlCGuard
-from core.lock import LOCK_FILE, FolderInUse, folder_lock
+from core.runfolder import LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
 from decoding.policies import build_policy
@@ -198,7 +198,7 @@ def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, mon
 # ------------------------------------------------------------------ the lock
 HOLD = """
 import sys, time
-from core.lock import folder_lock
+from core.runfolder import folder_lock
 with folder_lock(sys.argv[1], "a test holder"):
     print("held", flush=True)
     time.sleep(60)
@@ -595,3 +595,22 @@ def test_ctrl_c_while_starting_up_is_one_line(command, tiny_pair, prompt_file, t
     # 130, or killed by SIGINT when the interrupt lands as Python unwinds (a shell shows both as status 130)
     assert rc in (130, -signal.SIGINT) and "Traceback" not in err, err
     assert [line for line in err.splitlines() if line.startswith("interrupted:")], err
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_partial_one(tmp_path):
+    """A full disk halfway through a write (``core.runfolder.write_with``, under every command's outputs): the
+    file keeps its old contents, no temporary is left beside it, and the error is one line naming the file."""
+    import errno
+
+    from core.errors import UserError
+    from core.runfolder import write_text, write_with
+
+    path = write_text(tmp_path / "calibration.json", "old")
+
+    def full_disk(tmp):
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(UserError, match=f"cannot write {path}: No space left on device"):
+        write_with(path, full_disk)
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]

@@ -40,8 +40,8 @@ import transformers
 
 from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
-from core.lock import LOCK_FILE, folder_lock
 from core.quantization import NONE, QUANTIZATIONS
+from core.runfolder import contents, folder_lock
 from decoding.costs import read_timing, timing_device
 from decoding.estimates import CalibratedConfidence
 from decoding.runtimes.hf import MAX_K
@@ -118,7 +118,7 @@ def previous_export(out: Path) -> list[Path]:
         raise ExportError(f"{out}: refusing to write into the current directory; name a new folder")
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder; name a new folder")
-    if not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir()):
+    if not contents(out):
         return []
     try:
         files = [Path(f) for f in json.loads((out / MARKER).read_text())["files"]]
