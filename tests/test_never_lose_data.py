@@ -1,6 +1,6 @@
 """Labeling and evaluation never delete what they did not write, never mix two runs in one folder, and answer bad
 input (and Ctrl-C) with one line: checks before the disk is touched, own files only, the folder lock, full input
-identity on an eval resume, unlisted shards, and the inputs that used to end in a traceback."""
+identity on an eval resume, unlisted shards, and inputs that must end in one line, not a traceback."""
 
 from __future__ import annotations
 
