@@ -9,8 +9,17 @@ commands that took their paths so. Giving a path both ways, with different value
 from __future__ import annotations
 
 import argparse
+import sys
 
 from core.errors import SettingError
+
+
+def snake_flag(arg: str) -> str:
+    """``--kebab-case[=value]`` as ``--snake_case[=value]``; any other word as it is."""
+    if not arg.startswith("--") or len(arg) == 2:
+        return arg
+    flag, eq, value = arg.partition("=")
+    return flag.replace("-", "_").replace("__", "--", 1) + eq + value
 
 
 def path_argument(parser: argparse.ArgumentParser, dest: str, flag: str, help: str) -> None:
@@ -32,30 +41,19 @@ def resolve_paths(args: argparse.Namespace, *pairs: tuple[str, str]) -> argparse
     return args
 
 
-class OneSpellingHelp(argparse.HelpFormatter):
-    """Help that lists each flag under its first spelling only (the ``--snake_case`` one)."""
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
-        first = action.option_strings[0]
-        return first if action.nargs == 0 else f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
-
-
 class CommandParser(argparse.ArgumentParser):
     """argparse's parser with the project's flag style: ``--snake_case`` flags, each also accepted as
-    ``--kebab-case``; a mistake on the command line is one line (``error: …``, exit 2) where argparse prints its
-    whole usage first."""
+    ``--kebab-case`` (read as its snake spelling, so an abbreviation stays as unambiguous as it was); a mistake on
+    the command line is one line (``error: …``, exit 2) where argparse prints its whole usage first."""
 
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", OneSpellingHelp)
-        super().__init__(*args, **kwargs)
+    def _add_action(self, action: argparse.Action) -> argparse.Action:
+        if any(n.startswith("--") and "-" in n[2:] for n in action.option_strings):
+            raise TypeError(f"flags are spelled --snake_case here: {action.option_strings}")
+        return super()._add_action(action)
 
-    def add_argument(self, *names: str, **kwargs):
-        if any(n.startswith("--") and "-" in n[2:] for n in names):
-            raise TypeError(f"flags are spelled --snake_case here: {names}")
-        kebab = [n.replace("_", "-") for n in names if n.startswith("--") and "_" in n]
-        return super().add_argument(*names, *kebab, **kwargs)
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args([snake_flag(a) for a in args], namespace)
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the flags)\n")

@@ -42,6 +42,9 @@ def with_out_flag(parser, args: list[str]) -> list[str]:
     known = parser._option_string_actions
     if "--out" in known or "--output_dir" not in known:
         return args
+    both = {"--out", "--output_dir"} & {a.split("=", 1)[0] for a in args}
+    if len(both) == 2:
+        raise SettingError("--out and --output_dir name the same folder: give one")
     return ["--output_dir" + a[len("--out"):] if a == "--out" or a.startswith("--out=") else a for a in args]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -95,6 +94,8 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
 
 def _take(fd: int, path: Path, folder: Path) -> None:
     """flock ``fd`` or raise ``FolderInUse`` naming the holder."""
+    import fcntl  # Unix only: imported here, so that the atomic writes serve where no lock is taken
+
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return

@@ -245,7 +245,7 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
     ``prompt_tokens``; the result names the backend and each model's threads."""
     cache = prompt_tokens + new_tokens // 2
     device = torch.device("cpu")
-    result = {"device": describe_device(device), "device_type": "cpu", "prefill": prompt_tokens,
+    result = {"device": describe_device(device, target.threads), "device_type": "cpu", "prefill": prompt_tokens,
               "verify": verify, "decoder": "eager", "backend": "llama_cpp", "threads": target.threads, "models": []}
     for name, model in (("draft", draft), ("target", target)):
         lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})

@@ -40,7 +40,9 @@ class HeadCLI(LightningCLI):
         # the base config is the parser's defaults; with subcommands (fit, test, …) each has a parser of its own
         base = {"default_config_files": [str(BASE_CONFIG)]}
         subcommands = ("fit", "validate", "test", "predict")
-        kwargs.setdefault("parser_kwargs", base if kwargs.get("run") is False else {s: base for s in subcommands})
+        given = kwargs.get("parser_kwargs") or {}
+        kwargs["parser_kwargs"] = ({**base, **given} if kwargs.get("run") is False
+                                   else {**given, **{s: {**base, **given.get(s, {})} for s in subcommands}})
         super().__init__(HeadModule, LabelDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:

@@ -61,6 +61,7 @@ def test_every_flag_is_spelled_snake_case_and_the_kebab_spelling_still_parses(ca
 
     assert parse_args(["--test-labels", "x", "--heads-dir", "h"]).test_labels == "x"
     assert parse_args(["--test_labels", "x", "--heads_dir", "h"]).heads_dir == "h"
+    assert parse_args(["--heads", "h", "--test-lab=x"]).heads_dir == "h"  # an abbreviation, in either spelling
 
 
 def test_a_kebab_flag_is_refused_where_a_command_defines_it():
@@ -81,3 +82,11 @@ def test_out_is_the_output_of_the_commands_whose_settings_say_output_dir(tmp_pat
 
     assert parse_settings(parser(), ["--config", "configs/labels/corpus.yaml", f"--out={tmp_path}/l"]).output_dir == \
         f"{tmp_path}/l"
+
+
+def test_out_and_output_dir_together_are_one_line():
+    from core.errors import SettingError
+    from evaluation.config import parse
+
+    with pytest.raises(SettingError, match="--out and --output_dir name the same folder"):
+        parse(["--config", "configs/eval/llamacpp.yaml", "--out", "a", "--output_dir=b"])

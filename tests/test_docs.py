@@ -93,7 +93,7 @@ def flagged_commands(page: Path) -> list[str]:
     substitutions) and elisions left out."""
     text = page.read_text()
     found = commands(page) + [" ".join(span.split()) for span in INLINE.findall(text)]  # spans wrap lines
-    return sorted({c for c in found if " --" in c and "--help" not in c
+    return sorted({c for c in found if re.search(r"(^|[\s\"'])--", c) and "--help" not in c
                    and not re.search(r"<|\$\(|…|\.\.\.|\[", c)})
 
 
@@ -102,17 +102,28 @@ class Parsed(BaseException):
 
 
 def parse_only(argv: list[str], monkeypatch) -> None:
-    """Run ``specheads`` with ``argv`` up to the end of its parse: a flag it refuses exits 2 with its one line."""
+    """Run ``specheads`` with ``argv`` up to the end of its outermost parse (a subcommand's parser, such as
+    LightningCLI's ``fit``, is parsed inside it and validated after): a flag it refuses exits 2 with its one line."""
+    import sys
+
     import jsonargparse
 
     from specheads.cli import main
 
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the command sets its own
+    depth = [0]
     for cls in (argparse.ArgumentParser, jsonargparse.ArgumentParser):
         original = cls.parse_args
 
         def parse_then_stop(self, *args, _original=original, **kwargs):
-            _original(self, *args, **kwargs)
-            raise Parsed
+            depth[0] += 1
+            try:
+                parsed = _original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                raise Parsed
+            return parsed
 
         monkeypatch.setattr(cls, "parse_args", parse_then_stop)
     monkeypatch.setattr("specheads.cli.preload", lambda name: None)
@@ -153,3 +164,6 @@ def test_a_flag_a_command_does_not_take_is_caught(monkeypatch, capsys):
     with pytest.raises(AssertionError, match="exit 2"):
         parse_only(["eval", "--config", "configs/eval/llamacpp.yaml", "--prompts.limt", "3"], monkeypatch)
     parse_only(["eval", "--config", "configs/eval/llamacpp.yaml", "--prompts.limit", "3"], monkeypatch)
+    with pytest.raises(AssertionError, match="exit 2"):  # a subcommand's parser, validated after the outer parse
+        parse_only(["lightning", "fit", "--config", "configs/train/sprinter_lam1.yaml", "--model.lrr", "1"], monkeypatch)
+    parse_only(["lightning", "fit", "--config", "configs/train/sprinter_lam1.yaml", "--model.lr", "1"], monkeypatch)

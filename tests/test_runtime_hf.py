@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -383,6 +384,9 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     CALIBRATION.save(tmp_path / "calibration.json")
     folders["calibrated"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_calibrated",
                                                        tmp_path / "timing.json", tmp_path / "calibration.json", fixed))
+    for folder in folders.values():  # portable Python only where the folder loads: no Unix-only module at the top
+        for module in Path(folder, "custom_generate").glob("*.py"):
+            assert not re.search(r"^(import|from) (fcntl|termios|pwd|grp)\b", module.read_text(), re.M), module
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util, json, sys
