@@ -19,16 +19,10 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg, report_only = parse(argv)
             if report_only:
-                from pathlib import Path
-
                 from evaluation.report import write_report
+                from evaluation.run import check_report_folder
 
-                from evaluation.config import EvalError
-
-                out = Path(cfg.output_dir)
-                if not RunDir(out).results.is_file():
-                    raise EvalError(f"--report_only rewrites the report of an eval in {out}, and it holds none (no "
-                                    f"{RunDir(out).results.name}): run the eval first")
+                out = check_report_folder(cfg)
                 records = ResultStore(RunDir(out).results).records()
                 decoded = {r["prompt"] for r in records}  # without the prompts a head had seen (``unseen_prompts``)
                 write_report(out, cfg, records, [p for p in load_prompts(cfg.prompts) if p["prompt"] in decoded])

@@ -269,18 +269,50 @@ def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
         old = read_json(path, "use another output_dir or overwrite: true")
         if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
             raise EvalError(f"{path} is not an evaluation's settings; use another output_dir or overwrite: true")
-        shared_modes = set(old["modes"]) & set(settings["modes"])
-        old.setdefault("heads", settings["heads"])  # a folder written before head digests were recorded
-        old.setdefault("inputs", settings["inputs"])  # … and before prompt and model digests were
-        diff = [k for k in settings if k not in ("modes", "inputs") and old.get(k) != settings[k]]
-        diff += [f"modes.{m}" for m in sorted(shared_modes) if old["modes"][m] != settings["modes"][m]]
-        diff += [f"inputs.{k} (content changed)" for k in sorted(set(old["inputs"]) | set(settings["inputs"]))
-                 if old["inputs"].get(k) != settings["inputs"].get(k)]
+        diff = settings_differences(old, settings)
         if diff:
             raise EvalError(f"{out} holds results of other settings ({', '.join(diff)}); "
                             f"use another output_dir or overwrite: true")
         settings["modes"] = {**old["modes"], **settings["modes"]}
     return settings
+
+
+def settings_differences(old: dict, settings: dict) -> list[str]:
+    """The settings (and, where ``settings`` has them, the inputs) in which an eval folder's recorded ``old``
+    differs from ``settings``; modes only where both have them (a folder gathers modes run apart)."""
+    old = {**old}
+    old.setdefault("heads", settings.get("heads"))  # a folder written before head digests were recorded
+    old.setdefault("inputs", settings.get("inputs", {}))  # … and before prompt and model digests were
+    diff = [k for k in settings if k not in ("modes", "inputs") and old.get(k) != settings[k]]
+    diff += [f"modes.{m}" for m in sorted(set(old["modes"]) & set(settings["modes"]))
+             if old["modes"][m] != settings["modes"][m]]
+    if "inputs" in settings:
+        diff += [f"inputs.{k} (content changed)" for k in sorted(set(old["inputs"]) | set(settings["inputs"]))
+                 if old["inputs"].get(k) != settings["inputs"].get(k)]
+    return diff
+
+
+def check_report_folder(cfg: EvalConfig) -> Path:
+    """``--report_only``: the folder holds an evaluation's results and the settings they were made with, and these
+    are the config's (the report states the config's settings); else one line. Returns the folder."""
+    out = Path(cfg.output_dir)
+    folder = RunDir(out)
+    if not folder.results.is_file() or not folder.settings.is_file():
+        missing = folder.results.name if not folder.results.is_file() else folder.settings.name
+        raise EvalError(f"--report_only rewrites the report of an eval in {out}, and it holds none (no {missing}): "
+                        "run the eval first")
+    strays = [p.relative_to(out).as_posix() for p in folder.strays()]
+    if strays:
+        raise EvalError(f"{out} holds {listing(strays)} under an evaluation's names, which no evaluation wrote here: "
+                        "move them (the report would replace them)")
+    old = read_json(folder.settings, "run the eval again with overwrite: true")
+    if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
+        raise EvalError(f"{folder.settings} is not an evaluation's settings")
+    diff = settings_differences(old, json.loads(json.dumps(cfg.settings())))
+    if diff:
+        raise EvalError(f"{out} holds results of other settings than the config's ({', '.join(diff)}): the report "
+                        "would describe runs that were not made so; give the config the results were made with")
+    return out
 
 
 def _commit_output(cfg: EvalConfig, out: Path, settings: dict) -> None:

@@ -354,3 +354,33 @@ def test_gpu_schedule_refuses_an_output_it_would_clobber_and_a_verifier_before_a
     with pytest.raises(SettingError, match="--seed >= 0"):
         main(["--labels", labels, "--seed", "-1"])
     assert head.read_bytes() == b"a trained head" and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_report_only_refuses_results_of_other_settings_or_without_them(tmp_path):
+    """The report states the config's settings: results made with others (or with none recorded), and files under
+    the report's names that no eval wrote, are refused in one line, and nothing is written."""
+    import dataclasses
+
+    from test_eval_run import fake_engine, make_cfg
+
+    from evaluation.config import EvalError
+    from evaluation.run import check_report_folder, run_eval
+    from evaluation.rundir import RunDir
+
+    cfg = make_cfg(tmp_path)
+    out = run_eval(cfg, fake_engine(), quiet=True)
+    assert check_report_folder(cfg) == out
+    with pytest.raises(EvalError, match="other settings than the config's \\(modes"):
+        check_report_folder(dataclasses.replace(cfg, max_new_tokens=50))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "results.jsonl").write_bytes(RunDir(out).results.read_bytes())
+    (bare / "report.md").write_text("mine")
+    with pytest.raises(EvalError, match="holds none \\(no settings.json\\)"):
+        check_report_folder(dataclasses.replace(cfg, output_dir=str(bare)))
+    (out / "report.md").unlink()
+    (out / "report.md").write_text("mine")  # a user's file where the ledger lists the eval's
+    RunDir(out).ledger.path.write_text("\n".join(n for n in RunDir(out).ledger.claimed() if n != "report.md") + "\n")
+    with pytest.raises(EvalError, match="report.md under an evaluation's names"):
+        check_report_folder(cfg)
+    assert (bare / "report.md").read_text() == "mine" and (out / "report.md").read_text() == "mine"
