@@ -24,7 +24,9 @@ def parse_settings(parser, argv: list[str] | None = None):
     from argparse import ArgumentError
     from pathlib import Path
 
-    args = with_out_flag(parser, sys.argv[1:] if argv is None else list(argv))
+    from core.arguments import snake_flag  # that module raises this module's errors
+
+    args = with_out_flag(parser, [snake_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
     configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
     configs += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     for config in configs:
@@ -44,7 +46,7 @@ def with_out_flag(parser, args: list[str]) -> list[str]:
         return args
     both = {"--out", "--output_dir"} & {a.split("=", 1)[0] for a in args}
     if len(both) == 2:
-        raise SettingError("--out and --output_dir name the same folder: give one")
+        raise SettingError("--out and --output_dir are one setting, the output folder: give one of them")
     return ["--output_dir" + a[len("--out"):] if a == "--out" or a.startswith("--out=") else a for a in args]
 
 

@@ -190,6 +190,28 @@ class Ledger:
         return [p for p in named if p.relative_to(self.root).as_posix() not in claimed]
 
 
+def own_folder(folder: Path, ledger_name: str, named: tuple[str, ...], what: str, flag: str,
+               earlier: Callable[[Path], bool] = lambda folder: False) -> Ledger:
+    """The ledger of ``folder``, a command's output folder, once it is known to be the command's: missing or empty,
+    or holding its ledger (``ledger_name``), or a folder ``earlier(folder)`` recognises as written by the command
+    before it kept one. Refused in one line naming ``flag``: any other non-empty folder, and files under ``named``
+    (the names the command writes) that the ledger does not list. ``named`` is claimed at once, so that an
+    interrupted run's folder is known as the command's."""
+    ledger = Ledger(folder, ledger_name)
+    found = contents(folder)
+    if found and not ledger.exists() and not earlier(folder):
+        raise SettingError(f"{flag} {folder} is not empty ({listing(found)}) and no {what} wrote it: choose another "
+                           "folder")
+    if ledger.exists():
+        strays = ledger.strays([folder / n for n in named if (folder / n).exists()])
+        if strays:
+            raise SettingError(f"{flag} {folder} holds {listing([p.name for p in strays])}, which no {what} wrote: "
+                               "move them or choose another folder")
+    for name in named:
+        ledger.claim(folder / name)
+    return ledger
+
+
 def check_output_file(out: Path, flag: str, what: str, ours: Callable[[Path], object]) -> None:
     """``out`` may be a new file where a folder can hold it, or a ``what`` a command of ours wrote (``ours(out)``
     reads it without a ``UserError``), which is replaced; a folder, a path under a file and any other file (a label

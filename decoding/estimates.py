@@ -100,6 +100,17 @@ class CalibratedConfidence:
     def log_accept(self, logp_draft, entropy_draft=None, head_logit=None) -> np.ndarray:
         return np.log(np.maximum(np.interp(np.exp(logp_draft), self.q, self.acceptance), FLOOR))
 
+    def check_draft(self, draft: dict, whose: str) -> None:
+        """Refuse, in one line, a calibration fitted on rows of another draft (or backend) than ``draft`` (an
+        identity record, as a manifest or a head file keeps it), ``whose`` naming where that draft comes from; a file
+        that records no draft passes (the decoder warns of it)."""
+        from core.identity import check_same_model
+
+        if self.fitted and self.fitted.get("draft"):
+            check_same_model(self.fitted["draft"], draft,
+                             f"the calibration was fitted on rows of draft {self.fitted['draft'].get('name')!r}, "
+                             f"{whose} is another")
+
     def observe(self, logp_draft, entropy_draft, acceptance) -> None:
         pass
 

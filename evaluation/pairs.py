@@ -10,6 +10,7 @@ mode when the eval has several. A name that matches no run, or more than one, is
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from core.arguments import CommandParser
@@ -44,6 +45,10 @@ def runs_by_prompt(folder: str, mode: str | None) -> dict[str, dict[int, dict]]:
     runs: dict[str, dict[int, dict]] = {}
     for r in records:
         if r["mode"] == mode:
+            wall, tokens = r["stats"].get("wall_s"), r["stats"].get("new_tokens")
+            if not (isinstance(wall, (int, float)) and 0 < wall < math.inf and isinstance(tokens, int)):
+                raise PairError(f"{path}: run {r['run']} on prompt {r['prompt']} records wall_s {wall!r} and new_tokens "
+                                f"{tokens!r}, not a time and a count (the file was edited or damaged)")
             runs.setdefault(r["run"], {})[r["prompt"]] = r["stats"]
     return runs
 

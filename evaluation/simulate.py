@@ -358,8 +358,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.calibration and not (a.timing or a.goodput_flat):
         raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
                            "cost: give --timing or --goodput_flat")
-    if a.calibration:
-        CalibratedConfidence.load(a.calibration)  # a bad file is one line now, not after the traces are read
+    calibrated = CalibratedConfidence.load(a.calibration) if a.calibration else None  # a bad file: one line now
     costs = list(a.c)
     priced = None
     if a.timing:
@@ -367,6 +366,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         costs.append(fit.t_draft / fit.t_target)
         priced = fit.round_costs()
     manifest = read_manifest(a.labels)
+    if calibrated is not None:  # replayed over labels of another draft, its estimates would predict nothing
+        calibrated.check_draft(manifest["models"]["draft"], f"the draft of the labels in {a.labels}")
     if a.heads is None:  # every exported head the traces can replay, trained for the labels' draft
         found = sorted(str(p) for p in Path("checkpoints/heads").glob("*.safetensors"))
         heads = [h for h in found if replayable(h)]

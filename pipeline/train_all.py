@@ -31,10 +31,10 @@ from torchmetrics import Metric
 
 from core.arguments import CommandParser
 from core.cache import file_sha256
-from core.errors import SettingError
+from core.errors import SettingError, UserError, check_config_file
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
-from core.runfolder import folder_lock, write_text
+from core.runfolder import folder_lock, own_folder, read_json, write_text
 from core.shards import prompt_digests, read_manifest
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
@@ -287,6 +287,21 @@ def _intervals_text(intervals: dict) -> str:
     return f"{f'[{a.low:.3f}, {a.high:.3f}]':>18}{f'[{d.low:+.3f}, {d.high:+.3f}]':>20}"
 
 
+TRAIN_FILES = ("metrics.txt", "metrics.json", "roc.png")
+"""What a training run writes into its ``--out`` folder, beside a folder of logs per config."""
+
+
+def earlier_training_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a training run's outputs written before runs kept a ledger: its ``metrics.json`` a
+    list of heads' records, and nothing else but its other files and log folders."""
+    try:
+        metrics = read_json(folder / "metrics.json", "")
+    except (OSError, UserError):
+        return False
+    return (isinstance(metrics, list) and all(isinstance(m, dict) and "name" in m for m in metrics)
+            and all(p.is_dir() or p.name in TRAIN_FILES for p in folder.iterdir()))
+
+
 def check_heads_folder(heads_dir: Path, labels: str) -> None:
     """Refuse a heads folder holding heads of another draft than ``labels``' (or files that are no head of ours):
     this run's heads would sit beside them, one folder of two drafts' heads, the older ones' metrics elsewhere.
@@ -351,6 +366,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         raise SettingError(f"--stop_c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
     if a.timing:
         read_timing(a.timing)  # a bad file is one line now, not after the first fit
+    for config in a.configs:  # one line, where LightningCLI would print its usage
+        check_config_file(Path(config), "specheads lightning fit")
     out, ckpt = Path(a.out), Path(a.checkpoints)
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}
@@ -375,6 +392,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     with folder_lock(heads_dir or out, "a training run"):
         if heads_dir is not None:
             check_heads_folder(heads_dir, a.labels)
+        own_folder(out, ".train-files", TRAIN_FILES, "training run", "--out", earlier_training_run)
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports

@@ -384,3 +384,16 @@ def test_report_only_refuses_results_of_other_settings_or_without_them(tmp_path)
     with pytest.raises(EvalError, match="report.md under an evaluation's names"):
         check_report_folder(cfg)
     assert (bare / "report.md").read_text() == "mine" and (out / "report.md").read_text() == "mine"
+
+
+def test_labeling_overwrite_refuses_a_run_record_no_labeling_run_wrote(label_config, tmp_path):
+    """A ``run.json`` of someone else's: not the labeling run's to start over, with or without --overwrite."""
+    from data_gen.run import LabelingError, run_labels
+
+    out = tmp_path / "labels"
+    out.mkdir()
+    (out / "run.json").write_text('{"mine": 1}')
+    for overwrite in (False, True):
+        with pytest.raises(LabelingError, match="is not a labeling run's record"):
+            run_labels(label_config(output_dir=str(out), overwrite=overwrite), quiet=True)
+    assert (out / "run.json").read_text() == '{"mine": 1}'

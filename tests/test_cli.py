@@ -88,5 +88,13 @@ def test_out_and_output_dir_together_are_one_line():
     from core.errors import SettingError
     from evaluation.config import parse
 
-    with pytest.raises(SettingError, match="--out and --output_dir name the same folder"):
+    with pytest.raises(SettingError, match="--out and --output_dir are one setting"):
         parse(["--config", "configs/eval/llamacpp.yaml", "--out", "a", "--output_dir=b"])
+
+
+def test_the_settings_commands_read_kebab_flags_too():
+    from evaluation.config import parse
+
+    cfg, report_only = parse(["--config", "configs/eval/llamacpp.yaml", "--max-new-tokens", "7", "--report-only",
+                              "true", "--hf-peer.enabled", "false"])
+    assert cfg.max_new_tokens == 7 and report_only and cfg.hf_peer.enabled is False

@@ -51,3 +51,13 @@ def test_a_folder_without_finished_runs_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         pairs.main([str(tmp_path / "partial"), "a/b"])
     assert "holds no finished run yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wall", [float("nan"), 0.0, -1.0])
+def test_a_damaged_time_is_one_line_not_a_nan_ratio(tmp_path, capsys, wall):
+    write_results(tmp_path / "eval", {"specdecpp[h=0.8]": [(40, 4.0), (40, wall)],
+                                      "confidence[threshold=0.6]": [(40, 5.0), (40, 5.0)]})
+    with pytest.raises(SystemExit):
+        pairs.main([str(tmp_path / "eval"), "specdecpp/confidence"])
+    err = capsys.readouterr().err
+    assert "records wall_s" in err and err.count("\n") == 1

@@ -259,7 +259,7 @@ def test_prompt_longer_than_the_context_window(label_config, capsys, tmp_path):
 def test_unwritable_output_folder(label_config, capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    rc, err = _cli(label_config, capsys, "--out", str(blocker / "labels"))
+    rc, err = _cli(label_config, capsys, "--output_dir", str(blocker / "labels"))
     assert rc == 2 and err[-1].startswith(f"error: output folder {blocker / 'labels'} is not writable")
 
 

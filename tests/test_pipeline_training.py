@@ -179,6 +179,7 @@ def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path,
 
 
 @pytest.mark.parametrize("flags,message", [
+    (["--configs", "missing.yaml"], "config missing.yaml: no such file"),
     (["--max_epochs", "-5"], "--max_epochs must be 1 or more (or -1: until early stopping), got -5"),
     (["--devices", "-1"], "--devices must be auto, a number of devices (1 or more) or a list of device indices"),
     (["--devices", "0"], "got '0'"),
@@ -443,3 +444,28 @@ def test_learning_curve_trains_shares_and_judges_on_held_out_prompts(tiny_labels
     (tmp_path / "half" / "curve.json").write_text(json.dumps(curve))
     with pytest.raises(SettingError, match="does not record the labels"):
         learning_curve.main(["--merge", str(tmp_path / "half"), "--out", str(tmp_path / "x")])
+
+
+def test_training_and_curve_outputs_refuse_a_folder_they_did_not_write(tiny_labels, tmp_path):
+    """``--out`` holding a user's files (one under a name the command writes, or any other) is refused before
+    training, in one line, and left as it was; a folder the command wrote is its own to write again."""
+    from pipeline import learning_curve, train_all
+
+    for folder, name in (("train", "metrics.txt"), ("curve", "curve.txt"), ("other", "notes.txt")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text("mine")
+    argv = ["--labels", str(tiny_labels), "--configs", str(CONFIGS[0].parent / "sprinter_lam1.yaml"),
+            "--checkpoints", str(tmp_path / "ckpt"), "--max_epochs", "1", "--quiet"]
+    for out in ("train", "other"):
+        with pytest.raises(SettingError, match="is not empty .* and no training run wrote it"):
+            train_all.main([*argv, "--out", str(tmp_path / out), "--heads_dir", str(tmp_path / "heads")])
+    with pytest.raises(SettingError, match="no learning curve wrote it"):
+        learning_curve.main(["--labels", str(tiny_labels), "--test_labels", str(tiny_labels), "--out",
+                             str(tmp_path / "curve"), "--max_epochs", "1", "--quiet", "--shares", "1.0"])
+    assert [(tmp_path / f / n).read_text() for f, n in (("train", "metrics.txt"), ("curve", "curve.txt"))] == \
+        ["mine", "mine"]
+    for _ in range(2):  # the command's own folder, written again
+        train_all.main([*argv, "--out", str(tmp_path / "own"), "--heads_dir", str(tmp_path / "heads")])
+    (tmp_path / "own" / ".train-files").write_text("metrics.json\n")  # metrics.txt: no longer the run's
+    with pytest.raises(SettingError, match="holds metrics.txt, .*which no training run wrote"):
+        train_all.main([*argv, "--out", str(tmp_path / "own"), "--heads_dir", str(tmp_path / "heads")])

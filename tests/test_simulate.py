@@ -470,6 +470,18 @@ def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp
         sim.main([*args, "--calibration", str(tmp_path / "calibration.json")])
     with pytest.raises(EstimateFileError, match="missing.json: no such file"):
         sim.main([*args, "--timing", str(path), "--calibration", str(tmp_path / "missing.json")])
+    # fitted on rows of another draft: refused by the replay, and by an export that would bundle it with the head
+    from core.identity import IdentityError
+    from decoding.runtimes.hf_export import write_folder
+
+    draft = read_manifest(cfg.output_dir)["models"]["draft"]
+    calibration.fitted = {"draft": {**draft, "name": "another", "weights": "0" * 64}, "sampling": {}}
+    calibration.save(tmp_path / "other.json")
+    with pytest.raises(IdentityError, match="fitted on rows of draft 'another', the draft of the labels"):
+        sim.main([*args, "--timing", str(path), "--calibration", str(tmp_path / "other.json")])
+    with pytest.raises(IdentityError, match="fitted on rows of draft 'another', the draft of head stop"):
+        write_folder(head, tmp_path / "hf", path, tmp_path / "other.json")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_heads_reading_more_than_the_traces_hold_are_left_out_or_refused(label_config, tmp_path, capsys, monkeypatch):

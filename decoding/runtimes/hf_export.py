@@ -149,6 +149,8 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     if rate != "online" and not (isinstance(rate, (int, float)) and 0 < rate < float("inf")):
         raise ExportError(f"--rate must be a positive number of tokens per second or online, got {rate!r}")
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
+    if calibrated is not None:
+        calibrated.check_draft(meta["draft"], f"the draft of head {head.name}")
     previous_export(out)  # a folder it may not write into is refused before anything is written
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
