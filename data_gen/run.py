@@ -340,10 +340,10 @@ def previous_run(out: Path) -> dict | None:
     path = out / RUN_FILE
     if not path.exists():
         return None
-    previous = read_json(path, "move it, or choose another output_dir")
+    previous = read_json(path, "pass --overwrite true to start over, or choose another output_dir")
     if not isinstance(previous, dict) or not {"draft", "target", "inputs"} <= set(previous):
-        raise LabelingError(f"{path} is not a labeling run's record, so the folder is not a labeling run's to write "
-                            "or start over: move it, or choose another output_dir")
+        raise LabelingError(f"{path} is not a labeling run's record; pass --overwrite true to start over (where the "
+                            "folder holds a labeling run's dataset), or choose another output_dir")
     return previous
 
 
@@ -351,9 +351,12 @@ def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
     """Refuse a folder labeled with other settings or from other inputs (unless asked to start over), and a
     non-empty folder that holds no labeling run (unless told to label beside what it holds; never when it holds
     shards that no run of this folder wrote)."""
-    previous = previous_run(out)
-    if cfg.overwrite and previous is not None:  # this folder's run, started over whatever its settings were
+    if cfg.overwrite and (out / RUN_FILE).exists():  # this folder's run, started over whatever its record says …
+        if shards.dataset_files(out) or (out / "manifest.json").exists():
+            return
+        previous_run(out)  # … where it is a run's: a record of no run, beside no dataset, is no run's to replace
         return
+    previous = previous_run(out)
     if previous is not None:
         changed = run_differences(previous, run_record(cfg, inputs))
         if changed:
