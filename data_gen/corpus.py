@@ -111,6 +111,10 @@ class CorpusConfig:
             raise CorpusError("near_dup_jaccard and humaneval_containment must be in (0, 1]")
         if self.min_body_lines < 1 or self.max_body_lines < self.min_body_lines:
             raise CorpusError(f"body lines must satisfy 1 <= min <= max, got {self.min_body_lines}..{self.max_body_lines}")
+        least = {"min_doc_words": 1, "max_doc_lines": 1, "max_chars": 1, "ngram": 1, "min_prompts": 0}
+        low = next((k for k, n in least.items() if getattr(self, k) < n), None)
+        if low is not None:
+            raise CorpusError(f"{low} must be at least {least[low]}, got {getattr(self, low)}")
 
 
 # ------------------------------------------------------------------ sources

@@ -340,8 +340,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, values in counts.items():
         if any(v < 1 for v in values):
             raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
-    if a.verify_short < 0:
-        raise SettingError(f"--verify_short must be 0 (skip) or more, got {a.verify_short}")
+    if not 0 <= a.verify_short < a.verify:
+        raise SettingError(f"--verify_short must be 0 (skip) or more and less than --verify ({a.verify}), got "
+                           f"{a.verify_short}")
     if any(t < 1 for t in a.threads):
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
     if a.backend == "llama_cpp" and a.out is not None and Path(a.out).is_file():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -186,6 +187,13 @@ class Goals:
     """The most our decoder may be faster than ``generate()`` with the same head (tokens/s ratio − 1)."""
     hf_sprinter_vs_target: float = 1.0
     """``generate()`` with a SPRINTER verifier over the target's own ``generate()`` (tokens/s)."""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            share = name in ("sprinter_pass_drop", "runtime_overhead")
+            if not (isinstance(value, (int, float)) and (0 <= value if share else 0 < value) and value < math.inf):
+                raise EvalError(f"goals.{name} must be {'a share of 0 or more' if share else 'a ratio above 0'}, "
+                                f"got {value!r}")
 
 
 @dataclass

@@ -397,3 +397,22 @@ def test_labeling_overwrite_refuses_a_run_record_no_labeling_run_wrote(label_con
         with pytest.raises(LabelingError, match="is not a labeling run's record"):
             run_labels(label_config(output_dir=str(out), overwrite=overwrite), quiet=True)
     assert (out / "run.json").read_text() == '{"mine": 1}'
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["eval", "--config", "configs/eval/llamacpp.yaml", "--goals.sprinter_vs_sd", "-4"],
+     "goals.sprinter_vs_sd must be a ratio above 0"),
+    (["eval", "--config", "configs/eval/llamacpp.yaml", "--goals.sprinter_pass_drop", "-0.5"],
+     "goals.sprinter_pass_drop must be a share of 0 or more"),
+    (["corpus", "--min_prompts", "-3", "--out", "unused"], "min_prompts must be at least 0, got -3"),
+    (["bench-timing", "--verify", "2", "--verify_short", "5"], "--verify_short must be 0 (skip) or more and less"),
+])
+def test_nonsense_numbers_are_one_line_before_any_work(argv, words, capsys):
+    from specheads.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # the commands run by ``core.interrupt.run_main`` exit with their status
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
