@@ -368,6 +368,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         read_timing(a.timing)  # a bad file is one line now, not after the first fit
     for config in a.configs:  # one line, where LightningCLI would print its usage
         check_config_file(Path(config), "specheads lightning fit")
+    for labels in filter(None, (a.labels, a.test_labels)):  # one line, before Lightning says a word
+        read_manifest(labels, verify=False)
     out, ckpt = Path(a.out), Path(a.checkpoints)
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}

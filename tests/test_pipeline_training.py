@@ -180,6 +180,7 @@ def test_the_training_cli_names_a_bad_setting_in_one_line(tiny_labels, tmp_path,
 
 @pytest.mark.parametrize("flags,message", [
     (["--configs", "missing.yaml"], "config missing.yaml: no such file"),
+    ([], "manifest.json not found"),
     (["--max_epochs", "-5"], "--max_epochs must be 1 or more (or -1: until early stopping), got -5"),
     (["--devices", "-1"], "--devices must be auto, a number of devices (1 or more) or a list of device indices"),
     (["--devices", "0"], "got '0'"),
