@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from core.errors import UserError, parse_settings
+from core.arguments import parse_settings
+from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 
 

@@ -22,7 +22,8 @@ from collections import defaultdict
 import torch
 from jsonargparse import ArgumentParser
 
-from core.errors import UserError, parse_settings
+from core.arguments import parse_settings
+from core.errors import UserError
 from core.llama_cpp import BACKENDS
 from core.models import context_window, eos_token_ids
 from data_gen.__main__ import parser as label_parser

@@ -42,7 +42,8 @@ import tokenize
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from core.errors import UserError, parse_settings
+from core.arguments import parse_settings
+from core.errors import UserError
 from core.runfolder import contents, folder_lock, read_json, write_json
 
 DEFAULT_PACKAGES = [

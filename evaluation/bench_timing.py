@@ -311,9 +311,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill forward")
     p.add_argument("--cache", type=int, nargs="+", default=[256, 1024], help="KV-cache lengths of the decode step")
     p.add_argument("--verify", type=int, default=8, help="tokens of one verification forward")
-    p.add_argument("--verify_short", type=int, default=3,
-                   help="tokens of a shorter verification forward (separates a verification's fixed and per-token "
-                        "costs; 0 = skip)")
+    p.add_argument("--verify_short", type=int, default=None,
+                   help="tokens of a shorter verification forward, 2 to --verify - 1 (separates a verification's "
+                        "fixed and per-token costs; 0 = skip; default 3 where --verify is above 3, else skip)")
     p.add_argument("--verify_lengths", type=int, nargs="*", default=[],
                    help="also time a verification of each of these lengths (a cost table the latency model "
                         f"interpolates; the evaluation times the target at {' '.join(map(str, PAIR_VERIFY_LENGTHS))})")
@@ -340,8 +340,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, values in counts.items():
         if any(v < 1 for v in values):
             raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
-    if not 0 <= a.verify_short < a.verify:
-        raise SettingError(f"--verify_short must be 0 (skip) or more and less than --verify ({a.verify}), got "
+    if a.verify_short is None:
+        a.verify_short = 3 if a.verify > 3 else 0
+    elif a.verify_short != 0 and not 1 < a.verify_short < a.verify:
+        raise SettingError(f"--verify_short must be 0 (skip) or from 2 to --verify - 1 ({a.verify - 1}), got "
                            f"{a.verify_short}")
     if any(t < 1 for t in a.threads):
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")

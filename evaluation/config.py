@@ -12,7 +12,8 @@ import torch
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from core.cache import file_sha256
-from core.errors import UserError, parse_settings
+from core.arguments import parse_settings
+from core.errors import UserError
 from core.llama_cpp import BACKENDS
 from evaluation.llama_peer import FAMILIES as LLAMA_FAMILIES
 from evaluation.llama_peer import LlamaPeer

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.arguments import CommandParser
-from core.errors import SettingError, UserError, check_config_file
+from core.arguments import CommandParser, check_config_file
+from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from core.intervals import Interval
 from core.runfolder import own_folder, read_json, write_text

@@ -29,9 +29,9 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, check_config_file
 from core.cache import file_sha256
-from core.errors import SettingError, UserError, check_config_file
+from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
 from core.runfolder import folder_lock, own_folder, read_json, write_text
@@ -368,8 +368,6 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         read_timing(a.timing)  # a bad file is one line now, not after the first fit
     for config in a.configs:  # one line, where LightningCLI would print its usage
         check_config_file(Path(config), "specheads lightning fit")
-    for labels in filter(None, (a.labels, a.test_labels)):  # one line, before Lightning says a word
-        read_manifest(labels, verify=False)
     out, ckpt = Path(a.out), Path(a.checkpoints)
     flags = {"max_epochs": a.max_epochs, "accelerator": a.accelerator, "devices": a.devices,
              "num_nodes": a.num_nodes, "strategy": a.strategy}
@@ -392,6 +390,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             raise SettingError(f"{flag} {folder} is a file: give a folder")
     # two runs exporting into one heads folder would leave heads of one beside the other's metrics: one at a time
     with folder_lock(heads_dir or out, "a training run"):
+        for labels in filter(None, (a.labels, a.test_labels)):  # one line, before Lightning says a word
+            read_manifest(labels, verify=False)
         if heads_dir is not None:
             check_heads_folder(heads_dir, a.labels)
         own_folder(out, ".train-files", TRAIN_FILES, "training run", "--out", earlier_training_run)

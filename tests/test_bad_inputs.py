@@ -405,7 +405,7 @@ def test_labeling_overwrite_refuses_a_run_record_no_labeling_run_wrote(label_con
     (["eval", "--config", "configs/eval/llamacpp.yaml", "--goals.sprinter_pass_drop", "-0.5"],
      "goals.sprinter_pass_drop must be a share of 0 or more"),
     (["corpus", "--min_prompts", "-3", "--out", "unused"], "min_prompts must be at least 0, got -3"),
-    (["bench-timing", "--verify", "2", "--verify_short", "5"], "--verify_short must be 0 (skip) or more and less"),
+    (["bench-timing", "--verify", "2", "--verify_short", "5"], "--verify_short must be 0 (skip) or from 2 to --verify - 1 (1), got 5"),
 ])
 def test_nonsense_numbers_are_one_line_before_any_work(argv, words, capsys):
     from specheads.cli import main

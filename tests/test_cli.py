@@ -78,7 +78,7 @@ def test_out_is_the_output_of_the_commands_whose_settings_say_output_dir(tmp_pat
     assert cfg.output_dir == str(tmp_path / "e")
     from data_gen.__main__ import parser
 
-    from core.errors import parse_settings
+    from core.arguments import parse_settings
 
     assert parse_settings(parser(), ["--config", "configs/labels/corpus.yaml", f"--out={tmp_path}/l"]).output_dir == \
         f"{tmp_path}/l"
