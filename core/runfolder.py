@@ -190,16 +190,26 @@ class Ledger:
         return [p for p in named if p.relative_to(self.root).as_posix() not in claimed]
 
 
+def earlier_outputs(folder: Path, named: tuple[str, ...], record: str, is_record: Callable[[object], bool]) -> bool:
+    """Whether ``folder`` holds a command's outputs written before it kept a ledger: its JSON ``record`` (one of
+    ``named``) passes ``is_record``, and the folder holds nothing else but ``named`` files and folders."""
+    try:
+        found = read_json(folder / record, "")
+    except (OSError, UserError):
+        return False
+    return is_record(found) and all(p.is_dir() or p.name in named for p in folder.iterdir())
+
+
 def own_folder(folder: Path, ledger_name: str, named: tuple[str, ...], what: str, flag: str,
-               earlier: Callable[[Path], bool] = lambda folder: False) -> Ledger:
+               earlier: tuple[str, Callable[[object], bool]] | None = None) -> Ledger:
     """The ledger of ``folder``, a command's output folder, once it is known to be the command's: missing or empty,
-    or holding its ledger (``ledger_name``), or a folder ``earlier(folder)`` recognises as written by the command
-    before it kept one. Refused in one line naming ``flag``: any other non-empty folder, and files under ``named``
+    or holding its ledger (``ledger_name``), or holding the command's outputs from before it kept one (``earlier``:
+    the JSON file of ``named`` that tells, and what its contents must pass; ``earlier_outputs``). Refused in one line naming ``flag``: any other non-empty folder, and files under ``named``
     (the names the command writes) that the ledger does not list. ``named`` is claimed at once, so that an
     interrupted run's folder is known as the command's."""
     ledger = Ledger(folder, ledger_name)
     found = contents(folder)
-    if found and not ledger.exists() and not earlier(folder):
+    if found and not ledger.exists() and not (earlier and earlier_outputs(folder, named, *earlier)):
         raise SettingError(f"{flag} {folder} is not empty ({listing(found)}) and no {what} wrote it: choose another "
                            "folder")
     if ledger.exists():

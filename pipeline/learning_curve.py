@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from core.arguments import CommandParser, check_config_file
-from core.errors import SettingError, UserError
+from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval
-from core.runfolder import own_folder, read_json, write_text
+from core.runfolder import own_folder, write_text
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
@@ -340,17 +340,8 @@ def merge(folders: list[str], out: Path) -> tuple[list[Point], list[Cost], dict,
 
 CURVE_FILES = ("curve.txt", "curve.json", "curve.png")
 """What a learning curve writes into its ``--out`` folder, beside the training runs of each share."""
-
-
-def earlier_curve(folder: Path) -> bool:
-    """Whether ``folder`` holds a curve written before curves kept a ledger: its ``curve.json`` a curve's record,
-    and nothing else but its other files and training folders."""
-    try:
-        record = read_json(folder / "curve.json", "")
-    except (OSError, UserError):
-        return False
-    return (isinstance(record, dict) and "points" in record
-            and all(p.is_dir() or p.name in CURVE_FILES for p in folder.iterdir()))
+EARLIER_CURVE = ("curve.json", lambda found: isinstance(found, dict) and "points" in found)
+"""How a curve written before curves kept a ledger is told (``core.runfolder.own_folder``)."""
 
 
 def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict,
@@ -373,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     a = parse_args(argv)
     if a.merge:
         points, costs, inputs, ece = merge(a.merge, Path(a.out))
-        own_folder(Path(a.out), ".curve-files", CURVE_FILES, "learning curve", "--out", earlier_curve)
+        own_folder(Path(a.out), ".curve-files", CURVE_FILES, "learning curve", "--out", EARLIER_CURVE)
         write(Path(a.out), points, costs, inputs, ece, merged_from=a.merge)
         return points
     for config in a.configs:  # one line, where LightningCLI would print its usage
@@ -385,7 +376,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         tokens = round(sum(map(len, held_out)) / len(held_out))
         costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
     out = Path(a.out)
-    own_folder(out, ".curve-files", CURVE_FILES, "learning curve", "--out", earlier_curve)
+    own_folder(out, ".curve-files", CURVE_FILES, "learning curve", "--out", EARLIER_CURVE)
     extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
     points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
     write(out, points, costs, inputs, estimate_calibration(a.labels, held_out))

@@ -31,10 +31,10 @@ from torchmetrics import Metric
 
 from core.arguments import CommandParser, check_config_file
 from core.cache import file_sha256
-from core.errors import SettingError, UserError
+from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
-from core.runfolder import folder_lock, own_folder, read_json, write_text
+from core.runfolder import folder_lock, own_folder, write_text
 from core.shards import prompt_digests, read_manifest
 from decoding.costs import LatencyFit, read_timing
 from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
@@ -291,15 +291,9 @@ TRAIN_FILES = ("metrics.txt", "metrics.json", "roc.png")
 """What a training run writes into its ``--out`` folder, beside a folder of logs per config."""
 
 
-def earlier_training_run(folder: Path) -> bool:
-    """Whether ``folder`` holds a training run's outputs written before runs kept a ledger: its ``metrics.json`` a
-    list of heads' records, and nothing else but its other files and log folders."""
-    try:
-        metrics = read_json(folder / "metrics.json", "")
-    except (OSError, UserError):
-        return False
-    return (isinstance(metrics, list) and all(isinstance(m, dict) and "name" in m for m in metrics)
-            and all(p.is_dir() or p.name in TRAIN_FILES for p in folder.iterdir()))
+def _is_metrics(found) -> bool:
+    """A training run's ``metrics.json``: a list of heads' records."""
+    return isinstance(found, list) and all(isinstance(m, dict) and "name" in m for m in found)
 
 
 def check_heads_folder(heads_dir: Path, labels: str) -> None:
@@ -394,7 +388,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             read_manifest(labels, verify=False)
         if heads_dir is not None:
             check_heads_folder(heads_dir, a.labels)
-        own_folder(out, ".train-files", TRAIN_FILES, "training run", "--out", earlier_training_run)
+        own_folder(out, ".train-files", TRAIN_FILES, "training run", "--out", ("metrics.json", _is_metrics))
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
     if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
