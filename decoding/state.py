@@ -85,7 +85,9 @@ class ModelPair:
     """Warping (temperature 0 = greedy) applied to both models, so p and q are the sampled distributions."""
     decoder: str = "eager"
     """How the models run (``DECODERS``): ``eager`` over transformers' dynamic cache, ``static`` over a preallocated
-    cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph (``decoding.static``)."""
+    cache, ``graphs`` over that cache with each short forward replayed as a CUDA graph, ``compiled`` as ``graphs``
+    with every decoder layer compiled first (off a GPU: the static cache through the compiled layers, no graphs;
+    ``decoding.static``)."""
     untimed_prefill: bool = False
     """Each model a generation reads first reads the prompt but its last token before the generation's clock starts,
     uncounted (as llama.cpp's own tools time decoding: prefill excluded); the first call of each then reads the
@@ -118,13 +120,23 @@ class ModelPair:
         return model_device(self.target)
 
 
-DECODERS = ("eager", "static", "graphs")
+DECODERS = ("eager", "static", "graphs", "compiled")
 """``ModelPair.decoder``'s values."""
 
 
 def model_device(model) -> torch.device:
     """Where a model's forwards run: its parameters' device (a llama.cpp model runs on the CPU)."""
     return model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
+
+
+def decoder_runner(model, decoder: str, positions: int, layers: tuple[int, ...] = ()) -> StaticLM | None:
+    """The static-cache runner ``decoder`` runs ``model`` on, with room for ``positions`` (None: ``eager``, over
+    transformers' dynamic cache). ``compiled`` replays graphs where the model is on a CUDA GPU."""
+    if decoder == "eager":
+        return None
+    compiled = decoder == "compiled"
+    graphs = decoder == "graphs" or (compiled and model_device(model).type == "cuda")
+    return static_lm(model, positions, layers, graphs, compiled)
 
 
 def default_decoder(device: torch.device | str) -> str:
@@ -305,9 +317,8 @@ class Decoding:
         static = {}
         if pair.decoder != "eager":  # room for the prompt, the response and the draft's reading of its last token
             positions = self.n_prompt + self.max_new_tokens + 1
-            graphs = pair.decoder == "graphs"
-            static = {"draft": static_lm(pair.draft, positions, draft_layers, graphs),
-                      "target": static_lm(pair.target, positions, (), graphs)}
+            static = {"draft": decoder_runner(pair.draft, pair.decoder, positions, draft_layers),
+                      "target": decoder_runner(pair.target, pair.decoder, positions)}
         self.draft = CachedLM(pair.draft, pair.sampling, draft_layers, static.get("draft"))
         self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
         self.schedule = list(pair.forced) if pair.forced else None

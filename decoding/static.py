@@ -12,7 +12,11 @@ CUDA graph. Here:
   verification of every length up to max_k + 1) and replayed after one host-to-device copy of its tokens and
   positions; longer forwards (a prompt's prefill) run eagerly through the same cache;
 - rejected positions are dropped by moving where the next forward writes: nothing is copied or cleared, since a
-  position past the sequence is masked until a forward writes it again.
+  position past the sequence is masked until a forward writes it again;
+- with ``compiled``, each decoder layer runs through ``torch.compile`` (inductor) before capture, so a graph holds
+  fused kernels (norms, rotary, activations) instead of the eager forward's thousand a step. Compiled per layer, not
+  per model: the layers share one compiled code (the cache is indexed by the layer's number as a symbolic int), so a
+  model compiles about four times (one token and any length; layer 0 apart), not once per layer and length.
 
 Off the GPU the same static cache runs eagerly (``graphs=False``): that is what the CPU tests compare with the
 dynamic cache of ``decoding.state.CachedLM``.
@@ -27,19 +31,23 @@ import torch
 
 from core.adapter import HFCausalLM
 
+COMPILE_BACKEND = "inductor"
+"""``torch.compile``'s backend for ``compiled`` layers (the tests set ``aot_eager``: the same tracing, no code
+generation, seconds instead of minutes on the CPU)."""
+COMPILE_SETTINGS = {"allow_unspec_int_on_nn_module": True, "recompile_limit": 64}
+"""Dynamo settings while a compiled layer is traced: the layer's number (``self.layer_idx``) is a symbolic int, so
+every layer shares one compiled code; every model, length class and layer 0 add an entry to that code's cache."""
 MAX_GRAPH_TOKENS = 32
 """Forwards of at most this many tokens are captured (the longest verification of max_k = 20 is 21 tokens)."""
 CAPACITY_STEP = 256
 """Cache capacities are rounded up to a multiple of this, so that prompts of similar length share one cache."""
 
 
-def _cache_layer_class():
-    from transformers.cache_utils import StaticLayer
+def _cache_classes():
+    from transformers.cache_utils import Cache, StaticLayer
 
     class PositionedLayer(StaticLayer):
-        """A static cache layer that writes a forward's keys and values at the positions its owner set for that
-        forward (``StaticLM.write_at``), not at a running count: the decoder moves backwards over rejected
-        candidates, and a captured graph must read where to write from a buffer it was captured with."""
+        """A static cache layer over one layer's slice of the stacked keys and values (``StackedCache``)."""
 
         def __init__(self, owner: "StaticLM", keys: torch.Tensor, values: torch.Tensor):
             super().__init__(max_cache_len=keys.shape[2])
@@ -48,16 +56,29 @@ def _cache_layer_class():
             self.device = keys.device
             self.is_initialized = True
 
-        def update(self, key_states, value_states, *args, **kwargs):
-            at = self.owner.write_at
-            self.keys.index_copy_(2, at, key_states.to(self.keys.dtype))
-            self.values.index_copy_(2, at, value_states.to(self.values.dtype))
-            return self.keys, self.values
-
         def get_seq_length(self) -> int:
             return self.owner.length
 
-    return PositionedLayer
+    class StackedCache(Cache):
+        """Every layer's keys and values in one tensor each, (layers, 1, kv heads, positions, head dim). A forward
+        writes its keys and values at the positions its owner set for that forward (``StaticLM.write_at``), not at a
+        running count: the decoder moves backwards over rejected candidates, and a captured graph must read where to
+        write from a buffer it was captured with. The layer is picked by indexing the stacked tensors, so a compiled
+        layer's code is the same for every layer."""
+
+        def __init__(self, owner: "StaticLM", keys: torch.Tensor, values: torch.Tensor):
+            super().__init__(layers=[PositionedLayer(owner, k, v) for k, v in zip(keys, values)])
+            self.owner = weakref.proxy(owner)
+            self.stacked_keys, self.stacked_values = keys, values
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            at = self.owner.write_at
+            keys, values = self.stacked_keys[layer_idx], self.stacked_values[layer_idx]
+            keys.index_copy_(2, at, key_states.to(keys.dtype))
+            values.index_copy_(2, at, value_states.to(values.dtype))
+            return keys, values
+
+    return StackedCache
 
 
 class StaticLM:
@@ -66,9 +87,7 @@ class StaticLM:
     forwards of at most ``max_graph_tokens`` tokens are captured once per length and replayed."""
 
     def __init__(self, model, capacity: int, layers: tuple[int, ...] = (), graphs: bool = False,
-                 max_graph_tokens: int = MAX_GRAPH_TOKENS):
-        from transformers.cache_utils import Cache
-
+                 max_graph_tokens: int = MAX_GRAPH_TOKENS, compiled: bool = False):
         self.lm = HFCausalLM(model)
         self.layers = tuple(layers)
         self.device = next(model.parameters()).device
@@ -83,11 +102,15 @@ class StaticLM:
         dtype = next(model.parameters()).dtype
         # the positions past ``capacity`` are scratch: a capture's warm-up forwards write there, never over a sequence
         total = self.capacity + self.max_graph_tokens
-        layer = _cache_layer_class()
-        shape = (1, kv_heads, total, head_dim)
-        self.cache = Cache(layers=[layer(self, torch.zeros(shape, dtype=dtype, device=self.device),
-                                         torch.zeros(shape, dtype=dtype, device=self.device))
-                                   for _ in range(config.num_hidden_layers)])
+        shape = (config.num_hidden_layers, 1, kv_heads, total, head_dim)
+        self.cache = _cache_classes()(self, torch.zeros(shape, dtype=dtype, device=self.device),
+                                      torch.zeros(shape, dtype=dtype, device=self.device))
+        self.compiled = None
+        """Each decoder layer's call under ``torch.compile`` (``compiled``), swapped in while this runner's forward
+        runs: the model itself stays as it was for any other decoder."""
+        if compiled:
+            self.compiled = [(layer, torch.compile(layer._call_impl, backend=COMPILE_BACKEND, fullgraph=True))
+                             for layer in self.lm.base.layers]
         self.key_positions = torch.arange(total, device=self.device)
         self.mask_dtype = dtype
         self.write_at = self.key_positions[:0]
@@ -103,6 +126,18 @@ class StaticLM:
         """The forward itself: ``ids`` (1, n) at ``positions`` (n,); each token attends to every position up to its
         own, so whatever a rejected candidate left further on is never read."""
         self.write_at = positions
+        if self.compiled is not None:
+            with torch._dynamo.config.patch(**COMPILE_SETTINGS):
+                try:
+                    for layer, call in self.compiled:
+                        layer._compiled_call_impl = call
+                    return self._forward(ids, positions)
+                finally:
+                    for layer, _ in self.compiled:
+                        layer._compiled_call_impl = None
+        return self._forward(ids, positions)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         allowed = self.key_positions[None, :] <= positions[:, None]
         mask = torch.zeros(allowed.shape, dtype=self.mask_dtype, device=self.device)
         mask = mask.masked_fill(~allowed, torch.finfo(self.mask_dtype).min)[None, None]
@@ -162,19 +197,21 @@ RUNNERS = "_static_lm_runners"
 """The attribute a model keeps its ``StaticLM``s under (by taps and graph setting): they live and go with it."""
 
 
-def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False) -> StaticLM:
-    """The ``StaticLM`` of ``model`` (one per model, taps and graph setting, kept while the model lives, so that its
-    graphs are captured once for every generation) with room for at least ``positions`` positions; a larger request
-    replaces it by one with the capacity rounded up to ``CAPACITY_STEP``. A new one with graphs captures every
-    length up to ``MAX_GRAPH_TOKENS`` at once (a few seconds), so that no capture lands inside a timed generation."""
+def static_lm(model, positions: int, layers: tuple[int, ...] = (), graphs: bool = False,
+              compiled: bool = False) -> StaticLM:
+    """The ``StaticLM`` of ``model`` (one per model, taps, graph and compile setting, kept while the model lives, so
+    that its graphs are captured once for every generation) with room for at least ``positions`` positions; a larger
+    request replaces it by one with the capacity rounded up to ``CAPACITY_STEP``. A new one with graphs captures every
+    length up to ``MAX_GRAPH_TOKENS`` at once (a few seconds; with ``compiled``, the compiles too), so that no capture
+    lands inside a timed generation."""
     runners = model.__dict__.setdefault(RUNNERS, {})  # not a submodule: past nn.Module's __setattr__
-    key = (tuple(layers), bool(graphs))
+    key = (tuple(layers), bool(graphs), bool(compiled))
     runner = runners.get(key)
     if runner is None or runner.capacity < positions:
         if runner is not None:
             runner.release()  # its cache and graphs are freed before the larger ones are made
         runners.pop(key, None)
         capacity = CAPACITY_STEP * math.ceil(positions / CAPACITY_STEP)
-        runners[key] = StaticLM(model, capacity, layers, graphs)
+        runners[key] = StaticLM(model, capacity, layers, graphs, compiled=compiled)
         runners[key].capture(range(1, MAX_GRAPH_TOKENS + 1))
     return runners[key]

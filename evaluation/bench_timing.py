@@ -188,14 +188,13 @@ def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: in
     """Median seconds of the decoder's own forward (``decoding.state.CachedLM.advance``: the model under
     ``decoder``, with the logits and warp of every row, as a verification reads them) of m new tokens after
     ``prefix`` cached ones, for each m of ``lengths``, timed in turns (other tokens each time: a real forward)."""
-    from decoding.state import CachedLM, model_device
-    from decoding.static import static_lm
+    from decoding.state import CachedLM, decoder_runner, model_device
 
     device = model_device(model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prefix,), generator=g).tolist()
-    static = None if decoder == "eager" else static_lm(model, prefix + max(lengths) + 1, graphs=decoder == "graphs")
+    static = decoder_runner(model, decoder, prefix + max(lengths) + 1)
     lm = CachedLM(model, Sampling(temperature=1.0), static=static)
     lm.advance(ids)
     times: dict[int, list[float]] = {m: [] for m in lengths}

@@ -22,6 +22,7 @@ from core.prompts import PromptConfig
 from core.sampling import Sampling
 from decoding.costs import LatencyFit
 from decoding.policies import POLICIES, head_family
+from decoding.state import DECODERS
 from evaluation.latency import latency_fits
 from evaluation.rundir import RunDir
 
@@ -265,7 +266,8 @@ class EvalConfig:
     llama.cpp's own tools time decoding: tokens per second of generation alone, alike for ours and its runs."""
     decoder: str = "auto"
     """How our decoder runs the models (``decoding.state.DECODERS``): ``eager`` (transformers' dynamic cache),
-    ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only), or
+    ``static`` (a preallocated cache), ``graphs`` (that cache with each short forward a CUDA graph: CUDA only),
+    ``compiled`` (graphs over decoder layers compiled first; off a GPU the compiled layers without graphs), or
     ``auto``: graphs on CUDA, eager on the CPU."""
     warmup: bool = True
     """One untimed short generation per mode before the timed runs."""
@@ -312,8 +314,8 @@ class EvalConfig:
         if self.llama_peer.enabled and not self.untimed_prefill:
             raise EvalError("llama_peer times decoding without the prompt's prefill, as llama.cpp's tools do: set "
                             "untimed_prefill: true so our runs are timed alike")
-        if self.decoder not in ("auto", "eager", "static", "graphs"):
-            raise EvalError(f"decoder must be auto, eager, static or graphs, got {self.decoder!r}")
+        if self.decoder not in ("auto", *DECODERS):
+            raise EvalError(f"decoder must be auto, {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
         ours = {str(s.fixed["timing"]) for s in self.policies if s.family == "goodput" and s.fixed.get("timing")}

@@ -1,19 +1,21 @@
 """The decoder's graph path checked on one GPU, in one go (``scripts/gpu_check.sh`` runs it on a lent machine):
 
-(a) the tiny pair, eager against CUDA graphs: every policy, greedy and sampling on the same seeds, token for token;
+(a) the tiny pair, eager against CUDA graphs (over the eager layers, ``graphs``, and over compiled ones,
+    ``compiled``): every policy, greedy and sampling on the same seeds, token for token;
 (b) the decoder's forward (the model, its logits and their warp, as ``CachedLM.advance`` runs it) of the pair's draft
     and target shapes and of a 7B target shape, at every verification length 1 … 21 after 256 cached tokens, eager and
-    under graphs, and the bare compiled step of ``scripts.bench_compiled_step`` for the pair's target;
+    under both graph decoders, and the bare compiled step of ``scripts.bench_compiled_step`` for the pair's target;
 (c) trace-forced decoding (``ModelPair.forced``) of a schedule's policies (``python -m evaluation.schedule``) with
-    random weights of the pair's shapes, under graphs: wall time per token against what (b)'s graph costs charge for
-    the same rounds;
+    random weights of the pair's shapes, under each graph decoder: wall time per token against what (b)'s costs of
+    that decoder charge for the same rounds, and how much of the wall the forwards themselves take;
 (d) the same with the 7B target shape and the pair's draft.
 
     python -m scripts.gpu_check --schedule runs/gpu/schedule.json --out runs/gpu-check
 
-Writes ``results.json`` (every figure), ``report.md`` (the tables), ``timing-graphs-<target>.json`` (the graph
-costs in ``bench_timing``'s layout, for ``make simulate ARGS="--timing …"``) and ``profile.txt`` (torch.profiler
-over one forced generation) into ``--out``.
+Writes ``results.json`` (every figure, rewritten after each part, so a run cut short keeps what it measured),
+``report.md`` (the tables), ``timing-<decoder>-<target>.json`` (each graph decoder's costs in ``bench_timing``'s
+layout, for ``make simulate ARGS="--timing …"``) and ``profile.txt`` (torch.profiler over one forced generation)
+into ``--out``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from core.runfolder import write_text
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule
-from decoding.state import HEAD_FEATURES, ModelPair
-from decoding.static import RUNNERS, static_lm
+from decoding.state import HEAD_FEATURES, CachedLM, ModelPair, decoder_runner
+from decoding.static import RUNNERS
 from evaluation.bench_timing import build, decoder_forward_times, model_config
 from heads.exported import ExportedHead
 
@@ -48,12 +50,15 @@ the 151,936 tokens it shares with the 0.5B draft; the shape here has the shared 
 pair must have one vocabulary (``core.models.check_vocabularies``)."""
 PREFIX = 256
 LENGTHS = tuple(range(1, 22))
-OUTPUTS = ("results.json", "report.md", "timing-graphs-qwen2.5-1.5b.json", "timing-graphs-qwen2.5-coder-7b.json",
-           "profile.txt")
+DECODERS = ("graphs", "compiled")
+"""The graph decoders timed: CUDA graphs over the eager layers, and over layers compiled first."""
+OUTPUTS = ("results.json", "report.md", "profile.txt",
+           *(f"timing-{d}-{name}.json" for d in DECODERS for name in ("qwen2.5-1.5b", "qwen2.5-coder-7b")))
 
 
 def sync() -> None:
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():  # the forced runs' parts also run on the CPU (tests/test_static_decoder.py)
+        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -86,7 +91,7 @@ def tiny_exactness(device: torch.device) -> dict:
         family = name.split()[0]
         for temperature in (0.0, 1.0):
             runs = {}
-            for decoder in ("eager", "static", "graphs"):
+            for decoder in ("eager", "static", *DECODERS):
                 pair = ModelPair(*models, eos_token_ids=[], decoder=decoder,
                                  sampling=Sampling(temperature=temperature, max_new_tokens=24))
                 policy = build_policy(family, **kwargs)
@@ -94,7 +99,7 @@ def tiny_exactness(device: torch.device) -> dict:
                                  for prompt in ([1, 10, 11, 12], [1, 30, 5]) for seed in range(4)]
             mode = "greedy" if temperature == 0 else "sampling"
             out[f"{name} {mode}"] = {other: sum(a == b for a, b in zip(runs["eager"], runs[other]))
-                                     for other in ("static", "graphs")} | {"of": len(runs["eager"])}
+                                     for other in ("static", *DECODERS)} | {"of": len(runs["eager"])}
     return out
 
 
@@ -103,8 +108,8 @@ def tiny_exactness(device: torch.device) -> dict:
 
 
 def runner(model, decoder: str, positions: int):
-    """The model's ``StaticLM`` for ``decoder`` (static or graphs), as ``Decoding`` asks for it."""
-    return static_lm(model, positions, graphs=decoder == "graphs")
+    """The model's ``StaticLM`` for ``decoder``, as ``Decoding`` asks for it."""
+    return decoder_runner(model, decoder, positions)
 
 
 def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
@@ -122,7 +127,7 @@ def compiled_step(model, repeats: int) -> float:
     return time_forwards(model, PREFIX, (1,), repeats, compiled=True)[1]
 
 
-def timing_layout(device: str, draft: dict[int, float], target: dict[int, float], prefill: dict[str, float]) -> dict:
+def timing_layout(device: str, decoder: str, draft: dict[int, float], target: dict[int, float], prefill: dict[str, float]) -> dict:
     """Graph costs in ``evaluation.bench_timing``'s JSON layout (``decoding.costs.read_timing`` reads it)."""
 
     def entry(name: str, times: dict[int, float]) -> dict:
@@ -136,7 +141,7 @@ def timing_layout(device: str, draft: dict[int, float], target: dict[int, float]
             out["verify"] = {"tokens": 1, "cache": PREFIX, "median_s": times[1]}
         return out
 
-    return {"device": device, "device_type": "cuda", "decoder": "graphs", "prefill": PREFIX,
+    return {"device": device, "device_type": "cuda", "decoder": decoder, "prefill": PREFIX,
             "models": [entry("draft", draft), entry("target", target)]}
 
 
@@ -170,10 +175,49 @@ def schedule_policy(entry: dict, c: float):
     return build_policy(entry["family"], **params)
 
 
+class TimedForwards:
+    """While active, every ``CachedLM.advance`` of a generation (after its prompt is read, when its clock starts) is
+    timed to its end on the device: how much of a forced run's wall the forwards take, against the rest (draws,
+    acceptance tests, stop rules, the host's own work). The decoder synchronizes right after each forward anyway (its
+    sampled token, its acceptance chances), so the wall it adds is small; it runs as its own pass all the same."""
+
+    def __init__(self):
+        self.seconds, self.calls, self.counting = 0.0, 0, False
+
+    def __enter__(self):
+        from decoding.state import Decoding
+
+        self.advance, self.init = CachedLM.advance, Decoding.__init__
+        timer = self
+
+        def advance(lm, *args, **kwargs):
+            t = time.perf_counter()
+            out = timer.advance(lm, *args, **kwargs)
+            if timer.counting:
+                sync()
+                timer.seconds += time.perf_counter() - t
+                timer.calls += 1
+            return out
+
+        def init(decoding, *args, **kwargs):
+            timer.counting = False  # the prompt's reading is before the generation's clock
+            timer.init(decoding, *args, **kwargs)
+            timer.counting = True
+
+        CachedLM.advance, Decoding.__init__ = advance, init
+        return self
+
+    def __exit__(self, *exc):
+        from decoding.state import Decoding
+
+        CachedLM.advance, Decoding.__init__ = self.advance, self.init
+
+
 def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tokens: int,
-                    decoder: str = "graphs") -> dict:
-    """Every policy of the schedule decoded (under graphs) with its rounds forced, trace by trace: wall seconds and
-    tokens, and the seconds ``costs`` charges for the same rounds."""
+                    decoder: str = "graphs", split: bool = False) -> dict:
+    """Every policy of the schedule decoded (under ``decoder``) with its rounds forced, trace by trace: wall seconds
+    and tokens, and the seconds ``costs`` charges for the same rounds. ``split``: a second pass under
+    ``TimedForwards`` adds the seconds spent in forwards and outside them."""
     vocab = min(draft.config.vocab_size, target.config.vocab_size)
     g = torch.Generator().manual_seed(1)
     lengths = [t["length"] for t in schedule["traces"]]
@@ -196,6 +240,16 @@ def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tok
             if len(result.tokens) != lengths[i]:
                 raise RuntimeError(f"{entry['name']} made {len(result.tokens)} tokens on trace {i}, not {lengths[i]}")
             runs.append(result.stats.wall_s)
+        split_row = {}
+        if split:
+            with TimedForwards() as timer:
+                walls = [policy.generate(ModelPair(draft, target, eos_token_ids=[], decoder=decoder,
+                                                   forced=[tuple(r) for r in rounds],
+                                                   sampling=Sampling(temperature=1.0, max_new_tokens=n)),
+                                         prompt, torch.Generator().manual_seed(i)).stats.wall_s
+                         for i, (rounds, prompt, n) in enumerate(zip(forced, prompts, lengths))]
+            split_row = {"split_wall_s": sum(walls), "forward_s": timer.seconds, "forwards": timer.calls,
+                         "outside_forwards_s": sum(walls) - timer.seconds}
         priced = [predicted_seconds([tuple(r) for r in rounds] if rounds else [(0, 0)] * n, costs)
                   for rounds, n in zip(forced, lengths)]
         n_tokens = sum(lengths)
@@ -204,7 +258,7 @@ def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tok
                               "ms_per_token": 1e3 * sum(runs) / n_tokens,
                               "schedule_speedup_at_c": entry.get("predicted_speedup"),
                               "rounds": sum(len(r) for r in forced) or n_tokens,
-                              "candidates": sum(n for r in forced for n, _ in r)}
+                              "candidates": sum(n for r in forced for n, _ in r)} | split_row
     base = out["target_only"]
     for row in out.values():
         row["speedup"] = base["wall_s"] / row["wall_s"]
@@ -237,8 +291,9 @@ def report(results: dict) -> str:
     lines = [f"# GPU check: {results['device']}", "", f"torch {results['torch']}, transformers "
              f"{results['transformers']}; {results['seconds']:.0f} s in all.", "",
              "## (a) The tiny pair: generations identical to the eager decoder's", "",
-             "| policy | static cache | graphs | of |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['static']} | {v['graphs']} | {v['of']} |" for k, v in results["tiny"].items()]
+             "| policy | static cache | " + " | ".join(DECODERS) + " | of |", "|---|---|" + "---|" * len(DECODERS) + "---|"]
+    lines += [f"| {k} | {v['static']} | " + " | ".join(str(v.get(d, "")) for d in DECODERS) + f" | {v['of']} |"
+              for k, v in results.get("tiny", {}).items()]
     for name, shapes in results["pairs"].items():
         f = shapes["forwards"]
         columns = [(model, decoder) for model in ("draft", "target") for decoder in f[model]]
@@ -265,7 +320,22 @@ def report(results: dict) -> str:
                 lines.append(f"| {pol} | {r['ms_per_token']:.2f} | {1e3 * r['predicted_s'] / r['tokens']:.2f} | "
                              f"{r['wall_over_predicted']:.3f} | {r['speedup']:.3f} | {r['predicted_speedup']:.3f} | "
                              f"{'' if at_c is None else f'{at_c:.3f}'} |")
+            split = {pol: r for pol, r in forced.items() if "forward_s" in r}
+            if split:
+                lines += ["", f"Where the wall goes ({decoder}, a second pass timing each forward to its end):", "",
+                          "| policy | forwards / predicted | outside the forwards, ms a round | forwards a round |",
+                          "|---|---|---|---|"]
+                lines += [f"| {pol} | {r['forward_s'] / r['predicted_s']:.3f} | "
+                          f"{1e3 * r['outside_forwards_s'] / r['rounds']:.3f} | {r['forwards'] / r['rounds']:.2f} |"
+                          for pol, r in split.items()]
     return "\n".join(lines) + "\n"
+
+
+def save(out: Path, results: dict, started: float) -> None:
+    """Write what is measured so far (a run cut short by its machine's time limit keeps it)."""
+    results["seconds"] = time.perf_counter() - started
+    write_text(out / "results.json", json.dumps(results, indent=1))
+    write_text(out / "report.md", report(results))
 
 
 def check_out(out: Path) -> None:
@@ -287,6 +357,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt_tokens", type=int, default=160, help="prompt length of the forced runs")
     p.add_argument("--skip_7b", action="store_true", help="leave out the 7B target shape")
     p.add_argument("--skip_compile", action="store_true", help="leave out the bare compiled step (about 30 s)")
+    p.add_argument("--skip_tiny", action="store_true", help="leave out (a), the tiny pair's exactness")
+    p.add_argument("--decoders", nargs="+", choices=DECODERS, default=list(DECODERS), help="the graph decoders timed")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SettingError("this checks CUDA graphs: it needs a CUDA GPU")
@@ -303,18 +375,30 @@ def main(argv: list[str] | None = None) -> dict:
                "transformers": transformers.__version__, "schedule": a.schedule, "c": schedule["c"],
                "prompt_tokens": a.prompt_tokens, "pairs": {}}
     with folder_lock(out, "a GPU check"):
-        print("(a) the tiny pair, eager against graphs", flush=True)
-        results["tiny"] = tiny_exactness(device)
-        print(json.dumps(results["tiny"]), flush=True)
+        bare_step = None
+        if not a.skip_compile:  # first: after the decoder's own compiles it read 38 ms a step, not 3.1 (unexplained)
+            print("(b) the bare compiled step", flush=True)
+            target = build(model_config("qwen2.5-1.5b"), device, "bfloat16")
+            bare_step = compiled_step(target, a.repeats)
+            del target
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        if not a.skip_tiny:
+            print("(a) the tiny pair, eager against graphs", flush=True)
+            results["tiny"] = tiny_exactness(device)
+            print(json.dumps(results["tiny"]), flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        save(out, results, started)
         draft = build(model_config("qwen2.5-0.5b"), device, "bfloat16")
         targets = {"qwen2.5-1.5b": model_config("qwen2.5-1.5b")}
         if not a.skip_7b:
             from transformers import Qwen2Config
 
             targets["qwen2.5-coder-7b"] = Qwen2Config(**SHAPES["qwen2.5-coder-7b"], max_position_embeddings=32768)
+        decoders = tuple(a.decoders)
         draft_times: dict[str, dict[int, float]] = {}
         for name, config in targets.items():
-            decoders = ["graphs"]
+            pair_shapes = name == "qwen2.5-1.5b"
             print(f"(b) forward times, {name}: eager, {', '.join(decoders)}", flush=True)
             target = build(config, device, "bfloat16")
             for decoder in ("eager", *decoders):
@@ -324,32 +408,34 @@ def main(argv: list[str] | None = None) -> dict:
             shapes = {"forwards": {"draft": {k: {str(m): s for m, s in v.items()} for k, v in draft_times.items()},
                                    "target": {k: {str(m): s for m, s in v.items()} for k, v in target_times.items()}},
                       "forced": {}}
+            results["pairs"][name] = shapes
+            prefill = {"draft": prefill_time(draft), "target": prefill_time(target)}
             for decoder in decoders:
+                layout = timing_layout(results["device"], decoder, draft_times[decoder], target_times[decoder], prefill)
+                write_text(out / f"timing-{decoder}-{name}.json", json.dumps(layout, indent=1))
+            if pair_shapes and bare_step is not None:
+                shapes["compiled_step_s"] = bare_step
+            save(out, results, started)
+            # the 7B shape's graphs over eager layers were timed on a forced schedule before: its compiled decoder here
+            for decoder in decoders if pair_shapes else ("compiled",):
                 print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
                 costs = RoundCosts(draft=draft_times[decoder][1],
                                    verify=lambda m, t=target_times[decoder]: t[min(m, max(t))], name=decoder)
-                shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder)
+                shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder,
+                                                            split=pair_shapes and decoder == "compiled")
                 print(json.dumps(shapes["forced"][decoder]), flush=True)
-            if name == "qwen2.5-1.5b":
+                save(out, results, started)
+            if pair_shapes:
                 drafting = [e for e in schedule["policies"] if e["family"] != "target_only"]
                 if drafting:
                     write_text(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
-                                                                     a.prompt_tokens, "graphs"))
-                if not a.skip_compile:
-                    shapes["compiled_step_s"] = compiled_step(target, a.repeats)
-            prefill = {"draft": prefill_time(draft), "target": prefill_time(target)}
-            results["pairs"][name] = shapes
-            out.mkdir(parents=True, exist_ok=True)
-            layout = timing_layout(results["device"], draft_times["graphs"], target_times["graphs"], prefill)
-            write_text(out / f"timing-graphs-{name}.json", json.dumps(layout, indent=1))
+                                                                     a.prompt_tokens, "compiled"))
             for runner in target.__dict__.pop(RUNNERS, {}).values():
                 runner.release()
             del target
             gc.collect()  # the model and its runners refer to each other: freed by the collector, then returned
             torch.cuda.empty_cache()
-        results["seconds"] = time.perf_counter() - started
-        write_text(out / "results.json", json.dumps(results, indent=1))
-        write_text(out / "report.md", report(results))
+        save(out, results, started)
     print(report(results))
     print(f"wrote {out}/results.json, report.md and the graph timings ({results['seconds']:.0f} s)")
     return results

@@ -5,7 +5,10 @@ dynamic cache on the tiny pair, trace-forced decoding, and schedules. Graph capt
 - every policy, greedy and sampling on the same seeds, gives the same tokens on both caches; where floating-point
   order could flip a near tie the count of differing generations is bounded (it is 0 here, in float32), and a static
   cache whose mask lets stale positions through is caught;
-- a forced generation drafts and keeps exactly its rounds, on both caches;
+- compiled layers (traced as inductor would, without its code generation) give the static path's tokens, share one
+  compiled code across layers, and leave the model uncompiled for other decoders;
+- a forced generation drafts and keeps exactly its rounds, on both caches, and the GPU check's forced part splits
+  its wall into forwards and the rest;
 - a schedule's rounds tile each trace, a damaged schedule is refused in one line, and ``python -m
   evaluation.schedule`` writes one from a label folder.
 """
@@ -83,7 +86,11 @@ def test_a_static_cache_that_reads_stale_positions_is_caught(models, heads, monk
     monkeypatch.setattr(StaticLM, "_run", unmasked)
     for model in models:  # runners made before the patch would not use it
         model.__dict__.pop(decoding.static.RUNNERS, None)
-    differ = differing(models, heads, 1.0)
+    try:
+        differ = differing(models, heads, 1.0)
+    finally:
+        for model in models:  # nor may the broken runners outlive this test
+            model.__dict__.pop(decoding.static.RUNNERS, None)
     assert differ["sd"] > 0 and differ["target_only"] > 0
 
 
@@ -102,6 +109,44 @@ def test_graphs_are_refused_off_a_gpu(models):
         ModelPair(*models, eos_token_ids=[], decoder="graphs")
     with pytest.raises(ValueError, match="not one of"):
         ModelPair(*models, eos_token_ids=[], decoder="fast")
+
+
+COMPILED_POLICIES = ["target_only", "sd", "confidence", "specdecpp", "goodput"]
+
+
+@pytest.fixture
+def traced_only(monkeypatch):
+    """Compiled layers through dynamo's tracing and AOT autograd without inductor's code generation: the same graph
+    and guards (so the same recompiles) in seconds on the CPU; inductor itself runs in the GPU check."""
+    monkeypatch.setattr(decoding.static, "COMPILE_BACKEND", "aot_eager")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compiled_layers_give_the_same_tokens(models, heads, temperature, traced_only):
+    for name in COMPILED_POLICIES:
+        static, compiled = (decode(models, heads, name, decoder, temperature) for decoder in ("static", "compiled"))
+        assert [r.tokens for r in static] == [r.tokens for r in compiled], name
+    for model in models:  # only the runner's forwards run compiled: the model itself is as it was
+        assert all(layer._compiled_call_impl is None for layer in model.model.layers)
+
+
+def test_layers_share_one_compiled_code(traced_only, tmp_path):
+    """Each layer indexes the stacked cache by its number as a symbolic int: a deeper model compiles no more often
+    (one entry per length class, layer 0 apart), and a compile per layer would be caught."""
+    from transformers import AutoModelForCausalLM
+
+    from testing.tiny import make_pair
+
+    def compiles(layers: int) -> int:
+        torch._dynamo.reset()
+        model = AutoModelForCausalLM.from_pretrained(make_pair(tmp_path / str(layers), layers=layers)[1]).eval()
+        runner = StaticLM(model, 64, compiled=True)
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for n in (1, 2, 3, 1, 5):
+            runner.forward(list(range(n)), 10)
+        return torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+
+    assert compiles(6) == compiles(2) <= 4
 
 
 def test_acceptance_read_at_once_equals_one_test_per_candidate():
@@ -231,3 +276,27 @@ def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
     assert set(map(int, target["verify_by_tokens"])) == set(PAIR_VERIFY_LENGTHS)
     assert all(t["median_s"] > 0 for t in target["verify_by_tokens"].values())
     assert timing_fit(timed).verify_s is not None
+
+
+def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):
+    """``scripts.gpu_check``'s trace-forced part on the CPU (no graphs to capture): every policy makes its trace's
+    tokens, the second pass times each forward (one a round for target-only, a draft forward per candidate plus the
+    verification for SD), and the report shows the split."""
+    from scripts.gpu_check import forced_decoding, report
+
+    schedule = {"c": 0.5, "traces": [{"length": 6}, {"length": 4}],
+                "policies": [{"name": "target_only", "family": "target_only", "params": {}, "rounds": []},
+                             {"name": "sd k=2", "family": "sd", "params": {"k": 2},
+                              "rounds": [[[2, 2], [2, 0], [1, 1]], [[2, 1], [1, 0], [0, 0]]]}]}
+    costs = RoundCosts(draft=0.001, verify=lambda m: 0.002)
+    out = forced_decoding(*models, schedule, costs, prompt_tokens=5, decoder="compiled", split=True)
+    assert out["target_only"]["forwards"] == 10 and out["target_only"]["rounds"] == 10
+    # SD: a draft forward per candidate (8) and a target call per round (6)
+    assert out["sd k=2"]["forwards"] == 8 + 6 and out["sd k=2"]["rounds"] == 6
+    for row in out.values():
+        assert 0 < row["forward_s"] < row["split_wall_s"]
+    text = report({"device": "cpu", "torch": "", "transformers": "", "seconds": 1.0,
+                   "pairs": {"tiny": {"forwards": {"draft": {"compiled": {"1": 1e-3}},
+                                                   "target": {"compiled": {"1": 2e-3}}},
+                                      "forced": {"compiled": out}}}})
+    assert "Where the wall goes (compiled" in text and "| sd k=2 |" in text
