@@ -19,6 +19,12 @@ verification 1.27 s, a fifth too much, and a rule whose rounds often stop after 
 is. When the timing holds a verification of several lengths (``verify_by_tokens``), the fit keeps that table, and a
 prediction that knows how many verifications had each length (the trace simulator's) charges each its own cost,
 interpolated between the lengths timed: Σ_m calls(m)·T(m) + draft step·N_draft.
+
+A draft forward does not always read one token: after a fully accepted round it reads the last candidate and the
+bonus token (``decoding.replay.Counts.catch_up``). On a GPU that costs a step; on a CPU it costs nearly two (llama.cpp
+at one thread: 27.6 ms more on a 36 ms step, 14 % of SD's wall at K = 1, which the simulator did not see). A timing
+file with the draft's ``catch_up`` (a forward of two new tokens with one row out, as the decoder reads them) charges
+each token beyond one its share (``LatencyFit.draft_catch_up``).
 """
 
 from __future__ import annotations
@@ -64,19 +70,25 @@ class LatencyFit:
     draft_step: float | None = None
     """Seconds of one draft forward alone (``t_draft`` also carries the verification's per-token slope); with
     ``verify_s``."""
+    draft_catch_up: float = 0.0
+    """Seconds a draft forward adds for each token it reads beyond one (``decoding.replay.Counts.catch_up``): the
+    timed forward of two new tokens with one row out, less the step; 0 where the timing file has none."""
 
-    def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None):
+    def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None,
+                catch_up=0.0):
         """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted). ``calls[m]``: the
         target calls of a run that drafted, by the tokens each verified (they sum to ``n_target``); with
-        ``verify_s`` each call is charged the forward of its own length."""
+        ``verify_s`` each call is charged the forward of its own length. ``catch_up``: tokens the draft read beyond
+        one per forward, each charged ``draft_catch_up``."""
+        extra = self.draft_catch_up * np.asarray(catch_up, float)
         if calls is not None and self.verify_s is not None and np.asarray(n_draft) > 0:
             verify = sum(float(n) * self.verify_time(m) for m, n in enumerate(calls) if n)
-            return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept) * runs
+            return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept) * runs + extra
         n_draft, runs = np.asarray(n_draft), np.asarray(runs)
         drafted = n_draft > 0
         t_target = np.where(drafted, self.t_target, self.t_target if self.t_target_step is None else self.t_target_step)
         return self.t_draft * n_draft + t_target * np.asarray(n_target) + self.intercept * runs \
-            + self.draft_intercept * runs * drafted
+            + self.draft_intercept * runs * drafted + extra
 
     def verify_time(self, tokens: int) -> float:
         """``verify_s`` at ``tokens``: interpolated between the lengths timed, the one-token step at one, and
@@ -93,8 +105,10 @@ class LatencyFit:
         (what the oracle is computed for): with ``verify_s``, the draft step and each length's own forward; else
         ``t_draft`` and ``t_target`` whatever the length."""
         if self.verify_s is not None:
-            return RoundCosts(draft=self.draft_step, verify=self.verify_time, name="by length")
-        return RoundCosts(draft=self.t_draft, verify=lambda m: self.t_target, name="per call")
+            return RoundCosts(draft=self.draft_step, verify=self.verify_time, name="by length",
+                              catch_up=self.draft_catch_up)
+        return RoundCosts(draft=self.t_draft, verify=lambda m: self.t_target, name="per call",
+                          catch_up=self.draft_catch_up)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,7 +126,17 @@ def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> La
                       intercept=max(0.0, t["prefill"]["median_s"] - t_step),
                       draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0,
                       verify_s=table,
-                      draft_step=d_step if table else None)
+                      draft_step=d_step if table else None,
+                      draft_catch_up=catch_up_s(d, d_step))
+
+
+def catch_up_s(entry: dict, step: float) -> float:
+    """Seconds a forward adds per token read beyond one, from an entry's ``catch_up`` (a forward of several new
+    tokens with one row out); 0 where the entry has none (files timed before it was)."""
+    timed = entry.get("catch_up")
+    if not timed:
+        return 0.0
+    return max(0.0, (float(timed["median_s"]) - step) / (int(timed["tokens"]) - 1))
 
 
 def verify_table(entry: dict) -> dict[int, float] | None:
@@ -205,7 +229,7 @@ def unusable_times(entry: dict) -> str | None:
     """The first time of a timing entry (its prefill, decode steps and verifications) that is not a finite number
     of seconds above 0, in words naming the field; None when every one can price a forward."""
     fields = {"prefill": entry["prefill"], **{f"decode step after {c}": v for c, v in entry["decode"].items()},
-              **{k: entry[k] for k in ("verify", "verify_short") if k in entry},
+              **{k: entry[k] for k in ("verify", "verify_short", "catch_up") if k in entry},
               **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()}}
     for name, timed in fields.items():
         value = timed["median_s"]

@@ -106,6 +106,10 @@ class Counts:
     calls: np.ndarray | None = None
     """Expected target calls by the tokens each verifies (index m: m − 1 candidates and the target's token); None
     where the policy's calls have no round length (SPRINTER)."""
+    catch_up: float = 0.0
+    """Expected tokens the draft reads beyond one in a round's first forward (``expected_counts``): the last
+    candidate of a fully accepted round and the bonus token after it, or the target's tokens of rounds that drafted
+    nothing. On a GPU such a forward costs a step; on a CPU each token read costs nearly a step of its own."""
 
     def __iadd__(self, other: "Counts") -> "Counts":
         if self.n == 0:  # nothing added yet: the calls are the other's
@@ -120,6 +124,7 @@ class Counts:
         self.draft += other.draft
         self.target += other.target
         self.discarded += other.discarded
+        self.catch_up += other.catch_up
         return self
 
     def speedup(self, c: float, intercept: float = 0.0) -> float:
@@ -133,7 +138,8 @@ class Counts:
         length's cost where the fit has a table of them)."""
         scale = tokens / self.n
         calls = None if self.calls is None else self.calls * scale
-        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls))
+        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls,
+                                                           catch_up=self.catch_up * scale))
 
 
 @dataclass(frozen=True)
@@ -141,11 +147,13 @@ class RoundCosts:
     """The cost model the oracle is the ceiling for: a draft forward costs ``draft``, a target call that verifies
     m tokens (m − 1 candidates) costs ``verify(m)``, in any one unit; target-only decoding makes one call of one
     token per token. Eq. 5.1 at c is ``eq51(c)``; a cost table per length need not be monotone (on a CPU a
-    forward of 4 tokens can be cheaper than one of 3)."""
+    forward of 4 tokens can be cheaper than one of 3). Each token a draft forward reads beyond one
+    (``Counts.catch_up``) costs ``catch_up`` more."""
 
     draft: float
     verify: Callable[[int], float]
     name: str = ""
+    catch_up: float = 0.0
 
     @classmethod
     def eq51(cls, c: float) -> "RoundCosts":
@@ -163,7 +171,8 @@ class RoundCosts:
     def cost(self, counts: Counts) -> float:
         """The expected cost of ``counts`` (which must know its calls by length)."""
         table = self.verify_table(max(len(counts.calls) - 1, 1))
-        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)])
+        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
+                     + self.catch_up * counts.catch_up)
 
     def speedup(self, counts: Counts) -> float:
         """Target-only's cost over ``counts``'s."""
@@ -174,18 +183,28 @@ def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
     """Exact expected counts of speculative sampling over one trace with round lengths n(s): the probability that
     a round starts at each position, carried forward (the round at s keeps candidate j with probability
     a_{s+j} = min(1, p/q) until the first rejection, and the next round starts after the target's token), and each
-    round's counts weighted by it."""
+    round's counts weighted by it.
+
+    The draft's catch-up is carried the same way: a round's first draft forward reads every token the draft has not
+    read. After a rejection that is the target's token alone; after a fully accepted round also the last candidate
+    (drawn from the draft's last forward, never read by it); after a round that drafted nothing, the tokens the
+    draft skipped. ``unread[s]``: the probability of a round at s times the tokens beyond one it would read."""
     length = len(acceptance)
     start = np.zeros(length + 1)  # start[length]: the response is complete
     start[0] = 1.0
+    unread = np.zeros(length + 1)
     calls = np.zeros(int(lengths.max(initial=0)) + 2)
-    draft = discarded = 0.0
+    draft = discarded = catch_up = 0.0
     for s in range(length):
         if start[s] == 0.0:
             continue
         n = int(lengths[s])
         draft += start[s] * n
         calls[n + 1] += start[s]
+        if n == 0:  # the target's token alone: the draft reads it later, with what it had not read
+            unread[min(s + 1, length)] += unread[s] + start[s]
+        else:
+            catch_up += unread[s]
         reach = start[s]  # probability that the round starts here and candidates s..s+j-1 were all accepted
         for j in range(n):
             p_reject = reach * (1.0 - acceptance[s + j])
@@ -193,7 +212,10 @@ def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
             discarded += p_reject * (n - j)
             reach *= acceptance[s + j]
         start[min(s + n + 1, length)] += reach
-    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
+        if n > 0:
+            unread[min(s + n + 1, length)] += reach  # the last candidate and the bonus token
+    return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls,
+                  catch_up=catch_up)
 
 
 def first_rejection(acceptance: np.ndarray, s: int) -> np.ndarray:
@@ -215,7 +237,8 @@ def oracle_counts(acceptance: np.ndarray, costs: RoundCosts, max_k: int | None =
     program compares and the oracle's is never higher. Under Eq. 5.1 with c < 1 it drafts exactly the candidates
     that will be accepted (Theorem 4.1, with the final verification counted: |S| + 1 calls); under a non-monotone
     cost table it may pad a round with candidates it knows will be discarded. Expected counts (by call length)
-    follow from a forward pass over the same states."""
+    follow from a forward pass over the same states. Its draft reads are priced one token each (no
+    ``Counts.catch_up``): a ceiling where the table prices the catch-up, never a rule's cost."""
     a = np.asarray(acceptance, float)
     length = len(a)
     if length == 0:

@@ -184,10 +184,12 @@ less than 3, 6 and 11): an interpolation between a few lengths would miss that."
 
 
 @torch.no_grad()
-def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: int) -> dict[int, float]:
+def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: int,
+                          rows: int | None = None) -> dict[int, float]:
     """Median seconds of the decoder's own forward (``decoding.state.CachedLM.advance``: the model under
-    ``decoder``, with the logits and warp of every row, as a verification reads them) of m new tokens after
-    ``prefix`` cached ones, for each m of ``lengths``, timed in turns (other tokens each time: a real forward)."""
+    ``decoder``, with the logits and warp of every row, as a verification reads them; of the last ``rows`` rows
+    where given, as a draft step reads them) of m new tokens after ``prefix`` cached ones, for each m of
+    ``lengths``, timed in turns (other tokens each time: a real forward)."""
     from decoding.state import CachedLM, decoder_runner, model_device
 
     device = model_device(model)
@@ -203,7 +205,7 @@ def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: in
             new = torch.randint(0, vocab, (m,), generator=g).tolist()
             _sync(device)
             t = time.perf_counter()
-            lm.advance(ids + new, rows=m)
+            lm.advance(ids + new, rows=m if rows is None else min(rows, m))
             _sync(device)
             if r >= 2:
                 times[m].append(time.perf_counter() - t)
@@ -234,8 +236,17 @@ def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_token
                 t["median_s"] = seconds[t["tokens"]]
             for m, t in by_tokens.items():
                 t["median_s"] = seconds[int(m)]
+        if name == "draft":
+            entry["catch_up"] = catch_up_entry(model, decoder, cache, repeats)
         result["models"].append(entry)
     return result
+
+
+def catch_up_entry(draft, decoder: str, cache: int, repeats: int) -> dict:
+    """The draft's forward of two new tokens with the last row out: how it reads the last candidate and the bonus
+    token after a fully accepted round (``decoding.costs.LatencyFit.draft_catch_up``)."""
+    seconds = decoder_forward_times(draft, decoder, cache, [2], repeats, rows=1)[2]
+    return {"tokens": 2, "cache": cache, "median_s": seconds}
 
 
 def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5) -> dict:
@@ -258,6 +269,8 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
                  "verify_short": {"tokens": 3, "cache": cache, "median_s": seconds[3]}}
         if name == "target":
             entry["verify_by_tokens"] = {str(m): {"cache": cache, "median_s": seconds[m]} for m in PAIR_VERIFY_LENGTHS}
+        else:
+            entry["catch_up"] = catch_up_entry(model, "eager", cache, repeats)
         result["models"].append(entry)
     return result
 
@@ -296,6 +309,8 @@ def llama_table(result: dict) -> str:
              f"draft step {d1 * 1e3:.1f}, target step {t1 * 1e3:.1f}, c = {d1 / t1:.3f}; "
              f"prefill of {result['prefill']}: draft {draft['prefill']['median_s'] * 1e3:.0f}, "
              f"target {target['prefill']['median_s'] * 1e3:.0f}",
+             *([f"draft catch-up (2 tokens read, 1 row out) {draft['catch_up']['median_s'] * 1e3:.1f}: "
+                f"{draft['catch_up']['median_s'] / d1:.2f} steps"] if "catch_up" in draft else []),
              "target verification of m tokens: T(m) ms, T(m)/T(1)"]
     table = verify_table(target)
     lines += [f"  m={m:>2}: {table[m] * 1e3:8.1f}  {table[m] / t1:5.2f}" for m in sorted(table)]

@@ -732,3 +732,41 @@ def test_traces_a_head_has_seen_are_left_out_and_all_seen_is_one_line(label_conf
                           cwd=Path(__file__).parents[1])
     err = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 2 and len(err) == 1 and "a prompt a head has seen" in err[0]
+
+
+def catch_up_draws(acceptance: np.ndarray, lengths: np.ndarray, reps: int, seed: int = 0,
+                   after_rejections: bool = False) -> np.ndarray:
+    """Monte Carlo of the draft's catch-up: the tokens beyond one that each round's first draft forward reads (the
+    last candidate and the bonus after a fully accepted round; the target's tokens of rounds that drafted nothing).
+    ``after_rejections``: a broken account that also charges the corrected token of a rejected round."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(reps)
+    for r in range(reps):
+        s, unread = 0, 0
+        while s < len(acceptance):
+            n = int(lengths[s])
+            kept = 0
+            while kept < n and rng.random() < acceptance[s + kept]:
+                kept += 1
+            if n == 0:
+                unread += 1
+            else:
+                out[r] += unread
+                unread = 1 if kept == n or after_rejections else 0
+            s += kept + 1
+    return out
+
+
+def test_the_drafts_catch_up_matches_a_monte_carlo_replay_and_a_broken_account_does_not(trace_acceptance):
+    a = trace_acceptance
+    lengths = np.minimum(np.random.default_rng(4).integers(0, 4, len(a)), len(a) - np.arange(len(a)) - 1)
+    assert (lengths == 0).sum() > 5  # rounds that draft nothing, whose tokens the draft reads later
+    expected = expected_counts(a, lengths).catch_up
+    for broken, seed in ((False, 0), (True, 1)):
+        draws = catch_up_draws(a, lengths, 4000, seed, after_rejections=broken)
+        close = abs(expected - draws.mean()) < 4 * draws.std() / np.sqrt(len(draws))
+        assert close != broken, (expected, draws.mean())
+    costs = RoundCosts(draft=0.5, verify=lambda m: 1.0, catch_up=0.25)
+    counts = expected_counts(a, lengths)
+    assert costs.cost(counts) == pytest.approx(RoundCosts(draft=0.5, verify=lambda m: 1.0).cost(counts)
+                                               + 0.25 * counts.catch_up)

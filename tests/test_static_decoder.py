@@ -300,3 +300,31 @@ def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):
                                                    "target": {"compiled": {"1": 2e-3}}},
                                       "forced": {"compiled": out}}}})
     assert "Where the wall goes (compiled" in text and "| sd k=2 |" in text
+
+
+@pytest.mark.parametrize("decoder", ["eager", "static"])
+def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeypatch):
+    """Forced SD rounds of a trace whose candidates are surely kept or surely rejected: the tokens beyond one that
+    the draft's forwards read equal ``expected_counts``' catch-up (the last candidate and the bonus token after each
+    fully accepted round), the count the simulator prices."""
+    from decoding.replay import expected_counts
+    from decoding.state import CachedLM
+
+    acceptance = np.array([1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1], dtype=float)
+    lengths = sd_round_lengths(len(acceptance), 3)
+    rounds = draw_rounds(acceptance, lengths, np.random.default_rng(0))
+    extra = []
+    advance = CachedLM.advance
+
+    def counting(self, seq, rows=1):
+        if self.lm is not None and self.lm.model is models[0]:
+            common = next((i for i, (x, y) in enumerate(zip(self.ids, seq)) if x != y), min(len(self.ids), len(seq)))
+            extra.append(max(0, len(seq) - common - 1))
+        return advance(self, seq, rows)
+
+    monkeypatch.setattr(CachedLM, "advance", counting)
+    pair = ModelPair(*models, eos_token_ids=[], decoder=decoder, forced=rounds,
+                     sampling=Sampling(temperature=1.0, max_new_tokens=len(acceptance)))
+    build_policy("sd", k=3).generate(pair, [1, 10, 11, 12], torch.Generator().manual_seed(0))
+    expected = expected_counts(acceptance, lengths).catch_up
+    assert expected > 0 and sum(extra[1:]) == expected  # the first read is the prompt's
