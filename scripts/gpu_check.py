@@ -416,8 +416,8 @@ def main(argv: list[str] | None = None) -> dict:
             if pair_shapes and bare_step is not None:
                 shapes["compiled_step_s"] = bare_step
             save(out, results, started)
-            # the 7B shape's graphs over eager layers were timed on a forced schedule before: its compiled decoder here
-            for decoder in decoders if pair_shapes else ("compiled",):
+            # the 7B shape's graphs over eager layers were timed on a forced schedule before: its last decoder here
+            for decoder in decoders if pair_shapes else decoders[-1:]:
                 print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
                 costs = RoundCosts(draft=draft_times[decoder][1],
                                    verify=lambda m, t=target_times[decoder]: t[min(m, max(t))], name=decoder)

@@ -85,6 +85,14 @@ def test_every_round_stops_at_the_cap():
         rules.GoodputStop(1.0, 0.1, FLAT.verify_table(3), 3)
 
 
+def test_the_drafts_catch_up_can_make_drafting_not_pay():
+    """One candidate at a flat verification: a kept candidate gains a token for a draft step of 0.4 target steps,
+    worth it at target-only's rate; not once the draft's next forward spends 0.7 more reading it."""
+    costs = RoundCosts(draft=0.4, verify=lambda m: 1.0)
+    assert rules.GoodputStop.priced(costs, 1.0, 1).drafting_pays
+    assert not rules.GoodputStop.priced(RoundCosts(draft=0.4, verify=lambda m: 1.0, catch_up=0.7), 1.0, 1).drafting_pays
+
+
 @pytest.mark.parametrize("reads_candidate", [False, True])
 @pytest.mark.parametrize("predictor", ["last", "mean"])
 def test_at_its_fixed_point_the_rule_beats_every_threshold_and_not_the_oracle(reads_candidate, predictor):
