@@ -463,3 +463,20 @@ def test_an_untimed_prefill_changes_no_token_and_no_count(models, heads, name):
         for a, b in zip(timed, results):
             assert a.tokens == b.tokens
             assert (a.stats.draft_calls, a.stats.target_calls) == (b.stats.draft_calls, b.stats.target_calls)
+
+
+def test_a_goodput_stop_that_cannot_pay_never_runs_the_draft(models, monkeypatch):
+    """Where no round beats target-only (a draft step dearer than the target's), the goodput stop decodes as
+    target-only does: the draft reads nothing, not even the prompt before the clock starts."""
+    from decoding.state import CachedLM
+
+    read = []
+    advance = CachedLM.advance
+    monkeypatch.setattr(CachedLM, "advance", lambda self, seq, rows=1: read.append(self.lm.model) or advance(self, seq, rows))
+    kwargs = dict(CALIBRATED_GOODPUT, costs=RoundCosts(draft=2.0, verify=lambda m: 1.0), lam=None)
+    policy = build_policy("goodput", **kwargs)
+    assert not policy.drafts
+    pair = ModelPair(*models, eos_token_ids=[], untimed_prefill=True, sampling=Sampling(max_new_tokens=8))
+    result = policy.generate(pair, PROMPTS[0], torch.Generator().manual_seed(0))
+    assert len(result.tokens) == 8 and result.stats.draft_calls == 0
+    assert read and all(model is models[1] for model in read)

@@ -275,7 +275,13 @@ def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
     target = timed["models"][1]
     assert set(map(int, target["verify_by_tokens"])) == set(PAIR_VERIFY_LENGTHS)
     assert all(t["median_s"] > 0 for t in target["verify_by_tokens"].values())
-    assert timing_fit(timed).verify_s is not None
+    fit = timing_fit(timed)
+    assert fit.verify_s is not None
+    # the draft's two-token read with one row out, less its step, is what each catch-up token costs
+    draft = timed["models"][0]
+    assert draft["catch_up"]["tokens"] == 2
+    assert fit.draft_catch_up == pytest.approx(max(0.0, draft["catch_up"]["median_s"] - fit.draft_step))
+    assert fit.round_costs().catch_up == fit.draft_catch_up
 
 
 def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):

@@ -117,6 +117,10 @@ class Goodput(HeadStopPolicy):
         """``max_k``, or 0 (a target-only round) where no round can beat λ (``GoodputStop.drafting_pays``)."""
         return self.max_k if self.drafts else 0
 
+    def reads(self) -> tuple[str, ...]:
+        """Where no round can pay, the draft is never run: not even to read the prompt."""
+        return ("draft", "target") if self.drafts else ("target",)
+
     def head_rule(self) -> GoodputStop:
         reads_candidate = self.head is not None and self.head.position == "own"
         return goodput_rule(self.costs, self.lam, self.max_k, self.future, reads_candidate)

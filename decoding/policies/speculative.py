@@ -35,9 +35,13 @@ class SpeculativePolicy:
         """Draft layers whose outputs the stop rule reads (the decoding then taps them)."""
         return ()
 
+    def reads(self) -> tuple[str, ...]:
+        """The models a generation runs (``Decoding``'s ``reads``: an untimed prefill reads the prompt into those)."""
+        return ("draft", "target")
+
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         stop = self.stop_rule(pair)
-        dec = Decoding(pair, prompt_ids, generator, self.draft_layers())
+        dec = Decoding(pair, prompt_ids, generator, self.draft_layers(), self.reads())
         self.start()  # after the decoding is set up (a static cache and its graphs made), as its own clock starts
         while not dec.done:
             candidates, logqs = dec.draft_round(self.round_length(), stop)
