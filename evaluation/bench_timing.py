@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
             entry = {"name": label, "precision": precision, "shape": shape, "params": params,
                      **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short,
                                   tuple(a.verify_lengths))}
+            entry["catch_up"] = catch_up_entry(model, "eager", a.cache[0], a.repeats)  # priced where it drafts
             result["models"].append(entry)
             print(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr, flush=True)
             del model
