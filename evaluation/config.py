@@ -271,6 +271,10 @@ class EvalConfig:
     ``auto``: graphs on CUDA, eager on the CPU."""
     warmup: bool = True
     """One untimed short generation per mode before the timed runs."""
+    timing_repeats: int = 1
+    """Runs of each generation, in turns over a prompt's runs: each keeps the repeat of median wall time (its tokens
+    are the same: the same seed). On a machine whose speed varies by several percent from one run to the next, a
+    paired ratio needs either this or many more prompts."""
     overwrite: bool = False
     """Delete an existing run in ``output_dir`` instead of resuming it."""
     loglik: bool = True
@@ -316,6 +320,8 @@ class EvalConfig:
                             "untimed_prefill: true so our runs are timed alike")
         if self.decoder not in ("auto", *DECODERS):
             raise EvalError(f"decoder must be auto, {', '.join(DECODERS)}, got {self.decoder!r}")
+        if self.timing_repeats < 1:
+            raise EvalError(f"timing_repeats must be at least 1, got {self.timing_repeats}")
         if self.sweep_prompts is not None and self.sweep_prompts < 1:
             raise EvalError(f"sweep_prompts must be positive or null, got {self.sweep_prompts}")
         ours = {str(s.fixed["timing"]) for s in self.policies if s.family == "goodput" and s.fixed.get("timing")}
@@ -343,6 +349,7 @@ class EvalConfig:
             **({"decoder": decoder} if (decoder := self.resolved_decoder()) != "eager" else {}),
             **({"backend": self.backend, "threads": self.llama_threads()} if self.backend != "transformers" else {}),
             **({"untimed_prefill": True} if self.untimed_prefill else {}),
+            **({"timing_repeats": self.timing_repeats} if self.timing_repeats > 1 else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
             "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None
                                for t in sorted(self.goodput_timing_files())},

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -412,21 +413,48 @@ class Runner:
     def run(self, mode: Mode, jobs: list["Job"], ids: list[int]) -> None:
         """Every job on every prompt of ``ids`` that ``results.jsonl`` does not hold yet, prompt by prompt: a
         prompt's runs follow each other within minutes, so a ratio paired by prompt compares runs made at the same
-        machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %)."""
+        machine speed, which on a shared CPU drifts over an hour-long evaluation (by up to 40 %). With
+        ``timing_repeats``, a prompt's runs are made that many times in turns, each recorded as its median run."""
         from tqdm.auto import tqdm
 
         todo = [(p, job) for p in self.prompts if p["prompt"] in ids for job in jobs
                 if (mode.name, job.label, p["prompt"]) not in self.store]
+        repeats = self.cfg.timing_repeats
         spent: dict[str, list[float]] = {}
-        for p, job in tqdm(todo, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2, file=sys.stderr):
-            t0 = time.perf_counter()
-            tokens, stats = job.generate(p["prompt"])
-            load = _cpu_load() if self._on_cpu else {}
-            self.store.add({**self._record(mode, job.family, job.params, p, tokens, stats), **load})
-            spent.setdefault(job.label, []).append(time.perf_counter() - t0)
+        bar = tqdm(total=len(todo) * repeats, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2,
+                   file=sys.stderr)
+        for p, prompt_jobs in itertools.groupby(todo, key=lambda pj: pj[0]["prompt"]):
+            prompt_jobs = [job for _, job in prompt_jobs]
+            prompt = next(q for q in self.prompts if q["prompt"] == p)
+            runs: dict[str, list[tuple[list[int], dict]]] = {}
+            for _ in range(repeats):  # in turns, so each job's repeats meet the machine's speed as the others' do
+                for job in prompt_jobs:
+                    t0 = time.perf_counter()
+                    runs.setdefault(job.label, []).append(job.generate(p))
+                    spent.setdefault(job.label, []).append(time.perf_counter() - t0)
+                    bar.update()
+                    if len(runs[job.label]) == repeats:  # recorded at once: an interrupt loses no finished run
+                        tokens, stats = median_run(runs[job.label], job.label, p)
+                        load = _cpu_load() if self._on_cpu else {}
+                        self.store.add({**self._record(mode, job.family, job.params, prompt, tokens, stats), **load})
+        bar.close()
         if not self.quiet:
             for label, times in spent.items():
-                print(f"eval [{mode.name}] {label:<28} {len(times)} prompts in {sum(times):.1f} s", flush=True)
+                print(f"eval [{mode.name}] {label:<28} {len(times) // repeats} prompts in {sum(times):.1f} s",
+                      flush=True)
+
+
+def median_run(runs: list[tuple[list[int], dict]], label: str, prompt: int) -> tuple[list[int], dict]:
+    """The repeat of median wall time among runs of one generation (``timing_repeats``), with every repeat's wall
+    time; repeats that made other tokens are a bug of seeding, refused."""
+    tokens = runs[0][0]
+    if any(t != tokens for t, _ in runs[1:]):
+        raise RuntimeError(f"{label} made other tokens on prompt {prompt} when repeated with the same seed")
+    if len(runs) == 1:
+        return runs[0]
+    walls = [stats["wall_s"] for _, stats in runs]
+    middle = sorted(range(len(runs)), key=walls.__getitem__)[len(runs) // 2]
+    return tokens, {**runs[middle][1], "repeat_wall_s": walls}
 
 
 def _cpu_load() -> dict:

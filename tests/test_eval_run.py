@@ -667,3 +667,44 @@ def test_report_says_when_other_work_shared_the_cpu(tmp_path, monkeypatch):
     assert 0 < c["contended"] < c["runs"]
     assert f"**Other work shared the CPU** during {c['contended']} of {c['runs']} runs" in \
         (busy / "report.md").read_text()
+
+
+def test_timing_repeats_keep_the_median_run_in_turns(tmp_path, monkeypatch):
+    """``timing_repeats: 3``: each generation runs three times, a prompt's runs in turns (A B A B A B), and the
+    record keeps the repeat of median wall time with every repeat's; a repeat that made other tokens is refused."""
+    import itertools
+
+    from test_eval_fakes import FakePolicy
+
+    walls = itertools.cycle([0.3, 0.1, 0.2])
+    generate = FakePolicy.generate
+
+    def varying(self, pair, prompt_ids, generator):
+        result = generate(self, pair, prompt_ids, generator)
+        result.stats.wall_s = next(walls)
+        return result
+
+    monkeypatch.setattr(FakePolicy, "generate", varying)
+    calls = []
+    cfg = make_cfg(tmp_path, policies=[Sweep("target_only"), Sweep("sd", fixed={"k": 3})], hf_peer=HFPeer(enabled=False),
+                   modes=[Mode("sample", 1.0)], timing_repeats=3)
+    out = run_eval(cfg, fake_engine(calls), quiet=True)
+    first = [name for name, _, ids in calls if ids == calls[0][2]]
+    assert first == ["target_only", "sd"] * 3
+    records = ResultStore(out / "results.jsonl").records()
+    assert len(records) == 2 * 4
+    for r in records:
+        assert sorted(r["stats"]["repeat_wall_s"]) == pytest.approx([0.1, 0.2, 0.3])
+        assert r["stats"]["wall_s"] == pytest.approx(0.2)
+    assert json.loads((out / "settings.json").read_text())["timing_repeats"] == 3
+    with pytest.raises(EvalError, match="timing_repeats"):
+        make_cfg(tmp_path, timing_repeats=0)
+
+
+def test_repeats_that_make_other_tokens_are_refused():
+    from evaluation.run import median_run
+
+    stats = {"wall_s": 1.0}
+    assert median_run([([1, 2], stats)], "sd", 0) == ([1, 2], stats)
+    with pytest.raises(RuntimeError, match="other tokens on prompt 3"):
+        median_run([([1, 2], stats), ([1, 3], stats)], "sd", 3)
