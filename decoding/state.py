@@ -317,8 +317,10 @@ class Decoding:
         static = {}
         if pair.decoder != "eager":  # room for the prompt, the response and the draft's reading of its last token
             positions = self.n_prompt + self.max_new_tokens + 1
-            static = {"draft": decoder_runner(pair.draft, pair.decoder, positions, draft_layers),
-                      "target": decoder_runner(pair.target, pair.decoder, positions)}
+            # only for the models the policy runs: a goodput stop that cannot pay captures nothing for the draft
+            static = {role: decoder_runner(getattr(pair, role), pair.decoder, positions,
+                                           draft_layers if role == "draft" else ())
+                      for role in reads}
         self.draft = CachedLM(pair.draft, pair.sampling, draft_layers, static.get("draft"))
         self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
         self.schedule = list(pair.forced) if pair.forced else None

@@ -128,13 +128,14 @@ class StaticLM:
         self.write_at = positions
         if self.compiled is not None:
             with torch._dynamo.config.patch(**COMPILE_SETTINGS):
+                before = [layer._compiled_call_impl for layer, _ in self.compiled]
                 try:
                     for layer, call in self.compiled:
                         layer._compiled_call_impl = call
                     return self._forward(ids, positions)
-                finally:
-                    for layer, _ in self.compiled:
-                        layer._compiled_call_impl = None
+                finally:  # as they were: a layer the user compiled stays so
+                    for (layer, _), call in zip(self.compiled, before):
+                        layer._compiled_call_impl = call
         return self._forward(ids, positions)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -147,6 +148,7 @@ class StaticLM:
         hidden, _ = self.lm.forward(ids, mask, positions[None], self.cache)
         return hidden[0], None
 
+    @torch.no_grad()  # an inference forward, whoever asks for the capture: no autograd state in the graph
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, tuple]:
         ids, positions = self.io[0, :n][None], self.io[1, :n]
         self.io[0, :n] = 0

@@ -504,12 +504,15 @@ def _time_forwards(cfg: EvalConfig, engine: Engine, runner: Runner, out: Path, q
         return
     prompt_tokens = round(sum(map(len, runner._ids.values())) / len(runner._ids))
     timed_at = {"layout": 2, "machine": f"{platform.node()} {platform.processor()} {torch.get_num_threads()} threads",
-                "prompt_tokens": prompt_tokens, "new_tokens": cfg.max_new_tokens}
+                "prompt_tokens": prompt_tokens, "new_tokens": cfg.max_new_tokens,
+                **({"decoder": decoder} if (decoder := cfg.resolved_decoder()) != "eager" else {})}
     if path.exists():
         timed = json.loads(path.read_text())
-        tabled = all("verify_by_tokens" in m for m in timed.get("models", []) if m.get("name") == "target")
-        if timed.get("timed_at") == timed_at and tabled:  # a file from before the table of lengths: timed again
-            return
+        models = timed.get("models", [])
+        tabled = all("verify_by_tokens" in m for m in models if m.get("name") == "target") \
+            and all("catch_up" in m for m in models if m.get("name") == "draft")
+        if timed.get("timed_at") == timed_at and tabled:  # a file from before the table of lengths or the draft's
+            return  # catch-up read: timed again
     if not quiet:
         print("eval: timing the draft's and the target's forwards on this device", flush=True)
     write_json(RunDir(out).claim(path), {**engine.time_forwards(prompt_tokens, cfg.max_new_tokens),
@@ -568,7 +571,7 @@ def _simulated_settings(cfg: EvalConfig, mode: Mode, sweeps: list, out: Path, qu
         "labels_manifest_sha256": traces.manifest_sha256,
         "heads_sha256": {h: file_sha256(Path(h)) for h in heads},
         "costs": [fit.t_draft, fit.t_target, fit.t_target_step, fit.intercept, fit.draft_intercept, fit.draft_step,
-                  fit.verify_s],
+                  fit.verify_s] + ([fit.draft_catch_up] if fit.draft_catch_up else []),
         "tokens": cfg.max_new_tokens,
         "decoded_prompts": sorted(decoded),
         "families": {s.family: {"fixed": s.fixed, "grid": s.settings()} for s in chosen_here}}))

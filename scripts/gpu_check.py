@@ -191,12 +191,12 @@ class TimedForwards:
         timer = self
 
         def advance(lm, *args, **kwargs):
-            t = time.perf_counter()
+            t, calls = time.perf_counter(), lm.calls
             out = timer.advance(lm, *args, **kwargs)
             if timer.counting:
                 sync()
                 timer.seconds += time.perf_counter() - t
-                timer.calls += 1
+                timer.calls += lm.calls - calls  # a cached return runs no forward
             return out
 
         def init(decoding, *args, **kwargs):
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
                 drafting = [e for e in schedule["policies"] if e["family"] != "target_only"]
                 if drafting:
                     write_text(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
-                                                                     a.prompt_tokens, "compiled"))
+                                                                     a.prompt_tokens, decoders[-1]))
             for runner in target.__dict__.pop(RUNNERS, {}).values():
                 runner.release()
             del target

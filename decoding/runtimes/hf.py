@@ -403,11 +403,12 @@ def load_bundled_head() -> ExportedHead:
 class TableCosts:
     """Seconds of a draft step (``draft``) and of a target forward of m tokens (``verify[m]``, index 0 unused): the
     costs the goodput stop prices a round with, as a folder carries them, with the λ it runs at (``rate``: tokens/s
-    or ``"online"``) and the device they were timed on (``device``)."""
+    or ``"online"``), the device they were timed on (``device``) and the draft's catch-up read (``catch_up``,
+    ``decoding.replay.RoundCosts``)."""
 
     def __init__(self, draft: float, verify: list[float], rate: float | str | None = None,
-                 device: str | None = None):
-        self.draft, self.verify, self.rate, self.device = draft, verify, rate, device
+                 device: str | None = None, catch_up: float = 0.0):
+        self.draft, self.verify, self.rate, self.device, self.catch_up = draft, verify, rate, device, catch_up
 
     def verify_table(self, max_tokens: int) -> list[float]:
         return self.verify[:max_tokens + 1]
@@ -420,7 +421,11 @@ def load_bundled_costs() -> TableCosts | None:
         from .bundled_costs import DEVICE, DRAFT_S, RATE, VERIFY_S
     except ImportError:
         return None
-    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S, RATE, DEVICE)
+    try:
+        from .bundled_costs import CATCH_UP_S  # folders exported before it was priced have none
+    except ImportError:
+        CATCH_UP_S = 0.0
+    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S, RATE, DEVICE, CATCH_UP_S or 0.0)
 
 
 def load_bundled_calibration() -> CalibratedConfidence | None:

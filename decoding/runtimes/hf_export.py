@@ -169,6 +169,8 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
         + (f"{Path(timing).name}" if costs is not None else "no timing file (None: the head's threshold runs)")
         + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
         + f"DRAFT_S = {None if costs is None else float(costs.draft)!r}\n"
+        + f"CATCH_UP_S = {None if costs is None else float(costs.catch_up)!r}  # each token a draft forward reads "
+        + "beyond one\n"
         + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n"
         + f"RATE = {None if costs is None else rate if rate == 'online' else float(rate)!r}  # the stop's λ, tokens/s\n"
         + f"DEVICE = {None if costs is None else timing_device(timing)!r}  # where the costs were timed\n")
