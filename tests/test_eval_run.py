@@ -541,8 +541,9 @@ def test_simulated_selection_without_labels_is_one_line_before_any_model_loads(t
 
 
 def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
-    """A resumed eval keeps its timing file on the same machine and shapes, and times again when the file has no
-    table of the target's verification lengths (written before the simulator charged each length its own cost)."""
+    """A resumed eval keeps its timing file on the same machine, shapes and decoder, and times again when the file
+    has no table of the target's verification lengths or no draft catch-up read (written before the simulator
+    charged them)."""
     from types import SimpleNamespace
 
     from evaluation.run import _time_forwards
@@ -552,10 +553,15 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
 
     def time_forwards(prompt_tokens, new_tokens):
         timed.append((prompt_tokens, new_tokens))
-        return {"models": [{"name": "draft"}, {"name": "target", "verify_by_tokens": {"2": {"median_s": 1.0}}}]}
+        return {"models": [{"name": "draft", "catch_up": {"tokens": 2, "median_s": 1.0}},
+                           {"name": "target", "verify_by_tokens": {"2": {"median_s": 1.0}}}]}
 
     engine, runner = SimpleNamespace(time_forwards=time_forwards), SimpleNamespace(_ids={0: [1, 2, 3], 1: [4]})
-    cfg = SimpleNamespace(max_new_tokens=8)
+
+    def config(new_tokens: int = 8, decoder: str = "eager"):
+        return SimpleNamespace(max_new_tokens=new_tokens, resolved_decoder=lambda: decoder)
+
+    cfg = config()
     _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
     _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
     assert timed == [(2, 8)]
@@ -565,8 +571,14 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     path.write_text(json.dumps(old))
     _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
     assert timed == [(2, 8), (2, 8)] and "verify_by_tokens" in json.loads(path.read_text())["models"][1]
-    _time_forwards(SimpleNamespace(max_new_tokens=16), engine, runner, tmp_path, quiet=True)  # other shapes
+    _time_forwards(config(16), engine, runner, tmp_path, quiet=True)  # other shapes
     assert len(timed) == 3
+    old = json.loads(path.read_text())
+    del old["models"][0]["catch_up"]
+    path.write_text(json.dumps(old))
+    _time_forwards(config(16), engine, runner, tmp_path, quiet=True)  # no catch-up read
+    _time_forwards(config(16, "static"), engine, runner, tmp_path, quiet=True)  # another decoder
+    assert len(timed) == 5
 
 
 def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
