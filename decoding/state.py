@@ -50,6 +50,9 @@ class DecodeStats:
     """N_discarded: draft tokens proposed and thrown away."""
     accepted_lengths: list[int] = field(default_factory=list)
     """Per verification round, how many draft tokens were kept."""
+    draft_catch_up: int | None = None
+    """Tokens the draft's forwards read beyond one each, its reading of the prompt aside: after a round whose every
+    candidate was kept it reads the last candidate and the bonus token (``decoding.replay.Counts.catch_up``)."""
 
     @property
     def verification_rate(self) -> float:
@@ -187,6 +190,8 @@ class CachedLM:
         self.device = model_device(model)
         self.ids: list[int] = []
         self.calls = 0
+        self.beyond_one = 0
+        """Tokens the counted forwards read beyond one each, forwards from the sequence's start (a prompt) aside."""
         self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
         self.last_logits: torch.Tensor | None = None
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
@@ -244,6 +249,8 @@ class CachedLM:
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
         self.ids.extend(new)
         self.calls += 1
+        if start > 0:
+            self.beyond_one += len(new) - 1
         self.last_logits = logits[-1]
         self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
                       self.last_taps[-1:] if self.layers else None)
@@ -339,7 +346,7 @@ class Decoding:
         elif pair.untimed_prefill and len(self.seq) > 1:
             for lm in (getattr(self, role) for role in reads):
                 lm.advance(self.seq[:-1])
-                lm.calls = 0
+                lm.calls = lm.beyond_one = 0
         self._sync()
         self._t0 = time.perf_counter()
 
@@ -525,5 +532,6 @@ class Decoding:
             draft_calls=self.draft.calls,
             discarded=self.discarded,
             accepted_lengths=list(self.accepted_lengths),
+            draft_catch_up=self.draft.beyond_one,
         )
         return DecodeResult(tokens=list(self.tokens), stats=stats)

@@ -29,6 +29,8 @@ class Totals:
     discarded: int | None
     accepted_lengths: list[int] | None
     passed: list[bool | None]
+    draft_catch_up: int | None = None
+    """Tokens the draft read beyond one a forward (``DecodeStats.draft_catch_up``); None where a run has no count."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -81,9 +83,11 @@ class Totals:
         return sum(known) / len(known) if known else None
 
     def predicted_s_per_token(self, fit: LatencyFit | None) -> float | None:
+        """Eq. 5.1 over these runs' counts, the draft's catch-up charged where the runs counted it."""
         if fit is None or self.draft_calls is None or self.target_calls is None or not self.new_tokens:
             return None
-        return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts))) / self.new_tokens
+        return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts),
+                                 catch_up=self.draft_catch_up or 0)) / self.new_tokens
 
 
 def _sum(values):
@@ -113,6 +117,7 @@ def totals(by_prompt: dict[int, dict], prompts: list[int] | None = None) -> Tota
         discarded=_sum([s.get("discarded") for s in stats]),
         accepted_lengths=None if any(v is None for v in lengths) else [a for v in lengths for a in v],
         passed=[r.get("passed") for r in recs],
+        draft_catch_up=_sum([s.get("draft_catch_up") for s in stats]),
     )
 
 

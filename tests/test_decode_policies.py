@@ -480,3 +480,15 @@ def test_a_goodput_stop_that_cannot_pay_never_runs_the_draft(models, monkeypatch
     result = policy.generate(pair, PROMPTS[0], torch.Generator().manual_seed(0))
     assert len(result.tokens) == 8 and result.stats.draft_calls == 0
     assert read and all(model is models[1] for model in read)
+
+
+@pytest.mark.parametrize("untimed_prefill", [False, True])
+def test_a_run_counts_the_drafts_catch_up_but_not_its_prompt(models, untimed_prefill):
+    """Greedy SD (K = 2) with the target as its own draft keeps every candidate: 8 tokens in rounds of 3, 3 and 2,
+    and each round after the first begins with the draft reading the last candidate and the bonus token, one
+    token beyond one each; the prompt's read, timed or not, is no catch-up."""
+    pair = ModelPair(models[1], models[1], eos_token_ids=[], untimed_prefill=untimed_prefill,
+                     sampling=Sampling(temperature=0.0, max_new_tokens=8))
+    result = build_policy("sd", k=2).generate(pair, PROMPTS[0], torch.Generator().manual_seed(0))
+    assert result.stats.accepted_lengths == [2, 2, 1]
+    assert result.stats.draft_catch_up == 2

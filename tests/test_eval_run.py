@@ -720,3 +720,25 @@ def test_repeats_that_make_other_tokens_are_refused():
     assert median_run([([1, 2], stats)], "sd", 0) == ([1, 2], stats)
     with pytest.raises(RuntimeError, match="other tokens on prompt 3"):
         median_run([([1, 2], stats), ([1, 3], stats)], "sd", 3)
+
+
+def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
+    """The eval's per-run prediction (``Totals.predicted_s_per_token``) charges each token the draft read beyond one
+    its ``draft_catch_up`` seconds; a record made before runs counted them is predicted without it."""
+    from decoding.costs import LatencyFit
+    from evaluation.summary import totals
+
+    fit = LatencyFit(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0, draft_catch_up=0.25)
+
+    def record(prompt, catch_up):
+        stats = {"wall_s": 1.0, "new_tokens": 10, "target_calls": 6, "draft_calls": 8, "discarded": 2,
+                 "accepted_lengths": [1, 2]}
+        return {"prompt": prompt, "run": "sd k=2", "family": "sd", "params": {"k": 2}, "mode": "sample",
+                "stats": stats | ({} if catch_up is None else {"draft_catch_up": catch_up})}
+
+    counted = totals({0: record(0, 3), 1: record(1, 1)})
+    assert counted.draft_catch_up == 4
+    assert counted.predicted_s_per_token(fit) == pytest.approx((0.5 * 16 + 1.0 * 12 + 0.25 * 4) / 20)
+    uncounted = totals({0: record(0, 3), 1: record(1, None)})
+    assert uncounted.draft_catch_up is None
+    assert uncounted.predicted_s_per_token(fit) == pytest.approx((0.5 * 16 + 1.0 * 12) / 20)

@@ -301,3 +301,17 @@ def test_where_no_round_can_pay_the_policy_drafts_nothing(tiny_pair):
                       entropy_draft=np.zeros(30), hidden=torch.zeros(30, 4), hidden_prev=torch.zeros(30, 4))
         lengths = type(policy).replay_lengths(trace, MAX_K, calibration=calibration, costs=costs)
         assert (lengths.sum() > 0) == drafts
+    # a calibration fitted at temperature 1 is not read where no round can pay, so greedy decoding takes it there
+    from core.identity import model_identity
+    from decoding.estimates import EstimateFileError
+
+    calibration.fitted = {"draft": model_identity(models[0]), "sampling": {"temperature": 1.0, "top_k": 0,
+                                                                           "top_p": 1.0}}
+    greedy = ModelPair(*models, eos_token_ids=[], sampling=Sampling(temperature=0.0, max_new_tokens=12))
+    result = build_policy("goodput", calibration=calibration, costs=LLAMA_CPU, max_k=MAX_K).generate(
+        greedy, [1, 10, 11], torch.Generator().manual_seed(0))
+    assert result.tokens == build_policy("target_only").generate(greedy, [1, 10, 11],
+                                                                 torch.Generator().manual_seed(0)).tokens
+    with pytest.raises(EstimateFileError, match="fitted on rows labeled at"):
+        build_policy("goodput", calibration=calibration, costs=CPU, max_k=MAX_K).generate(
+            greedy, [1, 10, 11], torch.Generator().manual_seed(0))

@@ -314,8 +314,8 @@ def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):
 @pytest.mark.parametrize("decoder", ["eager", "static"])
 def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeypatch):
     """Forced SD rounds of a trace whose candidates are surely kept or surely rejected: the tokens beyond one that
-    the draft's forwards read equal ``expected_counts``' catch-up (the last candidate and the bonus token after each
-    fully accepted round), the count the simulator prices."""
+    the draft's forwards read, and the count the run records, equal ``expected_counts``' catch-up (the last
+    candidate and the bonus token after each fully accepted round), the count the simulator prices."""
     from decoding.replay import expected_counts
     from decoding.state import CachedLM
 
@@ -334,6 +334,7 @@ def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeyp
     monkeypatch.setattr(CachedLM, "advance", counting)
     pair = ModelPair(*models, eos_token_ids=[], decoder=decoder, forced=rounds,
                      sampling=Sampling(temperature=1.0, max_new_tokens=len(acceptance)))
-    build_policy("sd", k=3).generate(pair, [1, 10, 11, 12], torch.Generator().manual_seed(0))
+    result = build_policy("sd", k=3).generate(pair, [1, 10, 11, 12], torch.Generator().manual_seed(0))
     expected = expected_counts(acceptance, lengths).catch_up
     assert expected > 0 and sum(extra[1:]) == expected  # the first read is the prompt's
+    assert result.stats.draft_catch_up == expected  # the count a run records, which the eval's prediction prices

@@ -56,11 +56,12 @@ class CalibratedStop:
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
 
 
-def check_calibration(calibration: CalibratedConfidence, pair: ModelPair) -> None:
-    """Refuse, in one line, a calibration fitted on rows of another draft (or backend) than ``pair``'s, or at
-    another sampling: its knots map the draft's q to acceptance as those rows measured it (under greedy decoding
-    acceptance is an argmax match, not min(1, p/q); top-k and top-p change q). A file that records neither (made
-    before they were recorded) is used as it is, with a warning."""
+def check_calibration(calibration: CalibratedConfidence, pair: ModelPair, read: bool = True) -> None:
+    """Refuse, in one line, a calibration fitted on rows of another draft (or backend) than ``pair``'s, or, where its
+    knots are ``read``, at another sampling: they map the draft's q to acceptance as those rows measured it (under
+    greedy decoding acceptance is an argmax match, not min(1, p/q); top-k and top-p change q). A policy that never
+    drafts reads no knot, so it decodes at any sampling. A file that records neither (made before they were
+    recorded) is used as it is, with a warning."""
     import warnings
 
     from core.identity import check_same_model, model_identity
@@ -75,7 +76,7 @@ def check_calibration(calibration: CalibratedConfidence, pair: ModelPair) -> Non
                      "drafts with another")
     mine = {k: fitted["sampling"].get(k) for k in SAMPLING_KEYS}
     theirs = {k: getattr(pair.sampling, k) for k in SAMPLING_KEYS}
-    if mine != theirs:
+    if read and mine != theirs:
         raise EstimateFileError(f"the calibration was fitted on rows labeled at {mine}, this decoding samples at "
                                 f"{theirs}: fit one on labels of this sampling (`make calibrate`)")
 
@@ -131,7 +132,7 @@ class Goodput(HeadStopPolicy):
     def stop_rule(self, pair: ModelPair) -> HeadStop | CalibratedStop:
         if self.head is not None:
             return super().stop_rule(pair)
-        check_calibration(self.calibration, pair)
+        check_calibration(self.calibration, pair, read=self.drafts)
         self.stop = CalibratedStop(self.calibration, self.head_rule())
         return self.stop
 
