@@ -5,7 +5,7 @@ what the cost table predicts for the same rounds.
 The simulator (``decoding.replay``) gives each policy's round length n(s) at every start s of a trace and prices
 expected counts. A schedule draws one realisation: from s = 0, the round drafts n(s) candidates and keeps them up to
 the first rejection, candidate j kept with the trace's probability min(1, p/q) at s + j; the next round starts after
-the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), the price
+the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), with the draft's catch-up reads, the price
 ``decoding.replay.RoundCosts`` puts on every round; target-only is one T(1) per token. A schedule file is small
 (the rounds alone) and names the policies' settings, so the GPU side needs no traces.
 """
@@ -47,9 +47,24 @@ def target_only_rounds(length: int) -> list[tuple[int, int]]:
     return [(0, 0)] * length
 
 
+def catch_up(rounds: list[tuple[int, int]]) -> int:
+    """Tokens beyond one that the first draft forward of each drafting round reads (``decoding.replay.expected_counts``
+    counts the same in expectation): the last candidate after a round that kept them all, and every target token of
+    the rounds that drafted nothing since the draft last read."""
+    total = unread = 0
+    for n, kept in rounds:
+        if n == 0:
+            unread += 1
+            continue
+        total += unread
+        unread = int(kept == n)
+    return total
+
+
 def predicted_seconds(rounds: list[tuple[int, int]], costs: RoundCosts) -> float:
-    """What ``costs`` charges for these rounds: n draft steps and one target forward of n + 1 tokens each."""
-    return float(sum(costs.draft * n + costs.verify(n + 1) for n, _ in rounds))
+    """What ``costs`` charges for these rounds: n draft steps and one target forward of n + 1 tokens each, and the
+    draft's catch-up."""
+    return float(sum(costs.draft * n + costs.verify(n + 1) for n, _ in rounds) + costs.catch_up * catch_up(rounds))
 
 
 def tokens(rounds: list[tuple[int, int]]) -> int:

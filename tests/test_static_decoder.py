@@ -27,7 +27,7 @@ from core.sampling import Sampling
 from decoding import rules
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts, sd_round_lengths
-from decoding.schedule import (ScheduleFileError, draw_rounds, predicted_seconds, read_schedule, target_only_rounds,
+from decoding.schedule import (ScheduleFileError, catch_up, draw_rounds, predicted_seconds, read_schedule, target_only_rounds,
                                tokens, write_schedule)
 from decoding.state import ModelPair
 from decoding.static import StaticLM, static_lm
@@ -191,6 +191,8 @@ def test_rounds_tile_a_trace_and_are_priced_by_their_lengths():
     assert tokens(target_only_rounds(50)) == 50
     costs = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.01 * m)
     assert predicted_seconds(rounds, costs) == pytest.approx(sum(0.1 * n + 1.0 + 0.01 * (n + 1) for n, _ in rounds))
+    priced = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.01 * m, catch_up=0.5)
+    assert predicted_seconds(rounds, priced) == pytest.approx(predicted_seconds(rounds, costs) + 0.5 * catch_up(rounds))
     # an always-accepted trace keeps every candidate; a never-accepted one none
     assert all(k == n for n, k in draw_rounds(np.ones(30), sd_round_lengths(30, 4), rng))
     assert all(k == 0 for n, k in draw_rounds(np.zeros(30), sd_round_lengths(30, 4), rng))
@@ -338,3 +340,17 @@ def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeyp
     expected = expected_counts(acceptance, lengths).catch_up
     assert expected > 0 and sum(extra[1:]) == expected  # the first read is the prompt's
     assert result.stats.draft_catch_up == expected  # the count a run records, which the eval's prediction prices
+    assert catch_up(rounds) == expected  # and the count a schedule's prediction prices
+
+
+def test_a_schedules_catch_up_is_the_replays_on_traces_of_sure_outcomes():
+    """On traces whose candidates are surely kept or surely rejected, one draw of the rounds is the only one, so its
+    catch-up (``decoding.schedule.catch_up``) equals the replay's expectation, rounds that draft nothing included."""
+    from decoding.replay import expected_counts
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        acceptance = (rng.uniform(size=40) < 0.7).astype(float)
+        lengths = np.minimum(rng.integers(0, 4, size=40), 39 - np.arange(40))  # no round past the trace's end
+        assert catch_up(draw_rounds(acceptance, lengths, rng)) == expected_counts(acceptance, lengths).catch_up
+    assert catch_up([(0, 0), (0, 0), (2, 2), (1, 0), (0, 0), (3, 3), (2, 1)]) == 2 + 1 + 1 + 1
