@@ -5,9 +5,9 @@ what the cost table predicts for the same rounds.
 The simulator (``decoding.replay``) gives each policy's round length n(s) at every start s of a trace and prices
 expected counts. A schedule draws one realisation: from s = 0, the round drafts n(s) candidates and keeps them up to
 the first rejection, candidate j kept with the trace's probability min(1, p/q) at s + j; the next round starts after
-the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), with the draft's catch-up reads, the price
-``decoding.replay.RoundCosts`` puts on every round; target-only is one T(1) per token. A schedule file is small
-(the rounds alone) and names the policies' settings, so the GPU side needs no traces.
+the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), with the draft's catch-up
+reads, the price ``decoding.replay.RoundCosts`` puts on every round; target-only is one T(1) per token. A schedule
+file is small (the rounds alone) and names the policies' settings, so the GPU side needs no traces.
 """
 
 from __future__ import annotations

@@ -52,7 +52,9 @@ class DecodeStats:
     """Per verification round, how many draft tokens were kept."""
     draft_catch_up: int | None = None
     """Tokens the draft's forwards read beyond one each, its reading of the prompt aside: after a round whose every
-    candidate was kept it reads the last candidate and the bonus token (``decoding.replay.Counts.catch_up``)."""
+    candidate was kept it reads the last candidate and the bonus token (``decoding.replay.Counts.catch_up``). A
+    forward from the sequence's start is all prompt here, so a decoding whose first rounds draft nothing (no policy
+    does) would count the tokens of those rounds it reads with the prompt as prompt."""
 
     @property
     def verification_rate(self) -> float:
@@ -346,7 +348,7 @@ class Decoding:
         elif pair.untimed_prefill and len(self.seq) > 1:
             for lm in (getattr(self, role) for role in reads):
                 lm.advance(self.seq[:-1])
-                lm.calls = lm.beyond_one = 0
+                lm.calls = 0  # (a read from the start is no catch-up: ``beyond_one`` stays 0)
         self._sync()
         self._t0 = time.perf_counter()
 

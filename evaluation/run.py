@@ -47,7 +47,8 @@ from evaluation.selection import best_k, choose, chosen_file_settings, chosen_pa
 from heads.export import read_metadata, seen_prompts
 
 HEAD_KWARGS = ("head",)
-STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths")
+STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths",
+               "draft_catch_up")
 
 
 @dataclass

@@ -83,8 +83,12 @@ class Totals:
         return sum(known) / len(known) if known else None
 
     def predicted_s_per_token(self, fit: LatencyFit | None) -> float | None:
-        """Eq. 5.1 over these runs' counts, the draft's catch-up charged where the runs counted it."""
+        """Eq. 5.1 over these runs' counts with the draft's catch-up; None where the fit prices a catch-up that runs
+        which drafted did not count (records made before runs kept the count): a prediction without it would be
+        cheaper than its neighbours' for no reason of its own."""
         if fit is None or self.draft_calls is None or self.target_calls is None or not self.new_tokens:
+            return None
+        if self.draft_catch_up is None and self.draft_calls and fit.draft_catch_up:
             return None
         return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts),
                                  catch_up=self.draft_catch_up or 0)) / self.new_tokens

@@ -139,6 +139,8 @@ def timing_layout(device: str, decoder: str, draft: dict[int, float], target: di
             out["verify_by_tokens"] = {str(m): {"cache": PREFIX, "median_s": s} for m, s in times.items() if m > 1}
         else:
             out["verify"] = {"tokens": 1, "cache": PREFIX, "median_s": times[1]}
+        if name == "draft" and 2 in times:  # its catch-up read, with both rows out: at most a row's logits dearer
+            out["catch_up"] = {"tokens": 2, "cache": PREFIX, "median_s": times[2]}
         return out
 
     return {"device": device, "device_type": "cuda", "decoder": decoder, "prefill": PREFIX,
@@ -419,8 +421,9 @@ def main(argv: list[str] | None = None) -> dict:
             # the 7B shape's graphs over eager layers were timed on a forced schedule before: its last decoder here
             for decoder in decoders if pair_shapes else decoders[-1:]:
                 print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
-                costs = RoundCosts(draft=draft_times[decoder][1],
-                                   verify=lambda m, t=target_times[decoder]: t[min(m, max(t))], name=decoder)
+                d = draft_times[decoder]
+                costs = RoundCosts(draft=d[1], verify=lambda m, t=target_times[decoder]: t[min(m, max(t))],
+                                   name=decoder, catch_up=max(0.0, d[2] - d[1]))
                 shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder,
                                                             split=pair_shapes and decoder == "compiled")
                 print(json.dumps(shapes["forced"][decoder]), flush=True)

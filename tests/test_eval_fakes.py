@@ -39,6 +39,7 @@ class FakePolicy:
         n = pair.sampling.max_new_tokens
         k = {"sd": self.kw.get("k"), "specdecpp": 4, "goodput": 4, "sprinter": 8, "fuzzy": 6, "hf_heuristic": 5,
              "confidence": 4, "svip": 4}.get(self.name)
+        catch_up = 0
         if self.name == "target_only":
             nt, nd, disc, lens = n, 0, 0, []
         elif self.name == "draft_only":
@@ -47,13 +48,14 @@ class FakePolicy:
             acc = min(k, ACCEPT if self.name != "sprinter" else 7)
             rounds = math.ceil(n / (acc + 1))
             nt, nd, disc, lens = rounds, rounds * k, rounds * (k - acc), [acc] * rounds
+            catch_up = (rounds - 1) * (acc == k)  # each round after a fully accepted one reads one token more
         wall = T_DRAFT * nd + T_TARGET * nt
         tokens = [(i + len(prompt_ids)) % 7 + 3 for i in range(n)]
         if self.name == "draft_only":  # an approximate policy's output differs from the target's
             tokens = [t + 1 for t in tokens]
         if self.name == "specdecpp":  # another sample of the target's distribution than target-only's
             tokens = [t + 2 for t in tokens]
-        return FakeResult(tokens, DecodeStats(wall, n, nt, nd, disc, lens))
+        return FakeResult(tokens, DecodeStats(wall, n, nt, nd, disc, lens, catch_up))
 
 
 class FakeTokenizer:

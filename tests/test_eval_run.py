@@ -58,6 +58,10 @@ def test_run_writes_report_and_chooses_by_latency(tmp_path):
     for r in store.records():
         counts[(r["mode"], r["run"])] = counts.get((r["mode"], r["run"]), 0) + 1
     assert counts[("sample", "sd[k=3]")] == 4 and counts[("sample", "sd[k=6]")] == 2
+    # each record keeps the draft's catch-up count the decoding reported; a peer has none
+    caught = {(r["run"], r["stats"]["draft_catch_up"]) for r in store.records() if r["run"] in ("sd[k=1]", "sd[k=6]")}
+    assert caught == {("sd[k=1]", 3), ("sd[k=6]", 0)}
+    assert all(r["stats"].get("draft_catch_up") is None for r in store.records() if r["family"].startswith("hf_"))
     assert counts[("sample", "target_only")] == 4 and ("greedy", "draft_only") not in counts
     # prompt by prompt: each step's runs on one prompt before the next, so a paired ratio's two runs are close in
     # time (the single-setting runs on every prompt: target_only, draft_only, the first two of them)
@@ -724,7 +728,8 @@ def test_repeats_that_make_other_tokens_are_refused():
 
 def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
     """The eval's per-run prediction (``Totals.predicted_s_per_token``) charges each token the draft read beyond one
-    its ``draft_catch_up`` seconds; a record made before runs counted them is predicted without it."""
+    its ``draft_catch_up`` seconds; runs with a record made before runs counted them are not predicted where the fit
+    prices the catch-up (they would look cheaper than runs that counted it), and predicted as before where not."""
     from decoding.costs import LatencyFit
     from evaluation.summary import totals
 
@@ -740,5 +745,6 @@ def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
     assert counted.draft_catch_up == 4
     assert counted.predicted_s_per_token(fit) == pytest.approx((0.5 * 16 + 1.0 * 12 + 0.25 * 4) / 20)
     uncounted = totals({0: record(0, 3), 1: record(1, None)})
-    assert uncounted.draft_catch_up is None
-    assert uncounted.predicted_s_per_token(fit) == pytest.approx((0.5 * 16 + 1.0 * 12) / 20)
+    assert uncounted.draft_catch_up is None and uncounted.predicted_s_per_token(fit) is None
+    unpriced = LatencyFit(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0)
+    assert uncounted.predicted_s_per_token(unpriced) == pytest.approx((0.5 * 16 + 1.0 * 12) / 20)

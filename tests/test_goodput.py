@@ -315,3 +315,10 @@ def test_where_no_round_can_pay_the_policy_drafts_nothing(tiny_pair):
     with pytest.raises(EstimateFileError, match="fitted on rows labeled at"):
         build_policy("goodput", calibration=calibration, costs=CPU, max_k=MAX_K).generate(
             greedy, [1, 10, 11], torch.Generator().manual_seed(0))
+    # a calibration of another draft is refused even where it would not be read
+    from core.identity import IdentityError
+
+    other = ModelPair(models[1], models[1], eos_token_ids=[], sampling=Sampling(temperature=0.0, max_new_tokens=12))
+    with pytest.raises(IdentityError, match="the calibration was fitted on rows of draft"):
+        build_policy("goodput", calibration=calibration, costs=LLAMA_CPU, max_k=MAX_K).generate(
+            other, [1, 10, 11], torch.Generator().manual_seed(0))

@@ -27,8 +27,8 @@ from core.sampling import Sampling
 from decoding import rules
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts, sd_round_lengths
-from decoding.schedule import (ScheduleFileError, catch_up, draw_rounds, predicted_seconds, read_schedule, target_only_rounds,
-                               tokens, write_schedule)
+from decoding.schedule import (ScheduleFileError, catch_up, draw_rounds, predicted_seconds, read_schedule,
+                               target_only_rounds, tokens, write_schedule)
 from decoding.state import ModelPair
 from decoding.static import StaticLM, static_lm
 
@@ -354,3 +354,15 @@ def test_a_schedules_catch_up_is_the_replays_on_traces_of_sure_outcomes():
         lengths = np.minimum(rng.integers(0, 4, size=40), 39 - np.arange(40))  # no round past the trace's end
         assert catch_up(draw_rounds(acceptance, lengths, rng)) == expected_counts(acceptance, lengths).catch_up
     assert catch_up([(0, 0), (0, 0), (2, 2), (1, 0), (0, 0), (3, 3), (2, 1)]) == 2 + 1 + 1 + 1
+
+
+def test_the_gpu_checks_timing_file_prices_the_drafts_catch_up():
+    """The GPU check's timing file (``scripts.gpu_check.timing_layout``) carries the draft's two-token read, so a
+    fit from it charges each catch-up token the read less the step."""
+    from decoding.costs import timing_fit
+    from scripts.gpu_check import timing_layout
+
+    target = {1: 0.004, 2: 0.0045, 3: 0.005, 8: 0.006}
+    layout = timing_layout("H100", "graphs", {1: 0.002, 2: 0.0026}, target, {"draft": 0.01, "target": 0.02})
+    fit = timing_fit(layout)
+    assert fit.draft_catch_up == pytest.approx(0.0006) and fit.round_costs().catch_up == pytest.approx(0.0006)
