@@ -424,9 +424,9 @@ class Runner:
         spent: dict[str, list[float]] = {}
         bar = tqdm(total=len(todo) * repeats, desc=f"eval [{mode.name}]", disable=self.quiet or len(todo) < 2,
                    file=sys.stderr)
-        for p, prompt_jobs in itertools.groupby(todo, key=lambda pj: pj[0]["prompt"]):
-            prompt_jobs = [job for _, job in prompt_jobs]
-            prompt = next(q for q in self.prompts if q["prompt"] == p)
+        for p, group in itertools.groupby(todo, key=lambda pj: pj[0]["prompt"]):
+            group = list(group)
+            prompt, prompt_jobs = group[0][0], [job for _, job in group]
             runs: dict[str, list[tuple[list[int], dict]]] = {}
             for _ in range(repeats):  # in turns, so each job's repeats meet the machine's speed as the others' do
                 for job in prompt_jobs:

@@ -34,6 +34,7 @@ from core.interrupt import run_main
 from core.runfolder import folder_lock
 from core.sampling import Sampling
 from core.runfolder import write_text
+from decoding.costs import catch_up_s
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
 from decoding.schedule import predicted_seconds, read_schedule
@@ -412,8 +413,9 @@ def main(argv: list[str] | None = None) -> dict:
                       "forced": {}}
             results["pairs"][name] = shapes
             prefill = {"draft": prefill_time(draft), "target": prefill_time(target)}
-            for decoder in decoders:
-                layout = timing_layout(results["device"], decoder, draft_times[decoder], target_times[decoder], prefill)
+            layouts = {decoder: timing_layout(results["device"], decoder, draft_times[decoder], target_times[decoder],
+                                              prefill) for decoder in decoders}
+            for decoder, layout in layouts.items():
                 write_text(out / f"timing-{decoder}-{name}.json", json.dumps(layout, indent=1))
             if pair_shapes and bare_step is not None:
                 shapes["compiled_step_s"] = bare_step
@@ -421,9 +423,9 @@ def main(argv: list[str] | None = None) -> dict:
             # the 7B shape's graphs over eager layers were timed on a forced schedule before: its last decoder here
             for decoder in decoders if pair_shapes else decoders[-1:]:
                 print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
-                d = draft_times[decoder]
-                costs = RoundCosts(draft=d[1], verify=lambda m, t=target_times[decoder]: t[min(m, max(t))],
-                                   name=decoder, catch_up=max(0.0, d[2] - d[1]))
+                step = draft_times[decoder][1]
+                costs = RoundCosts(draft=step, verify=lambda m, t=target_times[decoder]: t[min(m, max(t))],
+                                   name=decoder, catch_up=catch_up_s(layouts[decoder]["models"][0], step))
                 shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder,
                                                             split=pair_shapes and decoder == "compiled")
                 print(json.dumps(shapes["forced"][decoder]), flush=True)
