@@ -61,6 +61,15 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the flags)\n")
 
 
+def check_counts(counts: dict[str, int | list[int]]) -> None:
+    """Each flag's count (or counts) at least 1 (rows, repeats, tokens), or one ``SettingError`` naming the first
+    flag that is not: checked before any model loads or file is written."""
+    for flag, value in counts.items():
+        values = value if isinstance(value, list) else [value]
+        if any(v < 1 for v in values):
+            raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
+
+
 def parse_settings(parser, argv: list[str] | None = None):
     """``parser.parse_args(argv)`` for a jsonargparse parser made with ``exit_on_error=False``: a ``--config`` file
     that is missing, empty or not a mapping of settings, and every error of the parse, become one ``SettingError``
@@ -77,8 +86,14 @@ def parse_settings(parser, argv: list[str] | None = None):
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        raise SettingError(" ".join(lines) + f" (`{parser.prog} --help` lists the settings)") from None
+        raise one_line(e, f"`{parser.prog} --help`") from None
+
+
+def one_line(error: Exception, help: str) -> SettingError:
+    """A jsonargparse parse error (its message spread over lines: the key, then what it expected) as one
+    ``SettingError`` line, ending with the command ``help`` that lists the settings."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return SettingError(" ".join(lines) + f" ({help} lists the settings)")
 
 
 def with_out_flag(parser, args: list[str]) -> list[str]:

@@ -1,12 +1,18 @@
-"""The run-folder contract, once for every command that writes: labels, corpus, snapshot, train, eval, calibrate,
-export, the benches.
+"""The run-folder contract, once for every command that writes: a file or folder is a command's only when the ledger
+this project keeps beside it says so.
 
-- **Refuse what is not ours**, in one line, before any work: a non-empty folder no run of the command wrote
-  (``contents``), an output file that is not the command's (``check_output_file``).
-- **Delete only our own files**: a folder's ``Ledger`` lists every file a command wrote into it, and is all that
-  starting over deletes; a file under the command's names that the ledger does not list is a stray, refused.
-- **Write whole or not at all**: ``write_text`` / ``write_json`` write a temporary name, then rename it over.
-- **One writer at a time**: ``folder_lock``.
+- **The ledger** (``LEDGER``, in each folder a command writes into) lists, one ``<command>\\t<name>`` a line, every file
+  a command wrote there, claimed before it is written; a line naming ``.`` says the folder is that command's output
+  folder. Nothing is ever adopted from the shape or name of a file: a file the ledger does not list is the user's.
+- **Refuse what is not ours**, in one line, before the first write or folder creation (``RunFolder.check``,
+  ``OutputFile.check``): a non-empty folder no run of the command wrote, another command's folder, a file under the
+  command's names that its ledger does not list (a stray: the run would read it as its own or write over it), an
+  output file that is not the command's.
+- **Delete only our own files**: ``RunFolder.clear`` deletes the files the ledger lists for the command.
+- **Write whole or not at all**: ``write_with`` writes a temporary name, then renames it over; a failure (a full
+  disk, a read-only folder) is one line and leaves no temporary. A replaced folder is built beside and swapped in
+  once complete (``replace_folder``).
+- **One writer at a time**: ``folder_lock``, which never touches a file it did not create.
 Resuming is each command's own (what its inputs are and when they changed); these are the pieces every one shares.
 
 The lock is ``LOCK_FILE`` in the folder, holding the owner's pid and host, and an ``flock`` on it that the kernel
@@ -22,15 +28,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
+import shutil
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from core.errors import SettingError, UserError
 
-LOCK_FILE = ".lock"
+LOCK_FILE = ".specheads.lock"
+LEDGER = ".specheads-files"
+FOLDER = "."
+"""The ledger's name for the folder itself: its line makes the folder that command's output folder."""
+OURS = (LOCK_FILE, LEDGER)
 
 
 class FolderInUse(UserError):
@@ -42,6 +54,7 @@ def launching_process() -> bool:
     return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"))
 
 
+# ---------------------------------------------------------------------- the lock
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -52,17 +65,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _owner(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
+def _lock_record(fd: int) -> dict | None:
+    """What a lock file holds: ``{}`` when empty (its creator is between creating and writing it), the owner's record,
+    or None when it is no lock of ours."""
+    raw = os.pread(fd, 4096, 0)
+    if not raw:
         return {}
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and {"pid", "host", "what"} <= set(found) else None
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
+def folder_lock(folder: str | Path, what: str, flag: str = "--out") -> Iterator[None]:
     """Hold ``folder`` (created if missing) for the duration of the block; ``FolderInUse`` when another live
-    process holds it. ``what`` names the command in the message (``a labeling run``)."""
+    process holds it. ``what`` names the command in the message (``a labeling run``), ``flag`` the option that gave
+    the folder. A file under the lock's name that no run of ours wrote is refused, untouched."""
     folder = Path(folder)
     if not launching_process():
         yield
@@ -71,11 +91,20 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                try:
+                    fd, created = os.open(path, os.O_RDWR), False
+                except FileNotFoundError:  # its holder removed it between our two opens
+                    continue
         except OSError as e:
-            raise UserError(f"output folder {folder} is not writable: {e.strerror}") from None
+            raise UserError(f"{flag} {folder} is not writable: {e.strerror}") from None
         try:
-            _take(fd, path, folder)
+            _take(fd, path, folder, flag)
+            if not created and _lock_record(fd) is None:
+                raise UserError(f"{flag} {folder} holds a file {LOCK_FILE} that no run of this project wrote: move it "
+                                "or choose another folder")
         except BaseException:
             os.close(fd)
             raise
@@ -88,11 +117,13 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what}).encode(), 0)
         yield
     finally:
-        path.unlink(missing_ok=True)  # before the flock goes, so that no one locks a file on its way out
+        with contextlib.suppress(OSError):  # before the flock goes, so that no one locks a file on its way out;
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not another's, where the folder was swapped for a new one
+                path.unlink()
         os.close(fd)
 
 
-def _take(fd: int, path: Path, folder: Path) -> None:
+def _take(fd: int, path: Path, folder: Path, flag: str) -> None:
     """flock ``fd`` or raise ``FolderInUse`` naming the holder."""
     import fcntl  # Unix only: imported here, so that the atomic writes serve where no lock is taken
 
@@ -100,7 +131,7 @@ def _take(fd: int, path: Path, folder: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
     except OSError as e:
-        owner = _owner(path)
+        owner = _lock_record(fd) or {}
         busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
         if not busy:  # no flock on this file system: the recorded pid decides
             pid = owner.get("pid")
@@ -108,17 +139,28 @@ def _take(fd: int, path: Path, folder: Path) -> None:
         if busy:
             raise FolderInUse(f"{folder} is in use by {owner.get('what', 'another run')} (process "
                               f"{owner.get('pid', '?')} on {owner.get('host', '?')}); wait for it to finish or "
-                              "choose another output_dir") from None
+                              f"choose another {flag}") from None
 
 
+# ---------------------------------------------------------------------- whole writes
 def contents(folder: Path) -> list[str]:
-    """The names in ``folder`` (none where it is missing), its lock file left out."""
-    return sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE) if folder.is_dir() else []
+    """The names in ``folder`` (none where it is missing), the project's lock and ledger left out."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in OURS) if folder.is_dir() else []
 
 
 def listing(names: list[str], at_most: int = 3) -> str:
     """``a, b, c, …``: the first names of a folder's, for a one-line message."""
     return ", ".join(names[:at_most]) + (", …" if len(names) > at_most else "")
+
+
+def _no_temporary(tmp: Path) -> None:
+    """Remove a write's temporary, if it is there and can be: a folder that became read-only keeps a temporary it
+    never held, and a failed clean-up must not hide the error that called it."""
+    with contextlib.suppress(OSError):
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 def write_with(path: Path, write: Callable[[Path], object]) -> Path:
@@ -132,10 +174,10 @@ def write_with(path: Path, write: Callable[[Path], object]) -> Path:
         write(tmp)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        _no_temporary(tmp)
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _no_temporary(tmp)
         raise
     return path
 
@@ -148,6 +190,11 @@ def write_json(path: Path, obj) -> Path:
     return write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def write_figure(fig, path: Path) -> Path:
+    """A matplotlib figure as the image file ``path`` (its format from the suffix), whole or not at all."""
+    return write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format=Path(path).suffix[1:]))
+
+
 def read_json(path: Path, fix: str):
     """A JSON file a run wrote; ``UserError`` naming it, and ``fix``, when it is not JSON (damaged or edited)."""
     try:
@@ -156,86 +203,229 @@ def read_json(path: Path, fix: str):
         raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
 
 
+def replace_folder(folder: Path, build: Callable[[Path], object]) -> Path:
+    """Write the folder ``folder`` whole or not at all: ``build(tmp)`` fills a new folder beside it, which is swapped
+    in for the old one only once complete; where building fails the old folder is left as it was, and no temporary.
+    Returns ``folder``."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    old = folder.with_name(f".{folder.name}.old{os.getpid()}")
+    try:
+        _no_temporary(tmp)
+        tmp.mkdir(parents=True)
+        build(tmp)
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    except OSError as e:
+        _no_temporary(tmp)
+        if old.exists() and not folder.exists():
+            os.replace(old, folder)
+        raise UserError(f"cannot write {folder}: {e.strerror or e}") from None
+    except BaseException:
+        _no_temporary(tmp)
+        raise
+    _no_temporary(old)
+    return folder
+
+
+# ---------------------------------------------------------------------- the ledger
 class Ledger:
-    """The files a command wrote into a folder, one relative name a line in the file ``name`` inside it: a file is
-    claimed before it is written, so that starting over deletes it and nothing else."""
+    """The files specheads commands wrote into one folder: ``<command>\\t<name>`` a line, in the file ``LEDGER``
+    inside it (``FOLDER`` as the name: the folder is that command's output folder). A line is appended before its
+    file is written, so that an interrupted run's files are known as its own."""
 
-    def __init__(self, root: str | Path, name: str):
+    def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.path = self.root / name
-
-    def claim(self, path: Path) -> Path:
-        """Record ``path``, a file of this folder, before it is written; returns it."""
-        name = path.relative_to(self.root).as_posix()
-        if name not in self.claimed():
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(name + "\n")
-        return path
-
-    def claimed(self) -> list[str]:
-        return self.path.read_text().splitlines() if self.path.is_file() else []
+        self.path = self.root / LEDGER
 
     def exists(self) -> bool:
         return self.path.is_file()
 
-    def files(self) -> list[Path]:
-        """The claimed files that are there, and the ledger: all that starting over deletes."""
-        return [*(p for p in (self.root / n for n in self.claimed()) if p.is_file()), self.path]
-
-    def strays(self, named: list[Path]) -> list[Path]:
-        """Of ``named`` (the files under the command's names that are there), those the ledger does not list: a
-        next run would read them as its own or write over them."""
-        claimed = set(self.claimed())
-        return [p for p in named if p.relative_to(self.root).as_posix() not in claimed]
-
-
-def earlier_outputs(folder: Path, named: tuple[str, ...], record: str, is_record: Callable[[object], bool]) -> bool:
-    """Whether ``folder`` holds a command's outputs written before it kept a ledger: its JSON ``record`` (one of
-    ``named``) passes ``is_record``, and the folder holds nothing else but ``named`` files and folders."""
-    try:
-        found = read_json(folder / record, "")
-    except (OSError, UserError):
-        return False
-    return is_record(found) and all(p.is_dir() or p.name in named for p in folder.iterdir())
-
-
-def own_folder(folder: Path, ledger_name: str, named: tuple[str, ...], what: str, flag: str,
-               earlier: tuple[str, Callable[[object], bool]] | None = None) -> Ledger:
-    """The ledger of ``folder``, a command's output folder, once it is known to be the command's: missing or empty,
-    or holding its ledger (``ledger_name``), or holding the command's outputs from before it kept one (``earlier``:
-    the JSON file of ``named`` that tells, and what its contents must pass; ``earlier_outputs``). Refused in one line naming ``flag``: any other non-empty folder, and files under ``named``
-    (the names the command writes) that the ledger does not list. ``named`` is claimed at once, so that an
-    interrupted run's folder is known as the command's."""
-    ledger = Ledger(folder, ledger_name)
-    found = contents(folder)
-    if found and not ledger.exists() and not (earlier and earlier_outputs(folder, named, *earlier)):
-        raise SettingError(f"{flag} {folder} is not empty ({listing(found)}) and no {what} wrote it: choose another "
-                           "folder")
-    if ledger.exists():
-        strays = ledger.strays([folder / n for n in named if (folder / n).exists()])
-        if strays:
-            raise SettingError(f"{flag} {folder} holds {listing([p.name for p in strays])}, which no {what} wrote: "
-                               "move them or choose another folder")
-    for name in named:
-        ledger.claim(folder / name)
-    return ledger
-
-
-def check_output_file(out: Path, flag: str, what: str, ours: Callable[[Path], object]) -> None:
-    """``out`` may be a new file where a folder can hold it, or a ``what`` a command of ours wrote (``ours(out)``
-    reads it without a ``UserError``), which is replaced; a folder, a path under a file and any other file (a label
-    folder's manifest, a user's notes) are refused in one line naming ``flag``."""
-    if out.is_dir():
-        raise SettingError(f"{flag} {out} is a folder: give the {what} to write")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise SettingError(f"{flag} {out}: {parent} is a file, not a folder")
-            break
-    if out.exists():
+    def entries(self) -> list[tuple[str, str]]:
+        if not self.path.is_file():
+            return []
         try:
-            ours(out)
-        except UserError:
-            raise SettingError(f"{flag} {out} exists and is not a {what}: give a new path (or a {what}, which is "
-                               "replaced)") from None
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{self.path} cannot be read ({e}): move the folder aside and run again") from None
+        return [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
+
+    def owner(self) -> str | None:
+        """The command whose output folder this is, None where it is none's."""
+        return next((cmd for cmd, name in self.entries() if name == FOLDER), None)
+
+    def claimed(self, command: str) -> set[str]:
+        return {name for cmd, name in self.entries() if cmd == command and name != FOLDER}
+
+    def claim(self, command: str, names: Iterable[str]) -> None:
+        """Record ``names`` (relative to the folder) as ``command``'s before they are written."""
+        have = {(c, n) for c, n in self.entries()}
+        new = [n for n in dict.fromkeys(names) if (command, n) not in have]
+        if not new:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:  # one append a call: concurrent writers' lines do not interleave
+                f.write("".join(f"{command}\t{n}\n" for n in new))
+        except OSError as e:
+            raise UserError(f"cannot write {self.path}: {e.strerror or e}") from None
+
+
+    def forget(self, command: str) -> None:
+        """Drop ``command``'s files from the ledger (once deleted), keeping its claim on the folder."""
+        kept = [(c, n) for c, n in self.entries() if c != command or n == FOLDER]
+        write_text(self.path, "".join(f"{c}\t{n}\n" for c, n in kept))
+
+
+def _relative(root: Path, path: Path) -> str:
+    return Path(path).relative_to(root).as_posix()
+
+
+class RunFolder:
+    """The output folder of one command (``command``, as ``specheads <command>`` names it), given by the option
+    ``flag``. ``names``: glob patterns (relative to the folder) of every file the command writes into it; a file under
+    them that the ledger does not list for the command is a stray, refused."""
+
+    def __init__(self, root: str | Path, command: str, flag: str = "--out", names: Iterable[str] = ()):
+        self.root = Path(root)
+        self.command = command
+        self.flag = flag
+        self.names = tuple(names)
+        self.ledger = Ledger(self.root)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.root)!r}, {self.command!r})"
+
+    # -------------------------------------------------------------- checks, touching nothing
+    def ours(self) -> bool:
+        """Whether a run of the command wrote this folder."""
+        return self.ledger.owner() == self.command
+
+    def check(self, beside: bool | None = None) -> None:
+        """Refuse, in one line naming the flag, a folder the command cannot write into: a file; another command's
+        output folder; a non-empty folder no run of the command wrote (unless ``beside``: the user asked to write
+        beside what it holds, with ``--overwrite true``; None: the command has no such flag); files under the
+        command's names that no run of it wrote. Touches nothing."""
+        root, flag = self.root, self.flag
+        for parent in [root, *root.parents]:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise SettingError(f"{flag} {root}: {parent} is a file, not a folder")
+                break
+        owner = self.ledger.owner()
+        if owner is not None and owner != self.command:
+            raise SettingError(f"{flag} {root} is the output folder of `specheads {owner}`, not of `specheads "
+                               f"{self.command}`: choose another folder")
+        found = contents(root)
+        if owner is None and found and not beside:
+            hint = "" if beside is None else (", or pass --overwrite true to write beside what it holds (nothing "
+                                              "a run did not write is ever deleted)")
+            raise SettingError(f"{flag} {root} is not empty ({listing(found)}) and no `specheads {self.command}` wrote "
+                               f"it: choose another folder{hint}")
+        strays = self.strays()
+        if strays:
+            raise SettingError(f"{flag} {root} holds {listing([_relative(root, p) for p in strays])}, which no "
+                               f"`specheads {self.command}` wrote: move them or choose another folder (a run would "
+                               "read them as its own or write over them)")
+
+    def named(self) -> list[Path]:
+        """The files under the command's names that are there."""
+        if not self.root.is_dir():
+            return []
+        return sorted({p for pattern in self.names for p in self.root.glob(pattern)
+                       if p.is_file() and p.name not in OURS})
+
+    def strays(self) -> list[Path]:
+        claimed = self.ledger.claimed(self.command)
+        return [p for p in self.named() if _relative(self.root, p) not in claimed]
+
+    def files(self) -> list[Path]:
+        """Every file (or folder of files) the command wrote here that is there: what ``clear`` deletes."""
+        return sorted(p for p in (self.root / n for n in self.ledger.claimed(self.command)) if p.exists())
+
+    # -------------------------------------------------------------- writing
+    @contextlib.contextmanager
+    def hold(self, what: str) -> Iterator["RunFolder"]:
+        """Lock the folder for the block (``folder_lock``); a folder the block created and left holding none of the
+        command's files (a run refused or failed before its first output) is removed again."""
+        created = not self.root.exists()
+        try:
+            with folder_lock(self.root, what, self.flag):
+                yield self
+        finally:
+            if created and self.root.is_dir() and not contents(self.root) and not self.files():
+                with contextlib.suppress(OSError):
+                    self.ledger.path.unlink(missing_ok=True)
+                    self.root.rmdir()
+
+    def start(self, names: Iterable[str] = ()) -> None:
+        """Make the folder the command's (its first write, once every input is checked), claiming ``names``."""
+        self.ledger.claim(self.command, [FOLDER, *names])
+
+    def claim(self, path: Path) -> Path:
+        """Record ``path``, a file of this folder, as the command's before it is written; returns it."""
+        self.ledger.claim(self.command, [_relative(self.root, Path(path))])
+        return Path(path)
+
+    def write_text(self, path: Path, text: str) -> Path:
+        return write_text(self.claim(path), text)
+
+    def write_json(self, path: Path, obj) -> Path:
+        return write_json(self.claim(path), obj)
+
+    def clean_temporaries(self) -> None:
+        """Remove what a killed run left half-written: the temporaries ``write_with`` names after the command's own
+        files (``.<name>.tmp<pid>``), nothing else."""
+        for name in self.ledger.claimed(self.command):
+            path = self.root / name
+            for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp[0-9]*"):
+                _no_temporary(tmp)
+
+    def clear(self) -> None:
+        """Delete the files the command wrote here, and the folders under it that this emptied; nothing else."""
+        folders = set()
+        for p in self.files():
+            if p.is_dir():  # a folder the command claimed whole (its own outputs, e.g. a smoke run's stages)
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            folders.update(q for q in p.parents if self.root in q.parents)
+        for d in sorted(folders, key=lambda q: len(q.parts), reverse=True):
+            with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
+                d.rmdir()
+        self.ledger.forget(self.command)
+
+
+class OutputFile:
+    """One output file of a command (a calibration, a timing file, a schedule), given by ``flag``: a new path where a
+    folder can hold it, or a file the ledger of its folder lists as the command's, which is replaced."""
+
+    def __init__(self, path: str | Path, command: str, what: str, flag: str = "--out"):
+        self.path = Path(path)
+        self.command = command
+        self.flag = flag
+        self.what = what
+        self.ledger = Ledger(self.path.parent)
+
+    def check(self) -> None:
+        """Refuse, in one line, a folder, a path under a file, and a file no run of the command wrote (a label
+        folder's manifest, a user's notes, another command's output). Touches nothing."""
+        out, flag = self.path, self.flag
+        if out.is_dir():
+            raise SettingError(f"{flag} {out} is a folder: give the {self.what} to write")
+        for parent in out.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise SettingError(f"{flag} {out}: {parent} is a file, not a folder")
+                break
+        if out.name in OURS:
+            raise SettingError(f"{flag} {out}: {out.name} is a name this project keeps for itself; give another")
+        if out.exists() and out.name not in self.ledger.claimed(self.command):
+            raise SettingError(f"{flag} {out} exists and no `specheads {self.command}` wrote it: give a new path (or "
+                               f"a {self.what} that command wrote, which is replaced)")
+
+    def claim(self) -> Path:
+        """Record the file as the command's, before it is written; returns its path."""
+        self.ledger.claim(self.command, [self.path.name])
+        return self.path

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from core.cache import file_sha256
 from core.columns import FEATURE_COLUMNS
 from core.errors import UserError
 from core.identity import prompt_digest
-from core.runfolder import read_json, write_json
+from core.runfolder import read_json, write_json, write_with
 
 SCHEMA_VERSION = 4
 SPLITS = ("train", "val", "test")
@@ -80,22 +79,23 @@ def features(sizes: dict[str, int]) -> Features:
     )
 
 
-def write_shard(path: Path, cols: dict, sizes: dict[str, int]) -> int:
-    """Write one shard atomically (temporary name, then rename); return its row count."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    feats = features(sizes)
-    data = {}
-    for name in feats:
-        v = cols[name]
-        data[name] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    writer = ArrowWriter(features=feats, path=str(tmp))
+def _write_arrow(path: Path, feats: Features, data: dict) -> None:
+    writer = ArrowWriter(features=feats, path=str(path))
     try:
         writer.write_batch(data)
         writer.finalize()
     finally:
         writer.close()
-    os.replace(tmp, path)
+
+
+def write_shard(path: Path, cols: dict, sizes: dict[str, int]) -> int:
+    """Write one shard atomically (temporary name, then rename); return its row count."""
+    feats = features(sizes)
+    data = {}
+    for name in feats:
+        v = cols[name]
+        data[name] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+    write_with(path, lambda tmp: _write_arrow(tmp, feats, data))
     rows = len(data["prompt_id"])
     write_json(_record_path(path), {"rows": rows, "sha256": file_sha256(path)})
     return rows
@@ -126,14 +126,7 @@ def batch_files(key: str) -> list[Path]:
 def write_sequences(path: Path, seqs: dict[str, list]) -> int:
     """Write a batch's token sequences atomically, with their record; return the prompt count."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    writer = ArrowWriter(features=SEQUENCE_FEATURES, path=str(tmp))
-    try:
-        writer.write_batch({k: seqs[k] for k in SEQUENCE_FEATURES})
-        writer.finalize()
-    finally:
-        writer.close()
-    os.replace(tmp, path)
+    write_with(path, lambda tmp: _write_arrow(tmp, SEQUENCE_FEATURES, {k: seqs[k] for k in SEQUENCE_FEATURES}))
     write_json(_record_path(path), {"rows": len(seqs["prompt_id"]), "sha256": file_sha256(path)})
     return len(seqs["prompt_id"])
 
@@ -228,20 +221,6 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
             problems.append(f"{out_dir / 'manifest.json'}: split {split} has {summary['rows']} rows, its shards "
                             f"{rows}")
     return problems
-
-
-def clean_temporaries(out_dir: Path, records: tuple[str, ...] = ()) -> None:
-    """Remove what an interrupted run left half-written: the temporaries of shards and their records in the
-    dataset's folders, and of ``manifest.json`` and ``records`` (the caller's JSON files) in ``out_dir``; only
-    names this module's atomic writes give (``.<name>.tmp<pid>``), never another file, nothing in other folders."""
-    out_dir = Path(out_dir)
-    for folder in _layout_dirs(out_dir):
-        for pattern in (".*.arrow.tmp[0-9]*", ".*.arrow.json.tmp[0-9]*"):
-            for tmp in folder.glob(pattern):
-                tmp.unlink(missing_ok=True)
-    for name in ("manifest.json", *records):
-        for tmp in out_dir.glob(f".{name}.tmp[0-9]*"):
-            tmp.unlink(missing_ok=True)
 
 
 def shard_paths(out_dir: Path, split: str) -> list[Path]:

@@ -32,7 +32,6 @@ import hashlib
 import importlib.metadata
 import io
 import json
-import os
 import re
 import sys
 import sysconfig
@@ -44,7 +43,7 @@ from pathlib import Path
 
 from core.arguments import parse_settings
 from core.errors import UserError
-from core.runfolder import contents, folder_lock, read_json, write_json
+from core.runfolder import RunFolder, write_json, write_with
 
 DEFAULT_PACKAGES = [
     "numpy", "scipy", "sympy", "mpmath", "networkx", "scikit-learn", "pandas", "matplotlib", "torch", "transformers",
@@ -427,23 +426,19 @@ def rows_digest(rows: list[dict]) -> str:
 
 
 KIND = "corpus"
-"""The manifest's ``kind``: a folder whose manifest says so is a corpus this builder may rebuild in place."""
+"""The manifest's ``kind``."""
+
+
+def corpus_folder(out: Path) -> RunFolder:
+    return RunFolder(out, "corpus", "--out", ("corpus.parquet", "manifest.json"))
 
 
 def check_out(out: Path) -> None:
-    """Refuse an output folder that is the current directory, or that holds files and is not a corpus folder: the
-    build replaces ``corpus.parquet`` and ``manifest.json`` there, and they may be another dataset's."""
-    if out.exists() and not out.is_dir():
-        raise CorpusError(f"--out {out} is a file, not a folder")
-    if out.resolve() == Path.cwd().resolve():
+    """Refuse an output folder that is the current directory, or that no corpus build wrote (``RunFolder``): the
+    build replaces ``corpus.parquet`` and ``manifest.json`` there."""
+    if out.exists() and out.resolve() == Path.cwd().resolve():
         raise CorpusError("--out is the current directory; choose a folder of its own, e.g. runs/corpus")
-    if not contents(out):
-        return
-    manifest = out / "manifest.json"
-    m = read_json(manifest, "remove it or choose another --out") if manifest.is_file() else None
-    if not isinstance(m, dict) or m.get("kind") != KIND:
-        raise CorpusError(f"--out {out} holds files and is not a corpus folder (no manifest.json with kind "
-                          f"{KIND!r}); choose an empty or new folder")
+    corpus_folder(out).check()
 
 
 def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
@@ -451,7 +446,7 @@ def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
     folder or a previous corpus folder (``check_out``), holding its lock; return the manifest."""
     out = Path(cfg.out)
     check_out(out)
-    with folder_lock(out, "a corpus build"):
+    with corpus_folder(out).hold("a corpus build"):
         check_out(out)  # another build may have written it before the lock was ours
         return _build(cfg, out, progress)
 
@@ -488,12 +483,10 @@ def _build(cfg: CorpusConfig, out: Path, progress: bool) -> dict:
     kept.sort(key=lambda r: hashlib.sha256(f"{r['package']}\0{r['qualname']}\0{r['prompt']}".encode()).hexdigest())
     for i, r in enumerate(kept):
         r["task_id"] = f"corpus/{i}"
-    tmp = out / f".corpus.parquet.tmp{os.getpid()}"  # no .parquet suffix: a reader of the folder skips it
-    try:
-        datasets.Dataset.from_list(kept).to_parquet(str(tmp))
-        os.replace(tmp, out / "corpus.parquet")
-    finally:
-        tmp.unlink(missing_ok=True)
+    folder = corpus_folder(out)
+    folder.start(["corpus.parquet", "manifest.json"])
+    # the temporary has no .parquet suffix: a reader of the folder skips it
+    write_with(out / "corpus.parquet", lambda tmp: datasets.Dataset.from_list(kept).to_parquet(str(tmp)))
     per_package: dict[str, int] = {}
     for r in kept:
         per_package[r["package"]] = per_package.get(r["package"], 0) + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from typing import Literal
 
 import pytorch_lightning as pl
 import torch
+from lightning_utilities.core import rank_zero as lightning_rank_zero
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 
 from core import label_math as lm
@@ -33,7 +35,7 @@ from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, 
                          load_model, resolve_dtype)
 from core.prompts import PromptConfig, input_digests, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.quantization import decode_numerics
-from core.runfolder import contents, folder_lock, launching_process, listing, read_json, write_json
+from core.runfolder import RunFolder, launching_process, read_json, write_json
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt
 from data_gen.llama_labeler import LlamaLabeler
@@ -273,6 +275,7 @@ class LabelProgress(TQDMProgressBar):
 
 
 # ---------------------------------------------------------------------- run
+MANIFEST = "manifest.json"
 RUN_FILE = "run.json"
 """The run's settings and input digests, written before its first shard: a folder holding it is a labeling run's."""
 
@@ -348,13 +351,9 @@ def previous_run(out: Path) -> dict | None:
 
 
 def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
-    """Refuse a folder labeled with other settings or from other inputs (unless asked to start over), and a
-    non-empty folder that holds no labeling run (unless told to label beside what it holds; never when it holds
-    shards that no run of this folder wrote)."""
-    if cfg.overwrite and (out / RUN_FILE).exists():  # this folder's run, started over whatever its record says …
-        if shards.dataset_files(out) or (out / "manifest.json").exists():
-            return
-        previous_run(out)  # … where it is a run's: a record of no run, beside no dataset, is no run's to replace
+    """Refuse a folder labeled with other settings or from other inputs, unless asked to start over, and shards of
+    this folder's whose run's record is gone. Whose folder it is, ``RunFolder.check`` has decided."""
+    if cfg.overwrite:
         return
     previous = previous_run(out)
     if previous is not None:
@@ -364,34 +363,21 @@ def _refuse_other_run(out: Path, cfg: LabelConfig, inputs: dict) -> None:
                 f"{out} holds a labeling run with other settings or inputs ({', '.join(changed)}); "
                 "pass --overwrite true or choose another output_dir"
             )
-        return
-    if shards.dataset_files(out) or (out / "manifest.json").exists():
-        raise LabelingError(f"{out} holds shards that no labeling run recorded in {RUN_FILE} wrote; choose another "
-                            "output_dir (they are not deleted, not even with --overwrite true)")
-    others = contents(out)
-    if others and not cfg.overwrite:
-        raise LabelingError(f"{out} is not empty ({listing(others)}) and "
-                            "holds no labeling run; choose another output_dir, or pass --overwrite true to label "
-                            "beside what it holds")
+    elif shards.dataset_files(out) or (out / MANIFEST).exists():
+        raise LabelingError(f"{out} holds shards of a labeling run whose {RUN_FILE} is gone, so their settings are "
+                            "unknown; pass --overwrite true to start over, or choose another output_dir")
 
 
-def _start_run(out: Path, cfg: LabelConfig, inputs: dict, names: list[str]) -> None:
-    """Record the run in ``run.json``, after deleting this folder's earlier run when asked to start over: its
-    manifest and the shards a labeling run wrote (each has its record) or that this run writes again (``names``),
-    with their records; a shard that is neither is refused first, since it is no run's to delete."""
-    if cfg.overwrite:
-        stray = [p for p in shards.unlisted_shards(out, names) if not Path(f"{p}.json").exists()]
-        if stray:
-            raise LabelingError(f"{stray[0]} is not a shard any labeling run recorded: --overwrite deletes only a "
-                                "labeling run's own files; move it out of the dataset's folders and run again")
-        for p in [*shards.dataset_files(out), out / "manifest.json"]:
-            p.unlink(missing_ok=True)
-    write_json(out / RUN_FILE, run_record(cfg, inputs))
+def label_folder(out: Path) -> RunFolder:
+    """A labeling run's output folder: its record, its pair, its manifest, and every shard with its record."""
+    return RunFolder(out, "labels", "--output_dir",
+                     (RUN_FILE, PAIR_FILE, MANIFEST, *(f"{split}/{sub}*.arrow{ext}" for split in shards.SPLITS
+                                                      for sub in ("", "sequences/") for ext in ("", ".json"))))
 
 
 def _refuse_unlisted(out: Path, names, manifest: bool) -> None:
     """Refuse shards in the dataset's folders that this run does not write (``names``: the manifest's, or this
-    run's batches'): a reader would take their rows for the dataset's, and they are not this run's to delete."""
+    run's batches'): a reader would take their rows for the dataset's."""
     stray = shards.unlisted_shards(out, names)
     if stray:
         more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
@@ -434,7 +420,10 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
     table = load_prompt_table(cfg.prompts, need_response=cfg.response_source == "dataset")
     inputs = input_digests(table, cfg.response_source == "dataset", {"draft": cfg.draft, "target": cfg.target})
     out = Path(cfg.output_dir)
-    with folder_lock(out, "a labeling run"):
+    folder = label_folder(out)
+    folder.check(beside=cfg.overwrite)  # before the lock creates the folder
+    with folder.hold("a labeling run"):
+        folder.check(beside=cfg.overwrite)
         manifest = _finished_run(out, cfg, inputs, quiet)
         if manifest is None:
             _refuse_other_run(out, cfg, inputs)  # before minutes of model loading
@@ -442,12 +431,15 @@ def run_labels(cfg: LabelConfig, *, callbacks: list | None = None, quiet: bool =
             records = build_records(cfg, tok, min(context_window(draft), context_window(target)), table)
             batches = make_batches(records, cfg.batch_size)
             if launching_process():  # the ranks it starts write into the folder it prepared
-                names = [f"{b['key']}.arrow" for b in batches] \
-                    + [shards.sequences_path(Path(f"{b['key']}.arrow")).as_posix() for b in batches]
-                _start_run(out, cfg, inputs, names)
+                if cfg.overwrite:
+                    folder.clear()
+                folder.start([RUN_FILE, PAIR_FILE, MANIFEST,
+                              *(p.as_posix() for b in batches for p in shards.batch_files(b["key"]))])
+                folder.clean_temporaries()  # what a killed run left half-written
+                write_json(out / RUN_FILE, run_record(cfg, inputs))
                 write_pair_record(out, run_record(cfg, inputs), models, draft, target)
-                shards.clean_temporaries(out, (RUN_FILE, PAIR_FILE))  # the folder is this run's now
-                _refuse_unlisted(out, names, manifest=False)
+                _refuse_unlisted(out, [p.as_posix() for b in batches for p in shards.batch_files(b["key"])],
+                                 manifest=False)
             if not _label_batches(cfg, out, draft, target, tok, models, batches, callbacks, quiet):
                 return {}  # another rank: rank 0 writes the manifest
             _check_complete(out, batches)
@@ -479,7 +471,7 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
     """The manifest of a finished run with these settings and inputs in ``out`` (nothing to do), else None. A
     finished run whose shards fail verification, or whose manifest is unreadable, is reopened: its manifest goes,
     and its damaged shards are redone; shards its manifest does not list are refused."""
-    if cfg.overwrite or not (out / "manifest.json").exists():
+    if cfg.overwrite or not (out / MANIFEST).exists():
         return None
     previous = previous_run(out)
     if previous is None or run_differences(previous, run_record(cfg, inputs)):
@@ -496,7 +488,7 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
             return manifest
     if not quiet:
         print(f"{out}: {len(problems)} problem(s) with the shards, first: {problems[0]}; redoing them")
-    (out / "manifest.json").unlink(missing_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
     return None
 
 
@@ -554,6 +546,12 @@ def load_pair(cfg: LabelConfig):
     return draft, target, t_tok, {"draft": d_id, "target": t_id}
 
 
+def _no_ctrl_c_line(record: logging.LogRecord) -> bool:
+    """A log filter: drops Lightning's "Detected KeyboardInterrupt, attempting graceful shutdown", which would come
+    before the command's own line about the Ctrl-C (``LabelingInterrupted``)."""
+    return "Detected KeyboardInterrupt" not in record.getMessage()
+
+
 def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict, batches: list[dict],
                    callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
@@ -580,6 +578,8 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
         # every rank labels every world_size-th remaining batch (the list is the same on all ranks)
         rank, world = trainer.global_rank, trainer.world_size
         loader = torch.utils.data.DataLoader(BatchList(todo[rank::world]), batch_size=None, collate_fn=lambda b: b)
+        lightning_log = lightning_rank_zero.log  # where Lightning says it caught a Ctrl-C: ours says it instead
+        lightning_log.addFilter(_no_ctrl_c_line)
         try:
             trainer.predict(module, loader, return_predictions=False)
         except SystemExit as e:
@@ -589,6 +589,8 @@ def _label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise LabelingInterrupted("stopped by Ctrl-C; every finished batch is kept: run the same command again "
                                       "to resume") from None
+        finally:
+            lightning_log.removeFilter(_no_ctrl_c_line)
         trainer.strategy.barrier()
     return trainer.global_rank == 0
 

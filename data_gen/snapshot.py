@@ -29,7 +29,7 @@ from core import shards
 from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
-from core.runfolder import contents, folder_lock
+from core.runfolder import RunFolder, contents
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 """Why a hard link fails where a copy does: another file system, or one without links."""
@@ -42,10 +42,13 @@ class SnapshotError(UserError):
 def _refuse_output(out: Path, run_dir: Path) -> None:
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise SnapshotError(f"{out} is inside the run's folder {run_dir}; choose a folder outside it")
-    if out.exists() and not out.is_dir():
-        raise SnapshotError(f"{out} is a file; choose a new folder")
-    if contents(out):
+    snapshot_folder(out).check()
+    if contents(out):  # an earlier snapshot's too: a snapshot deletes nothing
         raise SnapshotError(f"{out} is not empty; choose a new folder (a snapshot deletes nothing)")
+
+
+def snapshot_folder(out: Path) -> RunFolder:
+    return RunFolder(out, "snapshot", "--out")
 
 
 def coverage(batches: list[dict], done: list[dict]) -> dict:
@@ -103,8 +106,10 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
         raise SnapshotError(f"{run_dir} has no finished batch of {', '.join(empty)} yet ({len(done)} of "
                             f"{len(batches)} batches done); training needs train and val: snapshot it later")
     written: list[Path] = []
-    with folder_lock(out, "a snapshot"):
+    with snapshot_folder(out).hold("a snapshot"):
         _refuse_output(out, run_dir)  # again, now that no other snapshot can write into it
+        snapshot_folder(out).start([*(rel.as_posix() for b in done for rel in shards.batch_files(b["key"])),
+                                    "manifest.json"])
         try:
             for b in done:
                 for rel in shards.batch_files(b["key"]):

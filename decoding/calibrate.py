@@ -22,7 +22,7 @@ import numpy as np
 
 from core.arguments import CommandParser
 from core.errors import UserError
-from core.runfolder import check_output_file
+from core.runfolder import OutputFile
 from core.shards import SPLITS, read_manifest
 from decoding.estimates import CalibratedConfidence, calibration_error
 from decoding.traces import trace_rows
@@ -48,17 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_out(out: Path) -> None:
-    """OUT may be a new file or a calibration file this command wrote, which it replaces; anything else (a folder, a
-    label folder's manifest, any other file, a path under a file) is refused before the fit."""
-    check_output_file(out, "--out", "calibration file", CalibratedConfidence.load)
-
-
 def main(argv: list[str] | None = None) -> CalibratedConfidence:
     a = parse_args(argv)
-    out = Path(a.out)
+    out = OutputFile(a.out, "calibrate", "calibration file")
     try:  # every input checked before anything is written
-        check_out(out)
+        out.check()
         same = a.heldout is not None and Path(a.heldout).resolve() == Path(a.labels).resolve()
         if same and set(a.splits) & set(a.heldout_splits):
             raise UserError(f"--heldout_splits {' '.join(a.heldout_splits)} and --splits {' '.join(a.splits)} share "
@@ -69,7 +63,7 @@ def main(argv: list[str] | None = None) -> CalibratedConfidence:
         calibration = CalibratedConfidence.fit(fitted_on["logp_draft"], fitted_on["acceptance"])
         manifest = read_manifest(a.labels)
         calibration.fitted = {"draft": manifest["models"]["draft"], "sampling": manifest["sampling"]}
-        calibration.save(out)
+        calibration.save(out.claim())
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.errors import SettingError
 from decoding import rules
 from decoding.traces import Trace
 from heads.features import draft_scores
@@ -140,6 +141,20 @@ class Counts:
         calls = None if self.calls is None else self.calls * scale
         return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls,
                                                            catch_up=self.catch_up * scale))
+
+
+MAX_COST_RATIO = 10.0
+"""The largest cost ratio c = t_draft / t_target a command takes: a draft step that costs ten target steps drafts
+nothing worth verifying, and a c near float's limit overflows a round's cost (infinite costs, NaN shares)."""
+
+
+def check_cost_ratios(values: Sequence[float], flag: str) -> None:
+    """Each of ``values`` (the command's ``flag``) a cost ratio of Eq. 5.1, 0 < c < ``MAX_COST_RATIO``, or one
+    ``SettingError`` naming the first that is not."""
+    for c in values:
+        if not 0 < c < MAX_COST_RATIO:
+            raise SettingError(f"{flag} must be a positive cost ratio t_draft / t_target, got {c:g} (a draft step "
+                               f"costs c target steps: 0 < c < {MAX_COST_RATIO:g})")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, check_counts
+from core.interrupt import run_main
 from core.label_math import tv_distance, warp_logits
 from core.models import ModelSpec, load_model
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.quantization import NONE, QUANTIZATIONS
+from core.runfolder import OutputFile
 from evaluation.bench_timing import DTYPES, bench_model, step_s, write_json
 
 DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)
@@ -43,7 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int, default=128, help="tokens of the timed prefill")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per figure (median reported)")
     p.add_argument("--out", default="runs/bench/precision.json", help="JSON output")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    check_counts({"--prompts": a.prompts, "--positions": a.positions, "--cache": a.cache, "--verify": a.verify,
+                  "--prefill": a.prefill, "--repeats": a.repeats})  # one line now, not after the models load
+    return a
 
 
 def at_precision(spec: dict, precision: str) -> tuple[ModelSpec, str]:
@@ -94,6 +99,8 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
+    out = OutputFile(a.out, "bench-precision", "precision file")
+    out.check()
     models = yaml.safe_load(Path(a.config).read_text())
     target_spec, target_dtype = at_precision(models["target"], a.target_precision)
     target, tokenizer, _ = load_model(target_spec, target_dtype)
@@ -114,10 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
               file=sys.stderr, flush=True)
         del draft
     print(table(result))
-    write_json(result, Path(a.out))
+    write_json(result, out)
     return result
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    run_main(main)

@@ -39,12 +39,12 @@ from typing import Any, Callable
 
 import torch
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, check_counts
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
-from core.runfolder import check_output_file, write_text
+from core.runfolder import OutputFile, write_text
 from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.costs import find_entry, step_s, verify_table
@@ -295,7 +295,7 @@ def llama_main(a: argparse.Namespace) -> list[dict]:
         for m, (role, spec) in zip(result["models"], specs.items()):
             m["shape"] = spec.display_name
         print(llama_table(result))
-        write_json(result, Path(a.out or "runs/bench") / f"timing-llama_cpp-{threads}t.json")
+        write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-llama_cpp-{threads}t.json"))
         results.append(result)
         del models
     return results
@@ -350,10 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(m < 2 for m in a.verify_lengths):
         raise SettingError(f"--verify_lengths are tokens per verification forward (candidates + 1), each >= 2; "
                            f"got {' '.join(map(str, a.verify_lengths))}")
-    counts = {"--repeats": [a.repeats], "--prefill": [a.prefill], "--cache": a.cache, "--verify": [a.verify]}
-    for flag, values in counts.items():
-        if any(v < 1 for v in values):
-            raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
+    check_counts({"--repeats": a.repeats, "--prefill": a.prefill, "--cache": a.cache, "--verify": a.verify})
     if a.verify_short is None:
         a.verify_short = 3 if a.verify > 3 else 0
     elif a.verify_short != 0 and not 1 < a.verify_short < a.verify:
@@ -366,19 +363,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     outs = ([Path(a.out or "runs/bench") / f"timing-llama_cpp-{t}t.json" for t in a.threads]
             if a.backend == "llama_cpp" else [Path(a.out)] if a.out is not None else [])
     for out in outs:
-        check_output_file(out, "--out", "timing file", _timing_file)
+        timing_file(out).check()
     return a
 
 
-def _timing_file(path: Path) -> dict:
-    """A timing file this command wrote, or a ``SettingError``."""
-    try:
-        timing = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        timing = None
-    if not (isinstance(timing, dict) and isinstance(timing.get("models"), list)):
-        raise SettingError(f"{path} is not a timing file")
-    return timing
+def timing_file(out: Path) -> OutputFile:
+    """A timing file this command writes: a new one, or one it wrote before (replaced)."""
+    return OutputFile(out, "bench-timing", "timing file")
 
 
 def table(result: dict) -> str:
@@ -411,6 +402,8 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
     device = resolve_device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SettingError(f"--device {a.device}: this machine has no CUDA GPU that torch can use; use auto or cpu")
+    out = timing_file(Path(a.out or f"runs/bench/timing-{device.type}.json"))
+    out.check()
     precisions = [resolve_dtype(p, device) for p in a.precision] if a.precision else default_precisions(device)
     if device.type != "cpu" and set(precisions) & set(QUANTIZATIONS):
         raise SettingError("the int8 quantizations run on the CPU only (--device cpu)")
@@ -434,14 +427,14 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(table(result))
-    write_json(result, Path(a.out or f"runs/bench/timing-{device.type}.json"))
+    write_json(result, out)
     return result
 
 
-def write_json(result: dict, out: Path) -> None:
+def write_json(result: dict, out: OutputFile) -> None:
     """Write a benchmark's figures as JSON, whole or not at all (``core.runfolder``), and say where."""
-    write_text(out, json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_text(out.claim(), json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.path}")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,18 @@ class Mode:
                                                               sampling["top_p"])
 
 
+def _finite_or_not_a_number(value: Any) -> bool:
+    """False for a number a policy cannot take: a float that is not finite, or text that reads as a number (``nan``,
+    ``Infinity``, ``'0.5'``), which YAML leaves a string; True for anything else (a finite number, a file's path)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return True
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 @dataclass
 class Sweep:
     """One policy family: fixed keyword arguments plus a grid swept over (every combination is one setting)."""
@@ -102,6 +114,10 @@ class Sweep:
         empty = [k for k, v in self.grid.items() if not isinstance(v, list) or not v]
         if empty:
             raise EvalError(f"{self.family}: grid entries {empty} must be non-empty lists")
+        given = [*self.fixed.items(), *((k, v) for k, values in self.grid.items() for v in values)]
+        for key, value in given:  # NaN passes every bound a policy checks; YAML reads Infinity as text
+            if not _finite_or_not_a_number(value):
+                raise EvalError(f"{self.family}: {key} must be a finite number, got {value!r}")
         setting = POLICIES.get_class(self.family).setting
         if setting in self.fixed:
             # a run's name holds its family's setting (``sd[k=4]``), where the choice of K, h, τ and the report

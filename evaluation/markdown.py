@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from core.cache import file_sha256
+from core.runfolder import write_with
 from evaluation import quality
 from evaluation.config import EvalConfig
 from evaluation.rundir import RunDir
@@ -89,7 +90,7 @@ def training_md(train_dir: Path | None, out: Path) -> tuple[list[str], dict | No
         lines += [f"_Left out: {', '.join(stale)}, whose exported head files are no longer the ones `{train_dir}` "
                   "measured (trained again since, elsewhere); so is its ROC figure._", ""]
     elif (train_dir / "roc.png").exists():
-        shutil.copy(train_dir / "roc.png", roc)
+        write_with(RunDir(out).claim(roc), lambda tmp: shutil.copy(train_dir / "roc.png", tmp))
         lines += [f"![ROC curves]({roc.name})", ""]
     if unrecorded:
         lines += [f"_{', '.join(unrecorded)}: `{train_dir}` did not record which head files it measured (trained "

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.runfolder import write_figure
 from decoding.policies import POLICIES
 from evaluation.config import PEER_FAMILIES
 
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        return write_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _plt():

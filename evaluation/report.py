@@ -16,6 +16,7 @@ import torch
 from core.device import describe_device
 from core.intervals import mean_interval, speedup_interval
 from core.models import resolve_device
+from core.runfolder import write_text
 from decoding.policies import POLICIES
 from evaluation import quality
 from evaluation.config import (ESTIMATE_FILES, HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES,
@@ -331,6 +332,6 @@ def write_report(out: Path, cfg: EvalConfig, records: list[dict], prompts: list[
         plot_pareto(s, folder.claim(folder.pareto_png))
         plot_speedup(s, folder.claim(folder.speedup_png))
         plot_quality(s, folder.claim(folder.quality_png))
-    folder.claim(folder.report_json).write_text(json.dumps(s, indent=2, default=str) + "\n")
-    folder.claim(folder.report_md).write_text(render_md(cfg, s, training))
+    write_text(folder.claim(folder.report_json), json.dumps(s, indent=2, default=str) + "\n")
+    write_text(folder.claim(folder.report_md), render_md(cfg, s, training))
     return s

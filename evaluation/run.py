@@ -19,7 +19,6 @@ prompt with the same seed (common random numbers).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -36,7 +35,7 @@ import torch
 from core.identity import prompt_digest
 from core.models import resolve_device, resolve_dtype
 from core.prompts import PromptConfig, input_digests, load_prompt_table, tokenize_prompt
-from core.runfolder import contents, folder_lock, listing, read_json, write_json
+from core.runfolder import read_json, write_json
 from core.sampling import Sampling, prompt_generator, prompt_seed
 from evaluation import quality
 from evaluation.config import EvalConfig, EvalError, Mode
@@ -240,34 +239,19 @@ def unseen_prompts(prompts: list[dict], heads: list[str], digests: dict[int, set
 def _check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
     """The settings to record in ``out`` (``_commit_output``), touching nothing: with ``overwrite``, these; else,
     after checking that the results already in ``out`` were made with these settings, inputs and heads, these with
-    the folder's other modes. A folder that is not empty and holds no evaluation is refused unless ``overwrite``
-    says to write beside what it holds, and so are results whose settings are unknown. Called with the folder
-    held."""
-    path, results = RunDir(out).settings, RunDir(out).results
+    the folder's other modes. Whose folder it is, ``RunFolder.check`` decides; results whose settings are unknown are
+    refused. Called with the folder held."""
+    folder = RunDir(out)
+    folder.folder.check(beside=cfg.overwrite)
     settings = json.loads(json.dumps({**cfg.settings(), "inputs": inputs}))
-    strays = [p.relative_to(out).as_posix() for p in RunDir(out).strays()]
-    if strays:
-        raise EvalError(f"{out} holds {listing(strays)} under an "
-                        "evaluation's names, which no evaluation wrote here: move them (an evaluation would read or "
-                        "replace them; overwrite deletes only its own files)")
-    if cfg.overwrite:
-        named = [p.relative_to(out).as_posix() for p in RunDir(out).files()]
-        if named and not (path.exists() or results.exists()):  # an eval's names, and no eval's record or results
-            raise EvalError(f"{out} holds {listing(named)} but no "
-                            f"evaluation's {path.name} or {results.name}: overwrite deletes only an evaluation's own "
-                            "files, and these are not known to be; move them or choose another output_dir")
+    if cfg.overwrite or not folder.folder.ours():
         return settings
-    if not path.exists() and not results.exists():
-        others = contents(out)
-        if others:
-            raise EvalError(f"{out} is not empty ({listing(others)}) and "
-                            "holds no evaluation; choose another output_dir, or pass --overwrite true to write beside "
-                            "what it holds (only an evaluation's own files are ever deleted)")
-    elif not path.exists():
-        if len(ResultStore(results)):
+    path, results = folder.settings, folder.results
+    if not path.exists():
+        if results.exists() and len(ResultStore(results)):
             raise EvalError(f"{results} has no {path.name} beside it, so the settings its results were made with "
                             "are unknown; use another output_dir or overwrite: true")
-    elif len(ResultStore(results)):  # settings without results bind nothing
+    elif results.exists() and len(ResultStore(results)):  # settings without results bind nothing
         old = read_json(path, "use another output_dir or overwrite: true")
         if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
             raise EvalError(f"{path} is not an evaluation's settings; use another output_dir or overwrite: true")
@@ -303,10 +287,7 @@ def check_report_folder(cfg: EvalConfig) -> Path:
         missing = folder.results.name if not folder.results.is_file() else folder.settings.name
         raise EvalError(f"--report_only rewrites the report of an eval in {out}, and it holds none (no {missing}): "
                         "run the eval first")
-    strays = [p.relative_to(out).as_posix() for p in folder.strays()]
-    if strays:
-        raise EvalError(f"{out} holds {listing(strays)} under an evaluation's names, which no evaluation wrote here: "
-                        "move them (the report would replace them)")
+    folder.folder.check()
     old = read_json(folder.settings, "run the eval again with overwrite: true")
     if not isinstance(old, dict) or not isinstance(old.get("modes"), dict):
         raise EvalError(f"{folder.settings} is not an evaluation's settings")
@@ -322,11 +303,8 @@ def _commit_output(cfg: EvalConfig, out: Path, settings: dict) -> None:
     ``settings.json``: the first change to the folder, made once every input is checked."""
     folder = RunDir(out)
     if cfg.overwrite:
-        for p in folder.files():
-            p.unlink()
-        for d in [*sorted(folder.traces.glob("*/")), folder.traces]:
-            with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours
-                d.rmdir()
+        folder.folder.clear()
+    folder.folder.start()
     write_json(folder.claim(folder.settings), settings)
 
 
@@ -655,7 +633,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
     inputs = input_digests(rows, True, {"draft": cfg.draft, "target": cfg.target} if identified is None else {})
     inputs.update(identified or {})
     out = Path(cfg.output_dir)
-    with folder_lock(out, "an evaluation"):
+    with RunDir(out).folder.hold("an evaluation"):
         settings = _check_output(cfg, out, inputs)
         engine = engine or Engine.load(cfg)  # the models and the labels' pair, checked before the folder changes
         if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes

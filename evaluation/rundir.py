@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.runfolder import Ledger
+from core.runfolder import RunFolder
 
 
 def _file(name: str, doc: str) -> property:
@@ -30,10 +30,12 @@ class RunDir:
     speedup_png = _file("speedup.png", "speedup over target-only per policy")
     quality_png = _file("quality.png", "quality against speedup of the approximate policies")
     roc_png = _file("roc.png", "the training run's ROC, copied beside the report")
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.ledger = Ledger(self.root, ".eval-files")
-        """The files an evaluation wrote here (``core.runfolder.Ledger``): all that ``overwrite`` deletes."""
+        self.folder = RunFolder(self.root, "eval", "--output_dir", NAMES)
+        """The folder's ownership (``core.runfolder``): what an evaluation may write, and all ``overwrite``
+        deletes."""
 
     def trace(self, mode: str, prompt: int) -> Path:
         """The decoder trace of prompt ``prompt``'s target-only response in ``mode``."""
@@ -44,21 +46,10 @@ class RunDir:
 
     def claim(self, path: Path) -> Path:
         """Record ``path``, a file of this folder, as an evaluation's before it is written; returns it."""
-        return self.ledger.claim(path)
+        return self.folder.claim(path)
 
-    def files(self) -> list[Path]:
-        """Every file an evaluation wrote into the folder that is there, and nothing else: what ``overwrite``
-        deletes. The ledger's files; in a folder written before the ledger, the files under an evaluation's
-        names."""
-        return self.ledger.files() if self.ledger.exists() else self._named()
 
-    def strays(self) -> list[Path]:
-        """Files under an evaluation's names that no evaluation wrote (not in the ledger): the next run would read
-        them as its own or write over them."""
-        return self.ledger.strays(self._named()) if self.ledger.exists() else []
-
-    def _named(self) -> list[Path]:
-        # not roc.png: a report whose training folder is gone keeps showing the copy it has
-        named = [self.settings, self.results, self.loglik, self.llama_tuning, self.forward_timing, self.selection,
-                 self.report_md, self.report_json, self.pareto_png, self.speedup_png, self.quality_png]
-        return [*(p for p in named if p.is_file()), *sorted(self.traces.glob("*/*.safetensors"))]
+NAMES = ("settings.json", "results.jsonl", "selection.json", "forward_timing.json", "llama_tuning.jsonl",
+         "loglik.jsonl", "traces/*/*.safetensors", "report.md", "report.json", "pareto.png", "speedup.png",
+         "quality.png", "roc.png")
+"""Every file an evaluation writes (``RunDir``'s), as ``RunFolder`` patterns."""

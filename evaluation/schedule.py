@@ -19,12 +19,15 @@ import numpy as np
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.runfolder import check_output_file
-from decoding.replay import RoundCosts
-from decoding.schedule import draw_rounds, read_schedule, target_only_rounds, write_schedule
+from core.runfolder import OutputFile
+from core.shards import read_manifest
+from decoding.estimates import CalibratedConfidence
+from decoding.replay import RoundCosts, check_cost_ratios
+from decoding.schedule import draw_rounds, target_only_rounds, write_schedule
 from decoding.simulate import cached_head, round_lengths
 from decoding.traces import load_label_traces
 from evaluation.simulate import best_settings, default_grid, goodput_grid, table
+from heads.export import check_labels
 
 FAMILIES = ("sd", "confidence", "specdecpp", "goodput")
 """The policies a schedule holds beside target-only (the set the GPU check times)."""
@@ -58,12 +61,6 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
     return schedule, text
 
 
-def check_out(out: Path) -> None:
-    """OUT may be a new file or a schedule this command wrote, which it replaces; a folder or any other file (a head,
-    a label folder's manifest) is refused before any work."""
-    check_output_file(out, "--out", "schedule", read_schedule)
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = CommandParser(prog="python -m evaluation.schedule",
                                 description="A trace-forced schedule from held-out label traces, for the GPU check.")
@@ -75,18 +72,27 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
     p.add_argument("--out", default="runs/gpu/schedule.json")
     a = p.parse_args(argv)
-    if not (0 < a.c < 10) or a.traces < 1 or a.seed < 0:
-        raise SettingError(f"need 0 < --c < 10, --traces >= 1 and --seed >= 0, got {a.c}, {a.traces} and {a.seed}")
+    check_cost_ratios([a.c], "--c")
+    if a.traces < 1 or a.seed < 0:
+        raise SettingError(f"need --traces >= 1 and --seed >= 0, got {a.traces} and {a.seed}")
     for path in [*a.head, *([a.calibration] if a.calibration else [])]:
         if not Path(path).is_file():
             raise SettingError(f"{path}: no such file")
     for path in a.head:
         if cached_head(path).role != "stop":
             raise SettingError(f"{path} is a {cached_head(path).role} head: a schedule's rounds come from stop heads")
-    check_out(Path(a.out))
+    if a.head or a.calibration:  # estimates made for another draft than the labels' would choose nothing sound
+        manifest = read_manifest(a.labels)
+        for path in a.head:
+            check_labels(path, manifest, a.labels)
+        if a.calibration:
+            CalibratedConfidence.load(a.calibration).check_draft(manifest["models"]["draft"],
+                                                                 f"the draft of the labels in {a.labels}")
+    out = OutputFile(a.out, "gpu-schedule", "schedule")
+    out.check()
     schedule, text = make_schedule(a.labels, a.head, a.calibration, a.c, a.traces, a.seed)
     print(text)
-    write_schedule(a.out, schedule)  # a disk that cannot take it is one line (core.runfolder)
+    write_schedule(out.claim(), schedule)  # a disk that cannot take it is one line (core.runfolder)
     print(f"wrote {a.out}: {len(schedule['traces'])} traces, {len(schedule['policies'])} policies "
           f"({', '.join(p['name'] for p in schedule['policies'])})")
     return schedule

@@ -29,7 +29,7 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import RoundCosts, goodput_rate
+from decoding.replay import RoundCosts, check_cost_ratios, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, filled_splits, load_label_traces, unseen
 from evaluation.latency import LatencyFit
@@ -352,9 +352,7 @@ def _for_labels(head: str, manifest: dict, labels: str) -> bool:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     a = parse_args(argv)
-    bad = [c for c in a.c if not 0 < c < float("inf")]
-    if bad:
-        raise SettingError(f"--c must be a positive cost ratio t_draft / t_target, got {bad[0]:g}")
+    check_cost_ratios(a.c, "--c")
     if a.calibration and not (a.timing or a.goodput_flat):
         raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
                            "cost: give --timing or --goodput_flat")

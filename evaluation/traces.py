@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.errors import UserError
 from core.label_math import acceptance_probability, entropy
 from core.sampling import Sampling, sample_token
 from decoding.traces import Trace
@@ -80,23 +81,29 @@ def write_trace(path: Path, trace: Trace, tokens_sha256: str) -> None:
 
 
 def trace_digest(path: Path) -> str | None:
-    """The tokens digest a recorded trace was made from (None when the file is missing or unreadable)."""
-    from safetensors import safe_open
+    """The tokens digest a recorded trace was made from (None when the file is missing or unreadable, or cut short:
+    a damaged trace is recorded again, as a missing one is)."""
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
             return f.metadata().get("tokens_sha256")
-    except (OSError, ValueError, RuntimeError):
+    except (OSError, ValueError, RuntimeError, SafetensorError):
         return None
 
 
 def read_recorded(out: str | Path, mode: str) -> list[Trace]:
     """The decoder traces an evaluation recorded in ``mode`` (``traces/<mode>/*.safetensors``)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     traces = []
     for path in RunDir(out).recorded_traces(mode):
-        x = load_file(str(path))
+        try:
+            x = load_file(str(path))
+        except (OSError, SafetensorError) as e:
+            raise UserError(f"{path}: not a whole decoder trace ({e}); run the evaluation again: it records a "
+                            "damaged trace again") from None
         traces.append(Trace(prompt_id=int(path.stem), acceptance=x["acceptance"].numpy(),
                             logp_draft=x["logp_draft"].numpy(), entropy_draft=x["entropy_draft"].numpy(),
                             hidden=x["hidden"], hidden_prev=x["hidden_prev"], candidate=x["candidate"].numpy() if "candidate" in x else None))

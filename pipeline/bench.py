@@ -12,42 +12,42 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
-from datasets.arrow_writer import ArrowWriter
 
 from core import label_math as lm
-from core.arguments import CommandParser
+from core.arguments import CommandParser, check_counts
+from core.interrupt import run_main
 from core.runfolder import write_json
-from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, features
+from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, shard_records, write_shard
 
 SHARD_ROWS = 100_000
 
 
-def _shard_table(n: int, d: int, rng: np.random.Generator, w: np.ndarray) -> pa.Table:
+def _shard_columns(n: int, d: int, rng: np.random.Generator, w: np.ndarray) -> dict[str, np.ndarray]:
     hidden = rng.standard_normal((n, d), dtype=np.float32).astype(np.float16)
     logit = hidden.astype(np.float32) @ w + rng.standard_normal(n, dtype=np.float32)
     cols = {c: rng.random(n, dtype=np.float32) for c in FLOAT_COLUMNS}
     cols["ratio"] = np.exp(-logit).astype(np.float32)  # learnable: 1[q/p ≤ 1] = 1[logit ≥ 0] up to noise
     cols["acceptance"] = np.minimum(1.0, 1.0 / cols["ratio"]).astype(np.float32)
     cols["logp_draft"] = np.log(cols["logp_draft"] + 1e-3)
-    table = {
-        "prompt_id": pa.array(np.arange(n, dtype=np.int64)),
-        "category": pa.array(["target"] * n),
-        "position": pa.array(np.zeros(n, dtype=np.int32)),
-        "token_id": pa.array(np.zeros(n, dtype=np.int32)),
-        "loss_mask": pa.array(np.ones(n, dtype=bool)),
-        **{c: pa.array(cols[c]) for c in FLOAT_COLUMNS},
-        "greedy_match": pa.array(np.zeros(n, dtype=bool)),
-        "round_index": pa.array(np.ones(n, dtype=np.int32)),
-        "response_index": pa.array(np.zeros(n, dtype=np.int32)),
-        "hidden": pa.FixedSizeListArray.from_arrays(pa.array(hidden.reshape(-1)), d),
+    return {
+        "prompt_id": np.arange(n, dtype=np.int64),
+        "category": np.array(["target"] * n),
+        "position": np.zeros(n, dtype=np.int32),
+        "token_id": np.zeros(n, dtype=np.int32),
+        "loss_mask": np.ones(n, dtype=bool),
+        **cols,
+        "greedy_match": np.zeros(n, dtype=bool),
+        "round_index": np.ones(n, dtype=np.int32),
+        "response_index": np.zeros(n, dtype=np.int32),
+        "hidden": hidden,
     }
-    return pa.table(table, schema=features({"hidden": d}).arrow_schema)
 
 
 def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
-    """Write ``rows`` random training rows (+ a small val split) and a manifest, unless already there."""
+    """Write ``rows`` random training rows (+ a small val split) and a manifest, unless already there: shards and
+    manifest as a labeling run writes them (``core.shards``: each shard's digest listed), which the data module
+    checks as it reads."""
     if (folder / "manifest.json").exists():
         return folder
     rng = np.random.default_rng(seed)
@@ -55,17 +55,14 @@ def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
     counts = {"train": rows, "val": min(10_000, rows), "test": min(10_000, rows)}
     for split, n in counts.items():
         for i, start in enumerate(range(0, n, SHARD_ROWS)):
-            path = folder / split / f"target-{i:04d}.arrow"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            writer = ArrowWriter(features=features({"hidden": d}), path=str(path))
-            writer.write_table(_shard_table(min(SHARD_ROWS, n - start), d, rng, w))
-            writer.finalize()
-            writer.close()
+            cols = _shard_columns(min(SHARD_ROWS, n - start), d, rng, w)
+            write_shard(folder / split / f"target-{i:04d}.arrow", cols, {"hidden": d})
     draft = {"name": "random-bench", "source": "bench", "fingerprint": "none", "hidden_size": d, "vocab_size": 1}
     write_json(folder / "manifest.json", {
         "schema_version": SCHEMA_VERSION, "models": {"draft": draft, "target": draft},
         "feature": {"column": "hidden", "hidden_size": d, "dtype": "float16"},
         "splits": {s: {"rows": n, "loss_rows": n} for s, n in counts.items()}, "seed": seed,
+        "shards": shard_records(folder),
     })
     return folder
 
@@ -118,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch_size", type=int, default=4096)
     p.add_argument("--dir", default="runs/bench", help="where the random shards are cached")
     a = p.parse_args(argv)
+    check_counts({"--rows": a.rows, "--hidden_size": a.hidden_size, "--batch_size": a.batch_size})
     folder = Path(a.dir) / f"labels-{a.rows}x{a.hidden_size}"
     t = time.perf_counter()
     make_bench_labels(folder, a.rows, a.hidden_size)
@@ -132,4 +130,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 
 from lightning_fabric.utilities.exceptions import MisconfigurationException
@@ -11,6 +12,7 @@ from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
+from core.arguments import one_line
 from core.errors import UserError
 import heads  # noqa: F401  (registers the head types, so short class names resolve)
 from pipeline.data import LabelDataModule
@@ -40,7 +42,8 @@ class HeadCLI(LightningCLI):
         # the base config is the parser's defaults; with subcommands (fit, test, …) each has a parser of its own
         base = {"default_config_files": [str(BASE_CONFIG)]}
         subcommands = ("fit", "validate", "test", "predict")
-        given = kwargs.get("parser_kwargs") or {}
+        # a setting the parser refuses raises (``parse_arguments``: one line) where jsonargparse prints its usage
+        given = {"exit_on_error": False, **(kwargs.get("parser_kwargs") or {})}
         kwargs["parser_kwargs"] = ({**base, **given} if kwargs.get("run") is False
                                    else {**given, **{s: {**base, **given.get(s, {})} for s in subcommands}})
         super().__init__(HeadModule, LabelDataModule, *args, **kwargs)
@@ -53,6 +56,13 @@ class HeadCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/loss", "checkpoint.dirpath": "checkpoints/head",
                              "checkpoint.filename": "best", "checkpoint.save_last": False})
+
+    def parse_arguments(self, parser, args) -> None:
+        """The settings, or one ``SettingError`` naming the key that is mistyped, unknown or missing."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            raise one_line(e, "`specheads lightning fit --help`") from None
 
     def _instantiate_trainer(self, config, callbacks):
         if config.get("logger") in (None, True):

@@ -214,7 +214,7 @@ class LabelDataModule(pl.LightningDataModule):
         super().__init__()
         if label not in ("soft", "sprinter"):
             raise SettingError(f"label must be 'soft' or 'sprinter', got {label!r}")
-        if lam <= 0:
+        if not 0 < lam < math.inf:  # a NaN λ would label every row 0
             raise SettingError(f"lam must be positive, got {lam}")
         if not 0 < train_share <= 1:
             raise SettingError(f"train_share must be in (0, 1], got {train_share}")

@@ -33,12 +33,12 @@ from core.arguments import CommandParser, check_config_file
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval
-from core.runfolder import own_folder, write_text
+from core.runfolder import RunFolder, write_figure, write_text
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
 from decoding.costs import LatencyFit, read_timing
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import STOP_H_GRID, Counts, RoundCosts
+from decoding.replay import STOP_H_GRID, Counts, RoundCosts, check_cost_ratios
 from decoding.simulate import replayable, simulate
 from decoding.traces import Trace, load_label_traces, trace_rows
 from heads.export import check_unseen, read_metadata
@@ -208,10 +208,10 @@ def plot(points: list[Point], costs: list[Cost], path: Path) -> Path:
     for ax in (left, right):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        return write_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 TRAINING_FLAGS = {"labels": "runs/labels/corpus", "test_labels": "runs/labels/humaneval-heldout",
@@ -249,8 +249,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, k, default)
     if any(not 0 < s <= 1 for s in a.shares):
         raise SettingError(f"--shares must lie in (0, 1], got {a.shares}")
-    if any(not 0 < c < float("inf") for c in a.costs):
-        raise SettingError(f"--costs must be positive cost ratios t_draft / t_target, got {a.costs}")
+    check_cost_ratios(a.costs, "--costs")
     if a.max_epochs is not None and a.max_epochs < 1:
         raise SettingError(f"--max_epochs must be 1 or more, got {a.max_epochs}")
     return a
@@ -340,8 +339,11 @@ def merge(folders: list[str], out: Path) -> tuple[list[Point], list[Cost], dict,
 
 CURVE_FILES = ("curve.txt", "curve.json", "curve.png")
 """What a learning curve writes into its ``--out`` folder, beside the training runs of each share."""
-EARLIER_CURVE = ("curve.json", lambda found: isinstance(found, dict) and "points" in found)
-"""How a curve written before curves kept a ledger is told (``core.runfolder.own_folder``)."""
+
+
+def curve_folder(out: Path) -> RunFolder:
+    """A learning curve's ``--out``: its table, record and plot, and the heads of each share."""
+    return RunFolder(out, "curve", "--out", (*CURVE_FILES, "heads/*/*.safetensors"))
 
 
 def write(out: Path, points: list[Point], costs: list[Cost], inputs: dict, ece: dict,
@@ -364,8 +366,12 @@ def main(argv: list[str] | None = None) -> list[Point]:
     a = parse_args(argv)
     if a.merge:
         points, costs, inputs, ece = merge(a.merge, Path(a.out))
-        own_folder(Path(a.out), ".curve-files", CURVE_FILES, "learning curve", "--out", EARLIER_CURVE)
-        write(Path(a.out), points, costs, inputs, ece, merged_from=a.merge)
+        folder = curve_folder(Path(a.out))
+        folder.check()
+        with folder.hold("a learning curve"):
+            folder.check()
+            folder.start(CURVE_FILES)
+            write(Path(a.out), points, costs, inputs, ece, merged_from=a.merge)
         return points
     for config in a.configs:  # one line, where LightningCLI would print its usage
         check_config_file(Path(config), "specheads lightning fit")
@@ -376,10 +382,15 @@ def main(argv: list[str] | None = None) -> list[Point]:
         tokens = round(sum(map(len, held_out)) / len(held_out))
         costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
     out = Path(a.out)
-    own_folder(out, ".curve-files", CURVE_FILES, "learning curve", "--out", EARLIER_CURVE)
+    folder = curve_folder(out)
+    folder.check()
     extra = ["--trainer.max_epochs", str(a.max_epochs)] if a.max_epochs else []
-    points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
-    write(out, points, costs, inputs, estimate_calibration(a.labels, held_out))
+    with folder.hold("a learning curve"):
+        folder.check()
+        folder.start([*CURVE_FILES, *(f"heads/share-{share:g}/{Path(c).stem}.safetensors" for share in a.shares
+                                      for c in a.configs)])
+        points = run(a.labels, a.test_labels, out, a.configs, sorted(a.shares), costs, held_out, extra, a.quiet)
+        write(out, points, costs, inputs, estimate_calibration(a.labels, held_out))
     return points
 
 

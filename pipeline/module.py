@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytorch_lightning as pl
 import torch
 from torch import nn
@@ -32,9 +34,9 @@ class HeadModule(pl.LightningModule):
             threshold: decision threshold τ on P̂ for η_TP and η_FP (against the label and against q/p ≤ 1).
         """
         super().__init__()
-        if w_acc <= 0 or w_rej <= 0:
+        if not (0 < w_acc < math.inf and 0 < w_rej < math.inf):  # NaN fails every comparison
             raise SettingError(f"w_acc and w_rej must be positive, got {w_acc}, {w_rej}")
-        if not lr > 0 or not (scores_lr is None or scores_lr > 0):
+        if not 0 < lr < math.inf or not (scores_lr is None or 0 < scores_lr < math.inf):
             raise SettingError(f"lr and scores_lr must be positive, got {lr}, {scores_lr}")
         if not weight_decay >= 0:
             raise SettingError(f"weight_decay must be 0 or more, got {weight_decay}")

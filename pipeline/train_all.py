@@ -13,6 +13,7 @@ test rows. One table compares them all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,10 +35,11 @@ from core.cache import file_sha256
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
-from core.runfolder import folder_lock, own_folder, write_text
+from core.runfolder import RunFolder, write_figure, write_text
 from core.shards import prompt_digests, read_manifest
 from decoding.costs import LatencyFit, read_timing
-from decoding.replay import MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, choose_stop_threshold, trace_head_logits
+from decoding.replay import (MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, check_cost_ratios, choose_stop_threshold,
+                             trace_head_logits)
 from decoding.traces import TraceError, load_label_traces
 from heads.export import HeadFileError, check_draft, export_head, read_metadata
 from pipeline.cli import HeadCLI
@@ -244,10 +246,10 @@ def plot_roc(results: list[RunResult], path: Path) -> Path:
                ylabel="true-positive rate η_TP")
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        return write_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _label_text(label: dict) -> str:
@@ -289,11 +291,6 @@ def _intervals_text(intervals: dict) -> str:
 
 TRAIN_FILES = ("metrics.txt", "metrics.json", "roc.png")
 """What a training run writes into its ``--out`` folder, beside a folder of logs per config."""
-
-
-def _is_metrics(found) -> bool:
-    """A training run's ``metrics.json``: a list of heads' records."""
-    return isinstance(found, list) and all(isinstance(m, dict) and "name" in m for m in found)
 
 
 def check_heads_folder(heads_dir: Path, labels: str) -> None:
@@ -356,8 +353,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[RunResult]:
     a = parse_args(argv)
-    if not 0 < a.stop_c < float("inf"):
-        raise SettingError(f"--stop_c must be a positive cost ratio t_draft / t_target, got {a.stop_c:g}")
+    check_cost_ratios([a.stop_c], "--stop_c")
     if a.timing:
         read_timing(a.timing)  # a bad file is one line now, not after the first fit
     for config in a.configs:  # one line, where LightningCLI would print its usage
@@ -379,34 +375,42 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    for flag, folder in (("--out", out), ("--checkpoints", ckpt), ("--heads_dir", heads_dir)):
-        if folder is not None and folder.exists() and not folder.is_dir():
-            raise SettingError(f"{flag} {folder} is a file: give a folder")
-    # two runs exporting into one heads folder would leave heads of one beside the other's metrics: one at a time
-    with folder_lock(heads_dir or out, "a training run"):
+    if ckpt.exists() and not ckpt.is_dir():
+        raise SettingError(f"--checkpoints {ckpt} is a file: give a folder")
+    folders = [RunFolder(out, "train", "--out", TRAIN_FILES)]
+    if heads_dir is not None:
+        folders.append(RunFolder(heads_dir, "train", "--heads_dir", ("*.safetensors",)))
+    for folder in folders:  # before the locks create them
+        folder.check()
+    # two runs into one --out or one heads folder would leave one's heads beside the other's metrics: one at a time
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            held.enter_context(folder.hold("a training run"))
+            folder.check()
         for labels in filter(None, (a.labels, a.test_labels)):  # one line, before Lightning says a word
             read_manifest(labels, verify=False)
         if heads_dir is not None:
             check_heads_folder(heads_dir, a.labels)
-        own_folder(out, ".train-files", TRAIN_FILES, "training run", "--out", ("metrics.json", _is_metrics))
+        folders[0].start(TRAIN_FILES)
+        if heads_dir is not None:
+            folders[1].start(f"{n}.safetensors" for _, n, _ in runs)
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
-    if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
-        return []
-    report = table(results)
-    print(report)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "metrics.txt", report + "\n")
-    write_text(out / "metrics.json", json.dumps(
-        [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
-          "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
-          "export": str(r.export) if r.export else None,
-          "export_sha256": r.export_sha256} for r in results], indent=2) + "\n")
-    png = plot_roc(results, out / "roc.png") if not a.sweep else None
-    for r in results:
-        if r.export:
-            print(f"exported {r.export}")
-    print(f"table: {out / 'metrics.txt'}" + (f"; ROC curves: {png}" if png else ""))
+        if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports
+            return []
+        report = table(results)
+        print(report)
+        write_text(out / "metrics.txt", report + "\n")
+        write_text(out / "metrics.json", json.dumps(
+            [{"name": r.name, "label": r.label, "threshold": r.threshold, "val": r.val, "test": r.test,
+              "intervals": {k: dataclasses.asdict(v) for k, v in r.intervals.items()},
+              "export": str(r.export) if r.export else None,
+              "export_sha256": r.export_sha256} for r in results], indent=2) + "\n")
+        png = plot_roc(results, out / "roc.png") if not a.sweep else None
+        for r in results:
+            if r.export:
+                print(f"exported {r.export}")
+        print(f"table: {out / 'metrics.txt'}" + (f"; ROC curves: {png}" if png else ""))
     return results
 
 

@@ -31,9 +31,8 @@ import torch
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.runfolder import folder_lock
+from core.runfolder import RunFolder
 from core.sampling import Sampling
-from core.runfolder import write_text
 from decoding.costs import catch_up_s
 from decoding.policies import build_policy
 from decoding.replay import RoundCosts
@@ -337,19 +336,16 @@ def report(results: dict) -> str:
 def save(out: Path, results: dict, started: float) -> None:
     """Write what is measured so far (a run cut short by its machine's time limit keeps it)."""
     results["seconds"] = time.perf_counter() - started
-    write_text(out / "results.json", json.dumps(results, indent=1))
-    write_text(out / "report.md", report(results))
+    folder = RunFolder(out, "gpu-check")
+    folder.write_text(out / "results.json", json.dumps(results, indent=1))
+    folder.write_text(out / "report.md", report(results))
 
 
-def check_out(out: Path) -> None:
-    """The output folder holds nothing but this check's own files (which a new run replaces)."""
-    if out.is_file():
-        raise SettingError(f"--out {out} is a file: give a folder")
-    other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not p.name.startswith(".")) \
-        if out.is_dir() else []
-    if other:
-        raise SettingError(f"--out {out} holds files this check did not write ({', '.join(other[:3])}): "
-                           "give an empty or new folder")
+def check_folder(out: Path) -> RunFolder:
+    """The output folder, checked (``RunFolder``): new, or a GPU check's, whose files a new run replaces."""
+    folder = RunFolder(out, "gpu-check", "--out", OUTPUTS)
+    folder.check()
+    return folder
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -369,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SettingError("--repeats and --prompt_tokens must be at least 1")
     schedule = read_schedule(a.schedule)
     out = Path(a.out)
-    check_out(out)
+    folder = check_folder(out)
     started = time.perf_counter()
     import transformers
 
@@ -377,7 +373,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "transformers": transformers.__version__, "schedule": a.schedule, "c": schedule["c"],
                "prompt_tokens": a.prompt_tokens, "pairs": {}}
-    with folder_lock(out, "a GPU check"):
+    with folder.hold("a GPU check"):
+        folder.check()
+        folder.start()
         bare_step = None
         if not a.skip_compile:  # first: after the decoder's own compiles it read 38 ms a step, not 3.1 (unexplained)
             print("(b) the bare compiled step", flush=True)
@@ -416,7 +414,7 @@ def main(argv: list[str] | None = None) -> dict:
             layouts = {decoder: timing_layout(results["device"], decoder, draft_times[decoder], target_times[decoder],
                                               prefill) for decoder in decoders}
             for decoder, layout in layouts.items():
-                write_text(out / f"timing-{decoder}-{name}.json", json.dumps(layout, indent=1))
+                folder.write_text(out / f"timing-{decoder}-{name}.json", json.dumps(layout, indent=1))
             if pair_shapes and bare_step is not None:
                 shapes["compiled_step_s"] = bare_step
             save(out, results, started)
@@ -433,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
             if pair_shapes:
                 drafting = [e for e in schedule["policies"] if e["family"] != "target_only"]
                 if drafting:
-                    write_text(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
+                    folder.write_text(out / "profile.txt", profile_policy(draft, target, schedule, drafting[0],
                                                                      a.prompt_tokens, decoders[-1]))
             for runner in target.__dict__.pop(RUNNERS, {}).values():
                 runner.release()

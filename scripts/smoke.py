@@ -19,7 +19,7 @@ import torch
 from core.arguments import CommandParser
 from core.errors import SettingError
 from core.interrupt import run_main
-from core.runfolder import folder_lock
+from core.runfolder import RunFolder
 from core.models import ModelSpec
 from core.prompts import PromptConfig
 from data_gen.run import run_labels
@@ -28,27 +28,15 @@ from testing.tiny import label_config, make_pair, write_prompts
 ROOT = Path("runs/smoke")
 OWN = ("models", "prompts.jsonl", "heldout.jsonl", "labels", "train", "checkpoints", "heads", "eval")
 """What a smoke run writes under ROOT, and so what the next one deletes; nothing else there is touched."""
-MARKER = ".smoke-run"
 
 
 def clear(root: Path) -> None:
-    """Delete an earlier smoke run's own outputs (those of ``OWN`` in a folder a smoke run marked); anything else
-    there is left alone, and a folder no smoke run marked that holds anything (even under the names a smoke run
-    writes) is refused."""
-    if root.is_file():
-        raise SettingError(f"{root} is a file; the smoke run writes a folder there")
-    entries = [e for e in root.iterdir() if e.name not in (MARKER, ".lock")] if root.is_dir() else []
-    if entries and not (root / MARKER).is_file():
-        raise SettingError(f"{root} holds files no smoke run wrote ({entries[0].name}, …): move them, or delete the "
-                           "folder")
-    for name in OWN:
-        path = root / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / MARKER).write_text("outputs of python -m scripts.smoke: " + ", ".join(OWN) + "\n")
+    """Delete an earlier smoke run's own outputs (``OWN``, in a folder a smoke run wrote); anything else there is left
+    alone, and a folder no smoke run wrote that holds anything is refused."""
+    folder = RunFolder(root, "smoke", "--out", OWN)
+    folder.check()
+    folder.clear()
+    folder.start(OWN)
 
 
 def stage_labels(root: Path, device: str) -> None:
@@ -129,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SettingError("--device cuda: no CUDA GPU that torch can use on this machine")
-    with folder_lock(ROOT, "a smoke run"):
+    with RunFolder(ROOT, "smoke").hold("a smoke run"):
         return run(args.device)
 
 

@@ -124,17 +124,19 @@ def test_bench_timing_counts_below_one_are_one_line(flags, words):
 
 
 def test_bench_timing_out_a_folder_another_file_or_a_path_under_a_file_is_one_line(tmp_path):
-    from evaluation.bench_timing import parse_args
+    from evaluation.bench_timing import parse_args, timing_file
 
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"a label folder": "manifest"}')
-    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a timing file"),
+    timing = tmp_path / "timing.json"
+    timing.write_text('{"models": []}')  # shaped like a timing file, and no run of the command wrote it
+    for out, words in [(tmp_path, "is a folder"), (manifest, "no `specheads bench-timing` wrote it"),
+                       (timing, "no `specheads bench-timing` wrote it"),
                        (manifest / "timing.json", "is a file, not a folder")]:
         with pytest.raises(SettingError, match=words):
             parse_args(["--out", str(out)])
     assert manifest.read_text() == '{"a label folder": "manifest"}'
-    timing = tmp_path / "timing.json"
-    timing.write_text('{"models": []}')
+    timing_file(timing).claim()  # as the command records the file it writes
     assert parse_args(["--out", str(timing)]).out == str(timing)  # its own earlier file is replaced
 
 
@@ -143,7 +145,7 @@ def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_pat
 
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"a label folder": "manifest"}')
-    for out, words in [(tmp_path, "is a folder"), (manifest, "is not a calibration file"),
+    for out, words in [(tmp_path, "is a folder"), (manifest, "no `specheads calibrate` wrote it"),
                        (manifest / "calibration.json", "is a file, not a folder")]:
         with pytest.raises(SystemExit) as stop:
             main(["--labels", str(tmp_path / "no-labels"), "--out", str(out)])
@@ -186,22 +188,23 @@ def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path
 
 
 def test_the_smoke_run_deletes_only_its_own_outputs(tmp_path):
-    from scripts.smoke import MARKER, clear
+    from core.runfolder import LEDGER
+    from scripts.smoke import clear
 
     root = tmp_path / "smoke"
     (root / "labels").mkdir(parents=True)
     (root / "notes.txt").write_text("mine")
-    with pytest.raises(SettingError, match="holds files no smoke run wrote"):
-        clear(root)  # unmarked, with a file of the user's: nothing deleted
+    with pytest.raises(SettingError, match="no `specheads smoke` wrote it"):
+        clear(root)  # no smoke run's, with a file of the user's: nothing deleted
     assert (root / "labels").is_dir() and (root / "notes.txt").read_text() == "mine"
     (root / "notes.txt").unlink()
     (root / "labels" / "important.arrow").write_text("mine")
-    with pytest.raises(SettingError, match="holds files no smoke run wrote"):
-        clear(root)  # unmarked, under a name a smoke run writes: no run of ours marked it, nothing deleted
+    with pytest.raises(SettingError, match="no `specheads smoke` wrote it"):
+        clear(root)  # under a name a smoke run writes, but no run of ours recorded it: nothing deleted
     assert (root / "labels" / "important.arrow").read_text() == "mine"
     shutil.rmtree(root / "labels")
-    clear(root)  # empty: marked
-    assert (root / MARKER).is_file()
+    clear(root)  # empty: the smoke run's
+    assert "smoke\t.\n" in (root / LEDGER).read_text()
     (root / "labels").mkdir()
     (root / "notes.txt").write_text("mine")
     clear(root)  # marked: its own outputs go, the user's file stays
@@ -312,30 +315,28 @@ def test_eval_overwrite_refuses_files_named_as_an_evals_that_no_eval_wrote(tmp_p
     from test_eval_run import make_cfg
     from test_never_lose_data import QUICK
 
-    from evaluation.config import EvalError
     from evaluation.run import run_eval
 
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "loglik.jsonl").write_text("my own notes\n")
     (folder / "selection.json").write_text("{}")
-    with pytest.raises(EvalError, match="no evaluation's settings.json"):
+    with pytest.raises(SettingError, match="loglik.jsonl, selection.json, which no `specheads eval` wrote"):
         run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
     assert (folder / "loglik.jsonl").read_text() == "my own notes\n" and (folder / "selection.json").is_file()
     assert sorted(p.name for p in folder.iterdir()) == ["loglik.jsonl", "selection.json"]
 
 
 def test_labeling_overwrite_refuses_a_shard_no_run_recorded_instead_of_deleting_it(label_config, tmp_path):
-    from data_gen.run import LabelingError, run_labels
+    from data_gen.run import run_labels
 
     run_labels(label_config(), quiet=True)
     out = tmp_path / "labels"
     stray = out / "train" / "someone-elses.arrow"
     stray.write_bytes(b"not ours")
-    with pytest.raises(LabelingError, match="someone-elses.arrow is not listed"):
-        run_labels(label_config(), quiet=True)
-    with pytest.raises(LabelingError, match="someone-elses.arrow is not a shard any labeling run recorded"):
-        run_labels(label_config(seed=5, overwrite=True), quiet=True)
+    for overwrite in (False, True):
+        with pytest.raises(SettingError, match="holds train/someone-elses.arrow, which no `specheads labels` wrote"):
+            run_labels(label_config(seed=5 if overwrite else 0, overwrite=overwrite), quiet=True)
     assert stray.read_bytes() == b"not ours" and (out / "manifest.json").exists()
     stray.unlink()
     run_labels(label_config(seed=5, overwrite=True), quiet=True)  # its own earlier run is started over
@@ -347,7 +348,7 @@ def test_gpu_schedule_refuses_an_output_it_would_clobber_and_a_verifier_before_a
     head = tmp_path / "trained.safetensors"
     head.write_bytes(b"a trained head")
     labels = str(tmp_path / "never-read")
-    with pytest.raises(SettingError, match="exists and is not a schedule"):
+    with pytest.raises(SettingError, match="exists and no `specheads gpu-schedule` wrote it"):
         main(["--labels", labels, "--out", str(head)])
     with pytest.raises(SettingError, match="is a folder"):
         main(["--labels", labels, "--out", str(tmp_path)])
@@ -380,21 +381,22 @@ def test_report_only_refuses_results_of_other_settings_or_without_them(tmp_path)
         check_report_folder(dataclasses.replace(cfg, output_dir=str(bare)))
     (out / "report.md").unlink()
     (out / "report.md").write_text("mine")  # a user's file where the ledger lists the eval's
-    RunDir(out).ledger.path.write_text("\n".join(n for n in RunDir(out).ledger.claimed() if n != "report.md") + "\n")
-    with pytest.raises(EvalError, match="report.md under an evaluation's names"):
+    ledger = RunDir(out).folder.ledger.path
+    ledger.write_text(ledger.read_text().replace("eval\treport.md\n", ""))
+    with pytest.raises(SettingError, match="holds report.md, which no `specheads eval` wrote"):
         check_report_folder(cfg)
     assert (bare / "report.md").read_text() == "mine" and (out / "report.md").read_text() == "mine"
 
 
 def test_labeling_overwrite_refuses_a_run_record_no_labeling_run_wrote(label_config, tmp_path):
     """A ``run.json`` of someone else's: not the labeling run's to start over, with or without --overwrite."""
-    from data_gen.run import LabelingError, run_labels
+    from data_gen.run import run_labels
 
     out = tmp_path / "labels"
     out.mkdir()
     (out / "run.json").write_text('{"mine": 1}')
     for overwrite in (False, True):
-        with pytest.raises(LabelingError, match="is not a labeling run's record"):
+        with pytest.raises(SettingError, match="(run.json, which no|no) `specheads labels` wrote"):
             run_labels(label_config(output_dir=str(out), overwrite=overwrite), quiet=True)
     assert (out / "run.json").read_text() == '{"mine": 1}'
 
@@ -416,3 +418,231 @@ def test_nonsense_numbers_are_one_line_before_any_work(argv, words, capsys):
         code = e.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and words in err[0], err
+
+
+def _command(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """``specheads ARGV`` in this process: its exit status and the lines it wrote to stderr."""
+    from specheads.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # the commands run by ``core.interrupt.run_main`` exit with their status
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_gpu_schedule_refuses_a_head_or_calibration_of_another_draft(label_config, tiny_pair, tmp_path):
+    """As simulate and eval do (``heads.export.check_labels``, ``CalibratedConfidence.check_draft``): its settings
+    would be chosen on labels the head's estimates say nothing about."""
+    from core.models import ModelSpec, load_model
+    from core.shards import read_manifest
+    from data_gen.run import run_labels
+    from evaluation.schedule import main
+    from heads.export import HeadFileError, export_head
+    from heads.resnet import ResNetHead
+
+    cfg = label_config(split_fractions=(0.5, 0.25, 0.25))
+    run_labels(cfg, quiet=True)
+    other = load_model(ModelSpec(path=str(tiny_pair[1]), name="tiny-target"))[2]  # the target, as a draft
+    head = export_head(ResNetHead(hidden_size=32, depth=1), tmp_path / "other.safetensors", draft=other,
+                       vocab_size=int(other["vocab_size"]), label={"kind": "test"}, role="stop",
+                       threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={})
+    calibration = write(tmp_path / "calibration.json", {"estimate": "calibrated_confidence", "rows": 10,
+                                                         "q": [0.1, 0.9], "acceptance": [0.2, 0.8],
+                                                         "fitted": {"draft": other}})
+    out = tmp_path / "schedule.json"
+    labels = str(cfg.output_dir)
+    with pytest.raises(HeadFileError, match=f"not for 'tiny-draft' .*, the draft of the labels in {labels}"):
+        main(["--labels", labels, "--head", str(head), "--traces", "2", "--out", str(out)])
+    with pytest.raises(UserError, match=f"fitted on rows of draft 'tiny-target', the draft of the labels in {labels}"):
+        main(["--labels", labels, "--calibration", calibration, "--traces", "2", "--out", str(out)])
+    assert not out.exists()
+    assert read_manifest(labels)["models"]["draft"]["name"] == "tiny-draft"
+
+
+@pytest.mark.parametrize("setting", ["grid: {T: [0.1, .nan]}", "grid: {T: [Infinity]}", "fixed: {T: .inf}"])
+def test_a_policy_setting_that_is_not_a_finite_number_is_one_line(tmp_path, capsys, setting):
+    """NaN passes every bound a policy checks (``T < 0`` is false), so it ran and was reported; YAML reads
+    ``Infinity`` as text, which the policy compared with a number (a TypeError)."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'eval'}\npolicies:\n  - {{family: fuzzy, {setting}}}\n")
+    code, err = _command(["eval", "--config", str(config)], capsys)
+    assert code == 2 and len(err) == 1 and "fuzzy: T must be a finite number" in err[0], err
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["gpu-schedule", "--out", "unused.json"]])
+def test_a_cost_ratio_that_overflows_a_rounds_cost_is_refused_as_gpu_schedule_does(tmp_path, capsys, command):
+    """``--c 1e308`` made every round's cost infinite: NaN shares and 0.000 speedups. One bound for every command
+    that takes c (``decoding.replay.check_cost_ratios``), checked before the labels are read."""
+    for c in ("1e308", "inf", "nan"):
+        code, err = _command([*command, "--labels", str(tmp_path / "never-read"), "--c", c], capsys)
+        assert code == 2 and len(err) == 1, err
+        assert "--c must be a positive cost ratio t_draft / t_target" in err[0] and "0 < c < 10" in err[0], err
+
+
+def test_an_eval_resumed_over_a_damaged_trace_records_it_again(tmp_path):
+    """A trace cut short (a killed copy, a full disk) is missing, not a traceback: the resumed eval records it
+    again, as a labeling run redoes a damaged shard."""
+    import dataclasses
+
+    import numpy as np
+    from test_eval_fakes import fake_engine
+    from test_eval_run import make_cfg
+    from test_never_lose_data import QUICK
+
+    from decoding.traces import Trace
+    from evaluation.run import run_eval
+    from evaluation.rundir import RunDir
+    from evaluation.traces import read_recorded
+
+    recorded = []
+
+    def record(ids, tokens, generator, prompt):
+        recorded.append(prompt)
+        n = len(tokens)
+        return Trace(prompt_id=prompt, acceptance=np.full(n, 0.5), logp_draft=np.full(n, -1.0),
+                     entropy_draft=np.ones(n), hidden=torch.zeros(n, 4), hidden_prev=torch.zeros(n, 4),
+                     candidate=np.zeros(n, dtype=np.int64))
+
+    engine = dataclasses.replace(fake_engine(), record_trace=record)
+    cfg = make_cfg(tmp_path, **QUICK)
+    out = run_eval(cfg, engine, quiet=True)
+    first = RunDir(out).recorded_traces("sample")
+    assert first and sorted(recorded) == sorted(int(p.stem) for p in first)
+    damaged = first[0]
+    damaged.write_bytes(damaged.read_bytes()[:-10])
+    recorded.clear()
+    run_eval(cfg, engine, quiet=True)
+    assert recorded == [int(damaged.stem)]  # that one only, again
+    assert len(read_recorded(out, "sample")) == len(first)
+
+
+def test_bench_train_reads_the_cache_it_wrote(tmp_path, capsys):
+    """Its random shards are written as a labeling run writes them, digests listed in the manifest, so the data
+    module it times reads them; a second run reuses them."""
+    from pipeline.bench import main
+
+    flags = ["--rows", "64", "--hidden_size", "8", "--batch_size", "16", "--dir", str(tmp_path)]
+    main(flags)
+    manifest = json.loads((tmp_path / "labels-64x8" / "manifest.json").read_text())
+    assert sorted(manifest["shards"]) == [f"{s}/target-0000.arrow" for s in ("test", "train", "val")]
+    main(flags)  # the cache, read again
+    assert capsys.readouterr().out.count("pipeline epoch (Trainer + shards)") == 2
+
+
+@pytest.mark.parametrize("flags, words", [(["--rows", "0"], "--rows must be at least 1, got 0"),
+                                          (["--hidden_size", "-4"], "--hidden_size must be at least 1, got -4"),
+                                          (["--batch_size", "0"], "--batch_size must be at least 1, got 0")])
+def test_bench_train_counts_below_one_are_one_line_before_any_write(tmp_path, capsys, flags, words):
+    code, err = _command(["bench-train", *flags, "--dir", str(tmp_path / "bench")], capsys)
+    assert code == 2 and err == [f"error: {words}"], err
+    assert not (tmp_path / "bench").exists()
+
+
+def test_bench_precision_counts_below_one_are_one_line_before_the_models_load(tmp_path, capsys):
+    """``--repeats 0`` ended in statistics' StatisticsError once the models had loaded and been read."""
+    config = tmp_path / "never-read.yaml"  # the models are named there: not read, nothing loads
+    for flags, words in [(["--repeats", "0"], "--repeats must be at least 1, got 0"),
+                         (["--prompts", "0"], "--prompts must be at least 1, got 0"),
+                         (["--positions", "-1"], "--positions must be at least 1, got -1")]:
+        code, err = _command(["bench-precision", *flags, "--config", str(config), "--out",
+                              str(tmp_path / "precision.json")], capsys)
+        assert code == 2 and err == [f"error: {words}"], err
+    assert not (tmp_path / "precision.json").exists()
+
+
+@pytest.mark.parametrize("flags, config, words", [
+    (["--model.lr", "nan"], None, 'Parser key "model.lr"'),
+    (["--data.batch_size", "many"], None, 'Parser key "data.batch_size"'),
+    (["--data.no_such_key", "3"], None, "--data.no_such_key"),
+    ([], "data:\n  batch_size: many\n", 'Parser key "data.batch_size"'),
+    ([], "data:\n  no_such_key: 3\n", "data.no_such_key"),
+    ([], "data:\n  lam: .nan\n", "lam must be positive, got nan"),
+])
+def test_a_mistyped_or_non_finite_training_setting_is_one_line_naming_it(tmp_path, capsys, flags, config, words):
+    """LightningCLI printed its 98-line usage before the error (or, for a NaN λ, trained on all-zero labels); the
+    labels are never read: each refusal comes first."""
+    from pipeline.train_all import DEFAULT_CONFIGS
+
+    configs = [DEFAULT_CONFIGS[0]]
+    if config is not None:
+        (tmp_path / "bad.yaml").write_text(config)
+        configs.append(str(tmp_path / "bad.yaml"))
+    args = ["lightning", "fit", *(a for c in configs for a in ("--config", c)), "--data.labels",
+            str(tmp_path / "never-read"), "--trainer.default_root_dir", str(tmp_path / "runs"), *flags]
+    code, err = _command(args, capsys)
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("setting, words", [(dict(lr=math.inf), "lr and scores_lr must be positive, got inf"),
+                                            (dict(scores_lr=math.inf), "lr and scores_lr must be positive, got 0.001, inf"),
+                                            (dict(w_rej=NAN), "w_acc and w_rej must be positive, got 1.0, nan")])
+def test_a_non_finite_training_weight_or_rate_is_refused(setting, words):
+    from heads.sprinter import SprinterHead
+    from pipeline.module import HeadModule
+
+    with pytest.raises(SettingError, match=words):
+        HeadModule(SprinterHead(hidden_size=8), **setting)
+
+
+def test_train_names_a_mistyped_setting_of_its_configs_in_one_line(label_config, tmp_path, capsys):
+    from data_gen.run import run_labels
+
+    labels = label_config()
+    run_labels(labels, quiet=True)
+    config = tmp_path / "head.yaml"
+    config.write_text("model:\n  head:\n    class_path: heads.sprinter.SprinterHead\ndata:\n  batch_size: many\n")
+    capsys.readouterr()  # the labeling run's own lines
+    code, err = _command(["train", "--labels", str(labels.output_dir), "--configs", str(config), "--out",
+                          str(tmp_path / "out"), "--heads_dir", str(tmp_path / "heads"), "--quiet"], capsys)
+    assert code == 2 and len(err) == 1 and 'Parser key "data.batch_size"' in err[0], err
+
+
+def test_the_train_lock_names_the_flag_that_gave_the_folder(label_config, tmp_path):
+    from core.runfolder import FolderInUse, folder_lock
+    from data_gen.run import run_labels
+    from pipeline.train_all import main
+
+    labels = label_config()
+    run_labels(labels, quiet=True)
+    held = tmp_path / "held"
+    with folder_lock(held, "a training run"):
+        with pytest.raises(FolderInUse, match="choose another --heads_dir"):
+            main(["--labels", str(labels.output_dir), "--heads_dir", str(held), "--out", str(tmp_path / "out")])
+
+
+def test_a_ctrl_c_while_labeling_is_said_once_by_the_command_not_first_by_lightning(label_config):
+    """Lightning logs "Detected KeyboardInterrupt, attempting graceful shutdown" as it catches the Ctrl-C; the
+    command's own line (``LabelingInterrupted``) is the one that says it."""
+    import logging
+
+    import pytorch_lightning as pl
+
+    from data_gen.run import LabelingInterrupted, run_labels
+
+    class CtrlC(pl.Callback):
+        def on_predict_batch_end(self, trainer, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    lines = Lines()
+    lightning = logging.getLogger("pytorch_lightning")
+    level = lightning.level
+    lightning.addHandler(lines)
+    lightning.setLevel(logging.INFO)
+    try:
+        with pytest.raises(LabelingInterrupted, match="stopped by Ctrl-C"):
+            run_labels(label_config(), callbacks=[CtrlC()], quiet=True)
+    finally:
+        lightning.removeHandler(lines)
+        lightning.setLevel(level)
+    assert not [line for line in lines.lines if "KeyboardInterrupt" in line], lines.lines

@@ -208,14 +208,14 @@ def test_refuses_a_folder_that_is_not_a_corpus(tmp_path, capsys, monkeypatch):
     (labels / "manifest.json").write_text('{"splits": {}}\n')
     (labels / "data.parquet").write_text("not ours")
     before = {f.name: f.read_text() for f in labels.iterdir()}
-    with pytest.raises(CorpusError, match="not a corpus folder"):
+    with pytest.raises(UserError, match="no `specheads corpus` wrote it"):
         build(tmp_path, "labels")
     assert {f.name: f.read_text() for f in labels.iterdir()} == before  # untouched
     assert corpus.main(["--packages", "[]", "--paths", f"[{tmp_path}]", "--out", str(labels)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --out") and "not a corpus folder" in err[0]
-    (labels / "manifest.json").write_text("{broken")
-    with pytest.raises(UserError, match="not valid JSON"):
+    assert len(err) == 1 and err[0].startswith("error: --out") and "no `specheads corpus` wrote it" in err[0]
+    (labels / "manifest.json").write_text('{"kind": "corpus"}\n')  # shaped like a corpus's: still not ours
+    with pytest.raises(UserError, match="no `specheads corpus` wrote it"):
         build(tmp_path, "labels")
     monkeypatch.chdir(tmp_path / "src")
     with pytest.raises(CorpusError, match="current directory"):
@@ -229,5 +229,6 @@ def test_rebuilds_a_corpus_folder_in_place(tmp_path):
     (tmp_path / "src" / "fixturepkg" / "good.py").write_text(GOOD.replace("acc += v", "acc = acc + v"))
     second, rows = build(tmp_path)
     assert second["digest"] != first["digest"] and len(rows) == second["rows"]
-    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == ["corpus.parquet", "manifest.json", "notes.txt"]
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == [".specheads-files", "corpus.parquet",
+                                                                   "manifest.json", "notes.txt"]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["digest"] == second["digest"]

@@ -21,6 +21,7 @@ from core import identity
 from core.identity import IdentityError, check_labels_pair, model_identity, weights_sha256
 from core.models import ModelSpec, load_model
 from core.quantization import decode_numerics, quantize
+from core.runfolder import LEDGER
 from decoding.runtimes import hf_export as export_hf
 from heads.export import (META_DIGEST_KEY, HeadFileError, export_head, load_head, metadata_digest, read_metadata,
                           weights_digest)
@@ -221,26 +222,22 @@ def test_export_hf_writes_only_where_it_may(tmp_path, monkeypatch, capsys):
     assert "refusing to write into the current directory" in _cli(capsys, head, ".")
     assert "refusing to write into the current directory" in _cli(capsys, head, project)
     assert (project / "README.md").read_text() == "the project's own README\n"
-    assert "exists and is not a folder" in _cli(capsys, head, project / "README.md")
+    assert "README.md is a file, not a folder" in _cli(capsys, head, project / "README.md")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    assert "is not empty and is not a folder `make export-hf` wrote" in _cli(capsys, head, mine)
+    assert "is not empty (notes.txt) and no `specheads export-hf` wrote it" in _cli(capsys, head, mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
     out = tmp_path / "folder"
     out.mkdir()  # empty: written
     export_hf.main([str(head), str(out)])
-    (out / "user.txt").write_text("mine")
     other = _export(tmp_path / "verifier.safetensors", threshold=0.7)
-    export_hf.main([str(other), str(out)])  # an earlier export: its files replaced, nothing else touched
-    names = {p.name for p in out.iterdir()}
-    assert names == {"verifier.safetensors", "README.md", "custom_generate", export_hf.MARKER, "user.txt"}
-    marker = json.loads((out / export_hf.MARKER).read_text())
-    assert marker["head"] == "verifier.safetensors" and "custom_generate/generate.py" in marker["files"]
-    (out / export_hf.MARKER).write_text(json.dumps({"files": ["../mine/notes.txt"]}))
-    assert "is not a folder `make export-hf` wrote" in _cli(capsys, head, out)
-    assert (mine / "notes.txt").exists()
+    export_hf.main([str(other), str(out)])  # an earlier export: replaced whole
+    assert {p.name for p in out.iterdir()} == {"verifier.safetensors", "README.md", "custom_generate", LEDGER}
+    (out / "user.txt").write_text("mine")  # a replaced folder would lose it: refused, kept
+    assert "holds user.txt, which no `specheads export-hf` wrote" in _cli(capsys, head, out)
+    assert (out / "user.txt").read_text() == "mine" and (out / "verifier.safetensors").is_file()
 
 
 def test_export_hf_refuses_a_bad_head_before_writing(tmp_path, capsys):

@@ -260,7 +260,7 @@ def test_unwritable_output_folder(label_config, capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     rc, err = _cli(label_config, capsys, "--output_dir", str(blocker / "labels"))
-    assert rc == 2 and err[-1].startswith(f"error: output folder {blocker / 'labels'} is not writable")
+    assert rc == 2 and err[-1] == f"error: --output_dir {blocker / 'labels'}: {blocker} is a file, not a folder"
 
 
 def test_categories_in_equal_shares_per_split(label_config):

@@ -21,7 +21,7 @@ from test_eval_run import make_cfg
 from core import shards
 from core.errors import UserError
 from core.interrupt import CtrlCGuard
-from core.runfolder import LOCK_FILE, FolderInUse, folder_lock
+from core.runfolder import LEDGER, LOCK_FILE, FolderInUse, folder_lock
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
 from decoding.policies import build_policy
@@ -82,7 +82,7 @@ def test_eval_into_the_current_directory_with_a_bad_input_touches_nothing(tmp_pa
 def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_files(tmp_path):
     folder = _foreign_folder(tmp_path / "shared")
     before = _tree(folder)
-    with pytest.raises(EvalError, match="holds no evaluation; choose another output_dir, or pass --overwrite"):
+    with pytest.raises(UserError, match="no `specheads eval` wrote it: choose another folder, or pass --overwrite"):
         run_eval(make_cfg(tmp_path, output_dir=str(folder), **QUICK), fake_engine(), quiet=True)
     assert _tree(folder) == before
     run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
@@ -93,7 +93,7 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
     (folder / "traces" / "notes.txt").write_text("not a trace")
     calls = []
     for overwrite in (False, True):  # under an eval's name, but no eval wrote it: refused, kept
-        with pytest.raises(EvalError, match="under an evaluation's names, which no evaluation wrote here"):
+        with pytest.raises(UserError, match="holds traces/sample/00000.safetensors, which no `specheads eval` wrote"):
             run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=overwrite, max_new_tokens=5, **QUICK),
                      fake_engine(calls), quiet=True)
     assert (folder / "traces" / "sample" / "00000.safetensors").read_bytes() == b"a trace"
@@ -106,12 +106,12 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
                      fake_engine(), quiet=True)
     assert len(ResultStore(folder / "results.jsonl")) == len(ResultStore(fresh / "results.jsonl")) == len(calls)
     # what overwrite deletes is every file an evaluation writes
-    assert {p.relative_to(fresh).as_posix() for p in RunDir(fresh).files()} == set(_tree(fresh)) - {LOCK_FILE}
+    assert {p.relative_to(fresh).as_posix() for p in RunDir(fresh).folder.files()} == set(_tree(fresh)) - {LEDGER}
     assert set(again) - set(before) - {"traces/notes.txt"} == set(_tree(fresh))
     # files an evaluation writes, put there by someone else beside its results: refused, kept
     (folder / "loglik.jsonl").write_text("mine")
     (folder / "selection.json").write_text("mine too")
-    with pytest.raises(EvalError, match="loglik.jsonl, selection.json under an evaluation's names"):
+    with pytest.raises(UserError, match="loglik.jsonl, selection.json, which no `specheads eval` wrote"):
         run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
     assert (folder / "loglik.jsonl").read_text() == "mine" and (folder / "selection.json").read_text() == "mine too"
 
@@ -180,12 +180,12 @@ def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, mon
     (out / "notes.txt").write_text("mine")
     (out / ".notes.tmp").write_text("mine too")  # hidden, "tmp" in its name, and not a temporary of ours
     monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
-    with pytest.raises(LabelingError, match="holds no labeling run; choose another output_dir, or pass --overwrite"):
+    with pytest.raises(UserError, match="no `specheads labels` wrote it: choose another folder, or pass --overwrite"):
         run_labels(label_config(), quiet=True)
     (out / "train").mkdir()
     (out / "train" / "draft-0000.arrow").write_bytes(b"someone's rows")
     for overwrite in (False, True):  # shards no run.json claims are never deleted
-        with pytest.raises(LabelingError, match="no labeling run recorded in run.json wrote"):
+        with pytest.raises(UserError, match="(not empty|holds train/draft-0000.arrow).*no `specheads labels` wrote"):
             run_labels(label_config(overwrite=overwrite), quiet=True)
     assert _tree(out) == {".notes.tmp": b"mine too", "notes.txt": b"mine", "train/draft-0000.arrow": b"someone's rows"}
     monkeypatch.undo()
@@ -318,7 +318,8 @@ def test_eval_resume_refuses_a_draft_swapped_at_the_same_path(tiny_pair, tmp_pat
     out = tmp_path / "eval"
     written = set(_tree(out))
     assert {"forward_timing.json", "report.md"} <= written and any(f.startswith("traces/") for f in written)
-    assert {p.relative_to(out).as_posix() for p in RunDir(out).files()} == written  # overwrite deletes all of it
+    assert {p.relative_to(out).as_posix() for p in RunDir(out).folder.files()} == written - {LEDGER}  # overwrite
+    # deletes all of it
     shutil.copy(tiny_pair[1] / "model.safetensors", draft / "model.safetensors")  # the target's weights
     capsys.readouterr()
     assert main(["--config", config]) == 2
@@ -338,10 +339,11 @@ def test_an_unlisted_shard_is_refused_with_the_truth(label_config, tmp_path, mon
     with pytest.raises(shards.ShardError, match="zz-0000.arrow: not listed in .*move it out of the dataset"):
         shards.read_manifest(out)
     monkeypatch.setattr(data_gen.run, "load_pair", lambda cfg: pytest.fail("models loaded"))
-    with pytest.raises(LabelingError, match="zz-0000.arrow is not listed in the manifest: no labeling run of"):
+    with pytest.raises(UserError, match="holds train/zz-0000.arrow, .*which no `specheads labels` wrote"):
         run_labels(label_config(), quiet=True)
     assert stray.exists()  # not ours to delete
     stray.unlink()
+    stray.with_name(stray.name + ".json").unlink()
     run_labels(label_config(), quiet=True)  # finished, nothing to do
     shards.read_manifest(out)
 
@@ -371,7 +373,7 @@ def test_an_unlisted_shard_in_an_unfinished_run_is_refused(label_config, tmp_pat
     done = sorted(out.glob("*/*.arrow"))[0]
     stray = done.with_name("zz-0000.arrow")
     shutil.copy(done, stray)
-    with pytest.raises(LabelingError, match="zz-0000.arrow is not a batch of this run"):
+    with pytest.raises(UserError, match="zz-0000.arrow, which no `specheads labels` wrote"):
         run_labels(label_config(), quiet=True)
     stray.unlink()
     run_labels(label_config(), quiet=True)

@@ -369,7 +369,7 @@ def test_a_heads_folder_of_another_draft_is_refused_before_training(tiny_labels,
         train_all.main(["--labels", str(other), *argv])
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "heads").iterdir()) == before
     (tmp_path / "heads" / "notes.safetensors").write_text("mine")
-    with pytest.raises(SettingError, match="notes.safetensors, which is not a head"):
+    with pytest.raises(SettingError, match="notes.safetensors, which no `specheads train` wrote"):
         train_all.main(["--labels", str(tiny_labels), *argv])
     (tmp_path / "heads" / "notes.safetensors").unlink()
     assert train_all.main(["--labels", str(tiny_labels), *argv])[0].export is not None
@@ -458,15 +458,16 @@ def test_training_and_curve_outputs_refuse_a_folder_they_did_not_write(tiny_labe
     argv = ["--labels", str(tiny_labels), "--configs", str(CONFIGS[0].parent / "sprinter_lam1.yaml"),
             "--checkpoints", str(tmp_path / "ckpt"), "--max_epochs", "1", "--quiet"]
     for out in ("train", "other"):
-        with pytest.raises(SettingError, match="is not empty .* and no training run wrote it"):
+        with pytest.raises(SettingError, match="is not empty .* and no `specheads train` wrote it"):
             train_all.main([*argv, "--out", str(tmp_path / out), "--heads_dir", str(tmp_path / "heads")])
-    with pytest.raises(SettingError, match="no learning curve wrote it"):
+    with pytest.raises(SettingError, match="no `specheads curve` wrote it"):
         learning_curve.main(["--labels", str(tiny_labels), "--test_labels", str(tiny_labels), "--out",
                              str(tmp_path / "curve"), "--max_epochs", "1", "--quiet", "--shares", "1.0"])
     assert [(tmp_path / f / n).read_text() for f, n in (("train", "metrics.txt"), ("curve", "curve.txt"))] == \
         ["mine", "mine"]
     for _ in range(2):  # the command's own folder, written again
         train_all.main([*argv, "--out", str(tmp_path / "own"), "--heads_dir", str(tmp_path / "heads")])
-    (tmp_path / "own" / ".train-files").write_text("metrics.json\n")  # metrics.txt: no longer the run's
-    with pytest.raises(SettingError, match="holds metrics.txt, .*which no training run wrote"):
+    ledger = tmp_path / "own" / ".specheads-files"
+    ledger.write_text(ledger.read_text().replace("train\tmetrics.txt\n", ""))  # metrics.txt: no longer the run's
+    with pytest.raises(SettingError, match="holds metrics.txt, .*which no `specheads train` wrote"):
         train_all.main([*argv, "--out", str(tmp_path / "own"), "--heads_dir", str(tmp_path / "heads")])

@@ -594,7 +594,8 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--c", "0"], "--c must be a positive cost ratio t_draft / t_target, got 0"),
+    (["--c", "0"], "--c must be a positive cost ratio t_draft / t_target, got 0 (a draft step costs c target steps: "
+                   "0 < c < 10)"),
     (["--c", "0.1", "-0.5"], "--c must be a positive cost ratio t_draft / t_target, got -0.5"),
     (["--timing", "{missing}"], "none.json: no such file"),
     (["--timing", "{garbage}"], "not a bench_timing JSON file"),

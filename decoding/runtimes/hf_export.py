@@ -41,7 +41,7 @@ import transformers
 from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
-from core.runfolder import contents, folder_lock
+from core.runfolder import RunFolder, replace_folder
 from decoding.costs import read_timing, timing_device
 from decoding.estimates import CalibratedConfidence
 from decoding.runtimes.hf import MAX_K
@@ -53,9 +53,6 @@ PACKAGES = ("decoding", "heads", "core")
 """Project packages the runtime may import from; their modules are copied into the folder."""
 RUNTIME = ROOT / "decoding" / "runtimes" / "hf.py"
 _IMPORT = re.compile(rf"^(\s*)from (?:{'|'.join(PACKAGES)})\.(\w+) import ", flags=re.MULTILINE)
-MARKER = ".specheads-export.json"
-"""Written into every folder this command writes, first: the files it writes there (paths relative to it)."""
-
 ALGORITHMS = {
     "stop": ("SpecDec++", "drafts until the head's predicted probability that some candidate is rejected exceeds "
              "h, then verifies the round with transformers' own speculative sampling: the output is the target's "
@@ -111,23 +108,17 @@ def flatten(source: str) -> str:
     return _IMPORT.sub(r"\1from .\2 import ", source)
 
 
-def previous_export(out: Path) -> list[Path]:
-    """The files an earlier export wrote into ``out`` (listed by its marker), which this one replaces; refused:
-    the current directory, a file, and a non-empty folder without a readable marker."""
+def export_folder(out: Path) -> RunFolder:
+    """An export's folder: every file in it is the export's, so that a new export can replace it whole."""
+    return RunFolder(out, "export-hf", "--out", ("**/*",))
+
+
+def check_folder(out: Path) -> None:
+    """Refuse, before anything is written, the current directory and a folder this command may not replace
+    (``RunFolder.check``: a file, a non-empty folder no export wrote, files in an export no export wrote)."""
     if out.resolve() == Path.cwd().resolve():
         raise ExportError(f"{out}: refusing to write into the current directory; name a new folder")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder; name a new folder")
-    if not contents(out):
-        return []
-    try:
-        files = [Path(f) for f in json.loads((out / MARKER).read_text())["files"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        files = None
-    if files is None or any(f.is_absolute() or ".." in f.parts for f in files):
-        raise ExportError(f"{out} is not empty and is not a folder `make export-hf` wrote (no {MARKER} listing its "
-                          "files); name a new folder")
-    return [out / f for f in files]
+    export_folder(out).check()
 
 
 def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None,
@@ -151,7 +142,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
     if calibrated is not None:
         calibrated.check_draft(meta["draft"], f"the draft of head {head.name}")
-    previous_export(out)  # a folder it may not write into is refused before anything is written
+    check_folder(out)  # a folder it may not write into is refused before anything is written
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
     generated = {
@@ -186,20 +177,17 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     files["README.md"] = readme(meta, head.name, out.name, None if costs is None else {
         "timing": Path(timing).name, "device": timing_device(timing) or "an unnamed device", "rate": rate,
         "calibration": None if calibration is None else Path(calibration).name})
-    with folder_lock(out, "an export"):  # two exports into one folder: the second stops with one line
-        for path in previous_export(out):  # again under the lock: another export may have written since
-            path.unlink(missing_ok=True)
-        written = []
-        try:
-            (out / "custom_generate").mkdir(parents=True, exist_ok=True)
-            for name, content in {MARKER: json.dumps({"head": head.name, "files": [MARKER, head.name, *files]},
-                                                     indent=1) + "\n", head.name: data, **files}.items():
-                written.append(out / name)
-                (out / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-        except OSError as e:  # a full disk or a read-only folder: no half-written folder left behind
-            for path in written:
-                path.unlink(missing_ok=True)
-            raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
+    files = {head.name: data, **{name: text.encode() for name, text in files.items()}}
+
+    def build(tmp: Path) -> None:
+        export_folder(tmp).start(files)
+        for name, content in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(content)
+
+    with export_folder(out).hold("an export"):  # two exports into one folder: the second stops with one line
+        check_folder(out)  # again under the lock: another export may have written since
+        replace_folder(out, build)  # the earlier export stays whole until the new one is
     return out
 
 
