@@ -4,6 +4,7 @@ identity on an eval resume, unlisted shards, and inputs that must end in one lin
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -616,3 +617,224 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_partial_one(tmp_pa
     with pytest.raises(UserError, match=f"cannot write {path}: No space left on device"):
         write_with(path, full_disk)
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]
+
+
+# ------------------------------------------------------------------ every writing command: a user's file is never lost
+TRAIN_CONFIG = "configs/train/sprinter_lam1.yaml"
+
+
+def _full_disk(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _tiny_head(path, threshold=0.5):
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    return export_head(ResNetHead(hidden_size=8, depth=1), path, draft={"name": "tiny-draft", "source": "test"},
+                       vocab_size=16, label={"kind": "test"}, role="stop",
+                       threshold={"name": "h", "value": threshold, "rule": "test"}, metrics={})
+
+
+def test_eval_overwrite_never_replaces_a_users_results_and_report(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text('{"my": "numbers"}\n')
+    (folder / "report.md").write_text("my report")
+    before = _tree(folder)
+    with pytest.raises(UserError, match="results.jsonl, which no `specheads eval` wrote"):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert _tree(folder) == before
+
+
+@pytest.mark.parametrize("names", [("run.json", "manifest.json"), ("pair.json",)])
+def test_labels_overwrite_never_replaces_a_users_run_record_manifest_or_pair(label_config, tmp_path, names):
+    out = tmp_path / "labels"
+    out.mkdir()
+    for name in names:
+        (out / name).write_text('{"mine": true}')
+    before = _tree(out)
+    with pytest.raises(UserError, match="which no `specheads labels` wrote"):
+        run_labels(label_config(overwrite=True), quiet=True)
+    assert _tree(out) == before
+
+
+def test_the_lock_never_touches_a_file_it_did_not_create(tmp_path):
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_text("my notes")
+    with pytest.raises(UserError, match=f"holds a file {LOCK_FILE} that no run of this project wrote"):
+        with folder_lock(folder, "a test"):
+            pass
+    assert (folder / LOCK_FILE).read_text() == "my notes"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".lock").write_text("mine")  # a user's file like any other: refused, or written beside when told
+    with pytest.raises(UserError, match=r"not empty \(.lock\)"):
+        run_eval(make_cfg(tmp_path, output_dir=str(other), **QUICK), fake_engine(), quiet=True)
+    run_eval(make_cfg(tmp_path, output_dir=str(other), overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert (other / ".lock").read_text() == "mine"
+
+
+def test_bench_precision_never_writes_over_a_label_folders_record(label_config, tmp_path):
+    from evaluation.bench_precision import main
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    before = _tree(out)
+    with pytest.raises(UserError, match="no `specheads bench-precision` wrote it"):
+        main(["--config", "configs/labels/humaneval.yaml", "--out", str(out / "run.json")])
+    assert _tree(out) == before
+
+
+def test_export_hf_on_a_full_disk_keeps_the_earlier_export_whole(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from decoding.runtimes.hf_export import write_folder
+
+    out = write_folder(_tiny_head(tmp_path / "stop.safetensors"), tmp_path / "export")
+    before = _tree(out)
+    head = _tiny_head(tmp_path / "other.safetensors", threshold=0.7)
+    written = Path.write_bytes
+
+    def fills_up(path, data):  # the disk is full after the first files
+        if len(list(path.parent.iterdir())) > 2:
+            _full_disk()
+        return written(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fills_up)
+    with pytest.raises(UserError, match="No space left on device"):
+        write_folder(head, out)
+    monkeypatch.undo()
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "other.safetensors", "stop.safetensors"]
+
+
+@pytest.mark.parametrize("metrics", [[{"name": "my-run", "auroc": 0.9}], []])
+def test_train_never_replaces_a_users_metrics(label_config, tmp_path, metrics):
+    from pipeline import train_all
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    (out / "metrics.txt").write_text("my table")
+    before = _tree(out)
+    with pytest.raises(UserError, match="no `specheads train` wrote it"):
+        train_all.main(["--labels", str(tmp_path / "labels"), "--configs", TRAIN_CONFIG, "--out", str(out),
+                        "--heads_dir", str(tmp_path / "heads"), "--checkpoints", str(tmp_path / "ckpt"),
+                        "--max_epochs", "1", "--quiet"])
+    assert _tree(out) == before and not (tmp_path / "heads").exists()
+
+
+def test_curve_never_replaces_a_users_curve(label_config, tmp_path):
+    from pipeline import learning_curve
+
+    run_labels(label_config(split_fractions=(0.5, 0.25, 0.25), max_new_tokens=8), quiet=True)
+    out = tmp_path / "curve"
+    out.mkdir()
+    (out / "curve.json").write_text('{"points": []}')
+    before = _tree(out)
+    labels = str(tmp_path / "labels")
+    with pytest.raises(UserError, match="no `specheads curve` wrote it"):
+        learning_curve.main(["--labels", labels, "--test_labels", labels, "--configs", TRAIN_CONFIG, "--out",
+                             str(out), "--shares", "1.0", "--max_epochs", "1", "--quiet"])
+    assert _tree(out) == before
+
+
+def test_two_trainings_into_one_out_with_other_heads_folders_one_refused(label_config, tmp_path):
+    """The lock covers --out as well as the heads folder: the metrics are written while it is held."""
+    from pipeline import train_all
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "train"
+    with folder_lock(out, "a training run"):
+        with pytest.raises(FolderInUse, match="in use by a training run"):
+            train_all.main(["--labels", str(tmp_path / "labels"), "--configs", TRAIN_CONFIG, "--out", str(out),
+                            "--heads_dir", str(tmp_path / "other-heads"), "--checkpoints", str(tmp_path / "ckpt"),
+                            "--max_epochs", "1", "--quiet"])
+    assert not (tmp_path / "other-heads").exists() and not (out / "metrics.txt").exists()
+
+
+def test_labels_on_a_full_disk_is_one_line_and_leaves_no_temporary(label_config, tmp_path, monkeypatch):
+    from datasets.arrow_writer import ArrowWriter
+
+    def half_then_full(self, *args, **kwargs):
+        with open(self._path, "wb") as f:  # what a full disk leaves: part of the file
+            f.write(b"part of a shard")
+        _full_disk()
+
+    monkeypatch.setattr(ArrowWriter, "write_batch", half_then_full)
+    with pytest.raises(UserError, match="No space left on device"):
+        run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def test_calibrate_into_a_folder_that_became_read_only_is_one_line_and_keeps_the_old_file(label_config, tmp_path,
+                                                                                          monkeypatch, capsys):
+    import os
+    from pathlib import Path
+
+    from decoding.calibrate import main
+
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "calibration.json"
+    argv = ["--labels", str(tmp_path / "labels"), "--out", str(out)]
+    main(argv)
+    before = out.read_bytes()
+    capsys.readouterr()
+    unlink = Path.unlink
+
+    def read_only(*_, **__):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    def no_unlink_of_temporaries(path, *args, **kwargs):
+        if ".tmp" in path.name:
+            read_only()
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(Path, "unlink", no_unlink_of_temporaries)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    monkeypatch.undo()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stop.value.code == 2 and len(err) == 1 and "Permission denied" in err[0], err
+    assert out.read_bytes() == before
+
+
+def test_eval_into_a_folder_holding_a_foreign_results_file_is_one_line(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text('{"prompt": 1, "tokens": [3, 4]}\n')
+    before = _tree(folder)
+    with pytest.raises(UserError, match="no `specheads eval` wrote it"):
+        run_eval(make_cfg(tmp_path, output_dir=str(folder), **QUICK), fake_engine(), quiet=True)
+    assert _tree(folder) == before
+
+
+def test_an_eval_folder_of_an_older_layout_is_refused_not_adopted(tmp_path):
+    out = run_eval(make_cfg(tmp_path, **QUICK), fake_engine(), quiet=True)
+    (out / LEDGER).rename(out / ".eval-files")  # as versions before the one ledger kept it
+    before = _tree(out)
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match="no `specheads eval` wrote"):
+            run_eval(make_cfg(tmp_path, overwrite=overwrite, **QUICK), fake_engine(), quiet=True)
+    assert _tree(out) == before
+
+
+def test_a_run_refused_after_the_lock_leaves_no_output_folder(tmp_path, monkeypatch):
+    import evaluation.run
+    from heads.export import HeadFileError
+
+    def refuse(path):
+        raise HeadFileError(f"{path}: head was trained for another draft")
+
+    engine = fake_engine()
+    engine.check_head = refuse
+    monkeypatch.setattr(evaluation.run, "head_files", lambda cfg: [str(tmp_path / "h.safetensors")])
+    with pytest.raises(HeadFileError):
+        run_eval(make_cfg(tmp_path, output_dir=str(tmp_path / "new" / "eval"), **QUICK), engine, quiet=True)
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+    assert not (tmp_path / "new" / "eval").exists()
