@@ -105,29 +105,23 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     if empty:
         raise SnapshotError(f"{run_dir} has no finished batch of {', '.join(empty)} yet ({len(done)} of "
                             f"{len(batches)} batches done); training needs train and val: snapshot it later")
-    written: list[Path] = []
-    with snapshot_folder(out).hold("a snapshot"):
+    folder = snapshot_folder(out)
+    with folder.hold("a snapshot"):
         _refuse_output(out, run_dir)  # again, now that no other snapshot can write into it
-        snapshot_folder(out).start([*(rel.as_posix() for b in done for rel in shards.batch_files(b["key"])),
-                                    "manifest.json"])
+        folder.start([*(rel.as_posix() for b in done for rel in shards.batch_files(b["key"])), "manifest.json"])
         try:
             for b in done:
                 for rel in shards.batch_files(b["key"]):
-                    _link_or_copy(run_dir / rel, out / rel, written)
+                    _link_or_copy(run_dir / rel, out / rel)
             if previous_run(run_dir) != record:
                 raise SnapshotError(f"the run in {run_dir} was started over while it was copied; run the snapshot "
                                     "again")
-            written.append(out / "manifest.json")
             manifest = write_run_manifest(out, cfg, pair["models"], inputs, done, pair["draft_layers"],
                                           seconds=time.perf_counter() - t_start,
                                           snapshot={"run": str(run_dir.resolve()), **covered})
             shards.read_manifest(out)  # the copies, read back against the records the run wrote with them
         except BaseException:  # an interrupted or failed snapshot leaves no half dataset, only what it found
-            for path in written:
-                path.unlink(missing_ok=True)
-            for folder in sorted({p.parent for p in written}, key=lambda p: len(p.parts), reverse=True):
-                if folder != out and folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
+            folder.clear()
             raise
     if not quiet:
         print_summary(manifest, out)
@@ -152,10 +146,9 @@ def _pair(cfg, run_dir: Path, record: dict) -> tuple:
     return tok, pair_fields(models, draft, target)
 
 
-def _link_or_copy(src: Path, dst: Path, written: list[Path]) -> None:
+def _link_or_copy(src: Path, dst: Path) -> None:
     """``dst`` as a hard link to ``src`` (a copy where the file system has no links), never over a file."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    written.append(dst)
     try:
         try:
             os.link(src, dst)
@@ -168,7 +161,6 @@ def _link_or_copy(src: Path, dst: Path, written: list[Path]) -> None:
         raise SnapshotError(f"{src} went while it was copied (the run started over?); run the snapshot again") \
             from None
     except FileExistsError:
-        written.pop()  # not ours
         raise SnapshotError(f"{dst} appeared while the snapshot wrote its folder; choose a new folder") from None
 
 
@@ -184,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    created = not Path(a.out).exists()
     ctrl_c = CtrlCGuard()
     try:
         with ctrl_c:
@@ -193,9 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(Path(a.out))
     except Exception as e:
         return command_failure(ctrl_c, e, lambda then: _interrupted(Path(a.out), then))
-    finally:
-        if created and Path(a.out).is_dir() and not any(Path(a.out).iterdir()):
-            Path(a.out).rmdir()  # a folder it made for nothing
     return 0
 
 

@@ -107,11 +107,11 @@ def test_snapshot_interrupted_leaves_nothing_and_runs_again(unfinished, tmp_path
     link = snap_module._link_or_copy
     calls = []
 
-    def stop_after_five(src, dst, written):
+    def stop_after_five(src, dst):
         calls.append(dst)
         if len(calls) > 5:
             raise KeyboardInterrupt
-        link(src, dst, written)
+        link(src, dst)
 
     monkeypatch.setattr(snap_module, "_link_or_copy", stop_after_five)
     assert snapshot_main([str(run), str(snap)]) == 130
