@@ -17,7 +17,7 @@ import torch
 from core import label_math as lm
 from core.arguments import CommandParser, check_counts
 from core.interrupt import run_main
-from core.runfolder import write_json
+from core.runfolder import RunFolder
 from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, shard_records, write_shard
 
 SHARD_ROWS = 100_000
@@ -44,6 +44,11 @@ def _shard_columns(n: int, d: int, rng: np.random.Generator, w: np.ndarray) -> d
     }
 
 
+def bench_cache(folder: Path) -> RunFolder:
+    """The cache of random rows: a label folder's layout, written only by this command."""
+    return RunFolder(folder, "bench-train", "--dir", ("manifest.json", "*/*.arrow", "*/*.arrow.json"))
+
+
 def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
     """Write ``rows`` random training rows (+ a small val split) and a manifest, unless already there: shards and
     manifest as a labeling run writes them (``core.shards``: each shard's digest listed), which the data module
@@ -53,12 +58,16 @@ def make_bench_labels(folder: Path, rows: int, d: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(d, dtype=np.float32) / np.sqrt(d)
     counts = {"train": rows, "val": min(10_000, rows), "test": min(10_000, rows)}
+    cache = bench_cache(folder)
     for split, n in counts.items():
         for i, start in enumerate(range(0, n, SHARD_ROWS)):
             cols = _shard_columns(min(SHARD_ROWS, n - start), d, rng, w)
-            write_shard(folder / split / f"target-{i:04d}.arrow", cols, {"hidden": d})
+            shard = folder / split / f"target-{i:04d}.arrow"
+            cache.claim(shard)
+            cache.claim(shard.with_name(shard.name + ".json"))
+            write_shard(shard, cols, {"hidden": d})
     draft = {"name": "random-bench", "source": "bench", "fingerprint": "none", "hidden_size": d, "vocab_size": 1}
-    write_json(folder / "manifest.json", {
+    cache.write_json(folder / "manifest.json", {
         "schema_version": SCHEMA_VERSION, "models": {"draft": draft, "target": draft},
         "feature": {"column": "hidden", "hidden_size": d, "dtype": "float16"},
         "splits": {s: {"rows": n, "loss_rows": n} for s, n in counts.items()}, "seed": seed,
@@ -117,8 +126,13 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     check_counts({"--rows": a.rows, "--hidden_size": a.hidden_size, "--batch_size": a.batch_size})
     folder = Path(a.dir) / f"labels-{a.rows}x{a.hidden_size}"
+    cache = bench_cache(folder)
+    cache.check()
     t = time.perf_counter()
-    make_bench_labels(folder, a.rows, a.hidden_size)
+    with cache.hold("a training benchmark"):
+        cache.check()
+        cache.start()
+        make_bench_labels(folder, a.rows, a.hidden_size)
     print(f"bench: {a.rows} rows × {a.hidden_size} fp16 under {folder} ({time.perf_counter() - t:.1f} s to prepare)")
     pipe_s, n = pipeline_epoch(folder, a.batch_size)
     load_s, plain_s, _ = tensor_epoch(folder, a.batch_size)

@@ -576,9 +576,10 @@ def test_a_mistyped_or_non_finite_training_setting_is_one_line_naming_it(tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("setting, words", [(dict(lr=math.inf), "lr and scores_lr must be positive, got inf"),
-                                            (dict(scores_lr=math.inf), "lr and scores_lr must be positive, got 0.001, inf"),
-                                            (dict(w_rej=NAN), "w_acc and w_rej must be positive, got 1.0, nan")])
+@pytest.mark.parametrize("setting, words", [
+    (dict(lr=math.inf), "lr and scores_lr must be positive, got inf"),
+    (dict(scores_lr=math.inf), "lr and scores_lr must be positive, got 0.001, inf"),
+    (dict(w_rej=NAN), "w_acc and w_rej must be positive, got 1.0, nan")])
 def test_a_non_finite_training_weight_or_rate_is_refused(setting, words):
     from heads.sprinter import SprinterHead
     from pipeline.module import HeadModule

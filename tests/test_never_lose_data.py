@@ -838,3 +838,14 @@ def test_a_run_refused_after_the_lock_leaves_no_output_folder(tmp_path, monkeypa
         run_eval(make_cfg(tmp_path, output_dir=str(tmp_path / "new" / "eval"), **QUICK), engine, quiet=True)
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
     assert not (tmp_path / "new" / "eval").exists()
+
+
+def test_bench_train_never_writes_into_a_users_folder(tmp_path):
+    from pipeline.bench import main
+
+    folder = tmp_path / "labels-64x8"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="no `specheads bench-train` wrote it"):
+        main(["--rows", "64", "--hidden_size", "8", "--batch_size", "16", "--dir", str(tmp_path)])
+    assert _tree(folder) == {"notes.txt": b"mine"}
