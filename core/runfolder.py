@@ -249,7 +249,9 @@ class Ledger:
             lines = self.path.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"{self.path} cannot be read ({e}): move the folder aside and run again") from None
-        return [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
+        entries = [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
+        # a name that leaves the folder is no file of it, whoever wrote the line: never read, never deleted
+        return [(cmd, name) for cmd, name in entries if name == FOLDER or _inside(name)]
 
     def owner(self) -> str | None:
         """The command whose output folder this is, None where it is none's."""
@@ -276,6 +278,11 @@ class Ledger:
         """Drop ``command``'s files from the ledger (once deleted), keeping its claim on the folder."""
         kept = [(c, n) for c, n in self.entries() if c != command or n == FOLDER]
         write_text(self.path, "".join(f"{c}\t{n}\n" for c, n in kept))
+
+
+def _inside(name: str) -> bool:
+    path = Path(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts and path.parts[:1] != (".",)
 
 
 def _relative(root: Path, path: Path) -> str:
@@ -342,7 +349,10 @@ class RunFolder:
 
     def files(self) -> list[Path]:
         """Every file (or folder of files) the command wrote here that is there: what ``clear`` deletes."""
-        return sorted(p for p in (self.root / n for n in self.ledger.claimed(self.command)) if p.exists())
+        root = self.root.resolve()
+        # through a folder linked from elsewhere a claimed name would reach another's files: not ours
+        return sorted(p for p in (self.root / n for n in self.ledger.claimed(self.command))
+                      if (p.exists() or p.is_symlink()) and p.parent.resolve().is_relative_to(root))
 
     # -------------------------------------------------------------- writing
     @contextlib.contextmanager
@@ -386,7 +396,7 @@ class RunFolder:
         """Delete the files the command wrote here, and the folders under it that this emptied; nothing else."""
         folders = set()
         for p in self.files():
-            if p.is_dir():  # a folder the command claimed whole (its own outputs, e.g. a smoke run's stages)
+            if p.is_dir() and not p.is_symlink():  # a folder the command claimed whole (e.g. a smoke run's stages)
                 shutil.rmtree(p)
             else:
                 p.unlink()

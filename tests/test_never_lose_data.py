@@ -849,3 +849,13 @@ def test_bench_train_never_writes_into_a_users_folder(tmp_path):
     with pytest.raises(UserError, match="no `specheads bench-train` wrote it"):
         main(["--rows", "64", "--hidden_size", "8", "--batch_size", "16", "--dir", str(tmp_path)])
     assert _tree(folder) == {"notes.txt": b"mine"}
+
+
+def test_a_ledger_line_naming_a_file_outside_its_folder_deletes_nothing_there(tmp_path):
+    out = run_eval(make_cfg(tmp_path, **QUICK), fake_engine(), quiet=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    with open(out / LEDGER, "a") as f:
+        f.write(f"eval\t../victim.txt\neval\t{victim}\n")
+    run_eval(make_cfg(tmp_path, overwrite=True, **QUICK), fake_engine(), quiet=True)
+    assert victim.read_text() == "mine"
