@@ -309,12 +309,15 @@ class RunFolder:
         """Whether a run of the command wrote this folder."""
         return self.ledger.owner() == self.command
 
-    def check(self, beside: bool | None = None) -> None:
-        """Refuse, in one line naming the flag, a folder the command cannot write into: a file; another command's
-        output folder; a non-empty folder no run of the command wrote (unless ``beside``: the user asked to write
-        beside what it holds, with ``--overwrite true``; None: the command has no such flag); files under the
-        command's names that no run of it wrote. Touches nothing."""
+    def check(self, beside: bool | None = None, new: bool = False) -> None:
+        """Refuse, in one line naming the flag, a folder the command cannot write into: the current directory (a
+        project's own files); a file; another command's output folder; a non-empty folder no run of the command
+        wrote (unless ``beside``: the user asked to write beside what it holds, with ``--overwrite true``; None:
+        the command has no such flag); files under the command's names that no run of it wrote; with ``new`` (a
+        command that deletes nothing), any non-empty folder. Touches nothing."""
         root, flag = self.root, self.flag
+        if root.is_dir() and root.resolve() == Path.cwd().resolve():
+            raise SettingError(f"{flag} {root} is the current directory: choose a folder of its own")
         for parent in [root, *root.parents]:
             if parent.exists():
                 if not parent.is_dir():
@@ -325,6 +328,9 @@ class RunFolder:
             raise SettingError(f"{flag} {root} is the output folder of `specheads {owner}`, not of `specheads "
                                f"{self.command}`: choose another folder")
         found = contents(root)
+        if new and found:
+            raise SettingError(f"{flag} {root} is not empty: choose a new folder (`specheads {self.command}` deletes "
+                               "nothing)")
         if owner is None and found and not beside:
             hint = "" if beside is None else (", or pass --overwrite true to write beside what it holds (nothing "
                                               "a run did not write is ever deleted)")

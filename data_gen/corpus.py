@@ -433,21 +433,13 @@ def corpus_folder(out: Path) -> RunFolder:
     return RunFolder(out, "corpus", "--out", ("corpus.parquet", "manifest.json"))
 
 
-def check_out(out: Path) -> None:
-    """Refuse an output folder that is the current directory, or that no corpus build wrote (``RunFolder``): the
-    build replaces ``corpus.parquet`` and ``manifest.json`` there."""
-    if out.exists() and out.resolve() == Path.cwd().resolve():
-        raise CorpusError("--out is the current directory; choose a folder of its own, e.g. runs/corpus")
-    corpus_folder(out).check()
-
-
 def build_corpus(cfg: CorpusConfig, progress: bool = False) -> dict:
     """Extract, filter, dedupe, check against HumanEval, write ``corpus.parquet`` + ``manifest.json`` into an empty
-    folder or a previous corpus folder (``check_out``), holding its lock; return the manifest."""
+    folder or a previous corpus folder (``corpus_folder``), holding its lock; return the manifest."""
     out = Path(cfg.out)
-    check_out(out)
+    corpus_folder(out).check()
     with corpus_folder(out).hold("a corpus build"):
-        check_out(out)  # another build may have written it before the lock was ours
+        corpus_folder(out).check()  # another build may have written it before the lock was ours
         return _build(cfg, out, progress)
 
 

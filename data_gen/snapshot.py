@@ -29,7 +29,7 @@ from core import shards
 from core.arguments import CommandParser, path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
-from core.runfolder import RunFolder, contents
+from core.runfolder import RunFolder
 
 LINKLESS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 """Why a hard link fails where a copy does: another file system, or one without links."""
@@ -42,9 +42,7 @@ class SnapshotError(UserError):
 def _refuse_output(out: Path, run_dir: Path) -> None:
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise SnapshotError(f"{out} is inside the run's folder {run_dir}; choose a folder outside it")
-    snapshot_folder(out).check()
-    if contents(out):  # an earlier snapshot's too: a snapshot deletes nothing
-        raise SnapshotError(f"{out} is not empty; choose a new folder (a snapshot deletes nothing)")
+    snapshot_folder(out).check(new=True)
 
 
 def snapshot_folder(out: Path) -> RunFolder:

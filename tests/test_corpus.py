@@ -218,7 +218,7 @@ def test_refuses_a_folder_that_is_not_a_corpus(tmp_path, capsys, monkeypatch):
     with pytest.raises(UserError, match="no `specheads corpus` wrote it"):
         build(tmp_path, "labels")
     monkeypatch.chdir(tmp_path / "src")
-    with pytest.raises(CorpusError, match="current directory"):
+    with pytest.raises(UserError, match="is the current directory"):
         build_corpus(CorpusConfig(out=".", packages=[], paths=[str(tmp_path / "src" / "fixturepkg")], min_prompts=0))
 
 

@@ -219,8 +219,8 @@ def test_export_hf_writes_only_where_it_may(tmp_path, monkeypatch, capsys):
     project.mkdir()
     (project / "README.md").write_text("the project's own README\n")
     monkeypatch.chdir(project)
-    assert "refusing to write into the current directory" in _cli(capsys, head, ".")
-    assert "refusing to write into the current directory" in _cli(capsys, head, project)
+    assert "is the current directory" in _cli(capsys, head, ".")
+    assert "is the current directory" in _cli(capsys, head, project)
     assert (project / "README.md").read_text() == "the project's own README\n"
     assert "README.md is a file, not a folder" in _cli(capsys, head, project / "README.md")
     mine = tmp_path / "mine"

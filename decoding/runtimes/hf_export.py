@@ -113,14 +113,6 @@ def export_folder(out: Path) -> RunFolder:
     return RunFolder(out, "export-hf", "--out", ("**/*",))
 
 
-def check_folder(out: Path) -> None:
-    """Refuse, before anything is written, the current directory and a folder this command may not replace
-    (``RunFolder.check``: a file, a non-empty folder no export wrote, files in an export no export wrote)."""
-    if out.resolve() == Path.cwd().resolve():
-        raise ExportError(f"{out}: refusing to write into the current directory; name a new folder")
-    export_folder(out).check()
-
-
 def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None,
                  calibration: str | Path | None = None, rate: float | str = "online") -> Path:
     """Write the folder for the exported head file ``head`` into ``out`` (a new or empty folder, or an earlier
@@ -142,7 +134,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     calibrated = None if calibration is None else CalibratedConfidence.load(calibration)
     if calibrated is not None:
         calibrated.check_draft(meta["draft"], f"the draft of head {head.name}")
-    check_folder(out)  # a folder it may not write into is refused before anything is written
+    export_folder(out).check()  # a folder it may not write into is refused before anything is written
     head_class = HEADS.get_class(meta["head"]["type"])
     data = head.read_bytes()
     generated = {
@@ -186,7 +178,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
             (tmp / name).write_bytes(content)
 
     with export_folder(out).hold("an export"):  # two exports into one folder: the second stops with one line
-        check_folder(out)  # again under the lock: another export may have written since
+        export_folder(out).check()  # again under the lock: another export may have written since
         replace_folder(out, build)  # the earlier export stays whole until the new one is
     return out
 
