@@ -62,7 +62,7 @@ smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min): runs/smoke
 # each test runs on one thread (tests/conftest.py): one pytest worker per core of a 2-core machine
 TEST_WORKERS ?= 2
 test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke run
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 	$(MAKE) smoke
 
 bench-labels: $(MODELS) ## labeled target positions/s against plain target.generate (real pair)

@@ -273,7 +273,8 @@ class DraftStep:
     logq: torch.Tensor
     """q, the warped log-probs (V,) the candidate is sampled from."""
     logits: torch.Tensor
-    """The raw logits (V,) behind ``logq`` (for the confidence distribution, ``Decoding.draft_confidence``)."""
+    """The raw logits (V,) behind ``logq`` (the confidence distribution under greedy decoding,
+    ``Decoding.draft_confidence``)."""
     layers: torch.Tensor | None = None
     """The draft's tapped layers at ``hidden``'s position, when the decoding taps them
     (``Decoding(draft_layers=…)``)."""
@@ -283,8 +284,10 @@ class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
     ``step`` is the draft forward the candidate was sampled from; ``confidence`` the draft's confidence distribution
-    there: softmax(logits / temperature) before top-k/top-p, read at temperature 1 under greedy decoding (where
-    the sampled distribution is a one-hot and would make confidence and entropy rules vacuous).
+    there: q itself, the distribution the candidate was drawn from (temperature, top-k and top-p applied), which is
+    what the labels hold and so what a calibration and a head's draft scores were fitted on (``data_gen/SCHEMA.md``);
+    under greedy decoding, where q is a one-hot and would make confidence and entropy rules vacuous, softmax of the
+    raw logits (temperature 1).
 
     ``reads_candidate``: the rule reads the draft's forward over the candidate itself (SpecDec++'s e_i at Y_i's own
     position). That forward also yields q for the next candidate, so when such a rule stops, the round still
@@ -396,11 +399,10 @@ class Decoding:
         return (logits.float() / temperature).log_softmax(-1)
 
     def draft_confidence(self, step: DraftStep) -> torch.Tensor:
-        """The draft's confidence log-probs where ``step.logq`` was drawn: ``logq`` itself when the sampling only
-        divides by a temperature (the same log-softmax; one pass over the vocabulary per token saved), else
-        computed from the raw logits."""
-        s = self.pair.sampling
-        if s.temperature > 0 and not s.top_k and s.top_p >= 1.0:
+        """The draft's confidence log-probs where ``step.logq`` was drawn (see ``StopRule``): ``logq`` itself when the
+        decoding samples, top-k and top-p included, the q the labels hold; under greedy decoding the raw logits'
+        softmax (``confidence``)."""
+        if self.pair.sampling.temperature > 0:
             return step.logq
         return self.confidence(step.logits)
 

@@ -5,7 +5,7 @@ was computed one position earlier). Probes on the real pair put a hidden-state-o
 plain confidence rule for exactly this reason (``pipeline/DESIGN.md``), so a head can also take a few scalars
 the draft has anyway when it samples Y_i. Each is defined here once, from the two quantities both the labeling
 stage (columns ``logp_draft``, ``entropy_draft``) and the decoder (the draft's distribution at Y_i's position,
-``softmax(logits / temperature)`` before top-k/top-p) know:
+q as the candidate was drawn from it, top-k and top-p applied; softmax of the raw logits under greedy decoding) know:
 
     p_draft        q(Y_i)
     logp_draft     log q(Y_i), clamped at −20

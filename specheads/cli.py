@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import runpy
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "corpus": ("data_gen.corpus", "prompts shaped like HumanEval from installed packages (never the stdlib)"),
@@ -36,6 +37,19 @@ COMMANDS = {
 
 LIGHTNING = {"labels", "snapshot", "bench-labels", "train", "lightning", "curve", "bench-train"}
 """The commands whose modules import Lightning as they load."""
+
+CHECKOUT_ONLY = "scripts"
+"""The package of the commands that run from a checkout of the repository: ``scripts/`` and the tiny models of
+``testing/`` it decodes are not installed (``pyproject.toml``), so they are read from the checkout beside this
+package, which an editable install (``pip install -e .``, ``make install``) has."""
+
+
+def checkout() -> Path | None:
+    """The repository checkout this package is in (the folder holding ``scripts/`` and ``testing/``), None for an
+    installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / CHECKOUT_ONLY / "__init__.py").is_file() and (root / "testing" / "__init__.py").is_file() \
+        else None
 
 
 def preload(name: str) -> None:
@@ -68,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no command {name!r}; the commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = COMMANDS[name][0]
+    if module.startswith(CHECKOUT_ONLY + "."):
+        root = checkout()
+        if root is None:
+            print(f"error: specheads {name} runs from a checkout of the repository ({CHECKOUT_ONLY}/ is not "
+                  "installed): clone it and `pip install -e .` there", file=sys.stderr)
+            return 2
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
     sys.argv = [f"specheads {name}", *rest]
     try:
         if not {"-h", "--help"} & set(rest):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 
+from specheads import cli
 from specheads.cli import COMMANDS, main
 
 
@@ -98,3 +103,22 @@ def test_the_settings_commands_read_kebab_flags_too():
     cfg, report_only = parse(["--config", "configs/eval/llamacpp.yaml", "--max-new-tokens", "7", "--report-only",
                               "true", "--hf-peer.enabled", "false"])
     assert cfg.max_new_tokens == 7 and report_only and cfg.hf_peer.enabled is False
+
+
+def test_the_checkout_commands_run_from_the_checkout_and_are_one_line_from_a_wheel(monkeypatch, capsys):
+    """``scripts/`` and ``testing/`` are not installed (``pyproject.toml``): ``specheads smoke`` finds them in the
+    checkout beside the package, wherever it is started, and says in one line where it cannot (an installed wheel)."""
+    root = Path(cli.__file__).resolve().parent.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    include = re.search(r"\[tool\.setuptools\.packages\.find\]\ninclude = \[(.*)\]", pyproject)
+    assert include and not {"testing", "scripts"} & set(re.findall(r'"(\w+)\*?"', include[1]))
+    assert cli.checkout() == root
+    elsewhere = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != root]
+    monkeypatch.setattr(sys, "path", elsewhere)
+    for name in [m for m in sys.modules if m.split(".")[0] == "scripts"]:
+        monkeypatch.delitem(sys.modules, name)
+    assert cli.main(["smoke", "--help"]) == 0 and "usage" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "checkout", lambda: None)
+    assert cli.main(["gpu-check", "--help"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: specheads gpu-check runs from a checkout")

@@ -9,10 +9,11 @@ head sees which token it scores.
 - exact output distributions (``Paths``): on a three-token vocabulary every random draw of a generation is
   enumerated (token draws over their support, uniforms symbolically), which gives the exact distribution of the
   whole response, every token a round can emit included (kept candidates, resamples, bonus tokens before the end).
-  Every exact policy (SD, SpecDec++ with a head, the confidence and SVIP stop rules, HF's schedule), under top-k and
-  top-p, with and without EOS, matches the target's to 1e-6 in TV: a test with no sampling error, which rejects
-  every decoder further than that, and rejects each subtle mutant (a bonus drawn from q, one position early or from
-  unwarped logits, a uniform shared by two positions, acceptance scaled by 0.95, an argmax resample);
+  Every exact policy (SD, SpecDec++ with a head, the confidence and SVIP stop rules, HF's schedule, the goodput stop
+  on a calibration and on a head, at costs where its rounds vary in length), under top-k and top-p, with and without
+  EOS, matches the target's to 1e-6 in TV: a test with no sampling error, which rejects every decoder further than
+  that, and rejects each subtle mutant under SD and under the goodput stop (a bonus drawn from q, one position early
+  or from unwarped logits, a uniform shared by two positions, acceptance scaled by 0.95, an argmax resample);
 - SPRINTER with a verifier of known error rates, enumerated the same way: tokens follow (1 − η_FP)·p + η_FP·q
   (Theorem 1, with a residual of two tokens, where an argmax resampler fails) and the first draft token is kept with
   probability 1 − (1 − η_FP)·TV(p, q) (Theorem 7);
@@ -29,6 +30,7 @@ from collections.abc import Callable, Hashable
 from functools import partialmethod
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -38,8 +40,10 @@ from core import sampling
 from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, tv_distance
 from core.sampling import Sampling
 from decoding import rules
+from decoding.estimates import CalibratedConfidence
 from decoding.policies import build_policy
 from decoding.policies.sprinter import Sprinter
+from decoding.replay import RoundCosts
 from decoding.runtimes import hf as runtime
 from decoding.state import DecodeStats, Decoding, ModelPair
 from heads.export import export_head
@@ -306,14 +310,22 @@ def stop_head3(tmp_path_factory):
     return export_stub_head(tmp_path_factory.mktemp("heads") / "stop3.safetensors", head, 3, "stop", 0.5)
 
 
+GOODPUT_COSTS = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.1 * m, name="test")
+"""Costs where the goodput stop drafts (a round of n candidates all kept adds n tokens for 0.2·n more seconds, at a
+λ of target-only's 1/1.1 tokens a second) and stops where its estimate falls below about 0.2."""
+GOODPUT_CALIBRATION = CalibratedConfidence(q=np.array([0.3, 0.9]), acceptance=np.array([0.05, 0.95]))
+"""A calibration of the three-token draft's q(Y_i): its likelier candidates continue a round, its unlikely ones stop
+it."""
+
+
 def enumerate_policy(paths: Paths, name: str, kwargs: dict, sampling: str, eos: tuple[int, ...] = ()) -> dict:
-    """{(tokens, accepted_lengths, discarded): probability} of a policy on the three-token stubs."""
+    """{(tokens, accepted_lengths, discarded, draft forwards): probability} of a policy on the three-token stubs."""
     policy = build_policy(name, **kwargs)
     pair = markov_pair(DRAFT3, TARGET3, SAMPLINGS3[sampling], eos=eos)
 
     def run():
         r = policy.generate(pair, PROMPT3, None)
-        return tuple(r.tokens), tuple(r.stats.accepted_lengths), r.stats.discarded
+        return tuple(r.tokens), tuple(r.stats.accepted_lengths), r.stats.discarded, r.stats.draft_calls
 
     return paths.distribution(run)
 
@@ -335,17 +347,26 @@ def target_output(sampling: str, eos: tuple[int, ...] = ()) -> dict:
     ("sd", {"k": 3}, "t0.8-top2", ()), ("sd", {"k": 2}, "t0.8-top2", (0,)),
     ("specdecpp", {"max_k": 3}, "t1.2-topp0.7", ()), ("confidence", {"threshold": 0.6}, "t0.8-top2", ()),
     ("svip", {"h": 0.75}, "t0.8-top2", ()), ("hf_heuristic", {"k0": 2}, "t0.8-top2", ()),
+    ("goodput", {"calibration": GOODPUT_CALIBRATION, "max_k": 3}, "t0.8-top2", ()),
+    ("goodput", {"calibration": GOODPUT_CALIBRATION, "max_k": 3}, "t1.2-topp0.7", (0,)),
+    ("goodput", {"head": "stop_head3", "max_k": 3}, "t0.8-top2", ()),
 ])
 def test_exact_policies_output_the_targets_distribution(paths, stop_head3, name, kwargs, sampling, eos):
     """The exact distribution of the whole response (every token a round emits: kept candidates, the resample at a
     rejection, the bonus after a round that kept all) equals the target's, within float round-off."""
-    if name == "specdecpp":
+    if name == "specdecpp" or kwargs.get("head") == "stop_head3":
         kwargs = {**kwargs, "head": str(stop_head3)}
+    if name == "goodput":
+        kwargs = {**kwargs, "costs": GOODPUT_COSTS}
     dist = enumerate_policy(paths, name, kwargs, sampling, eos)
     assert tv(marginal(dist), target_output(sampling, eos)) < TOL
     if name != "target_only":  # not vacuous: rejections, and bonus tokens before the end (a round kept 2 and more)
         assert sum(p for d, p in marginal(dist, 2).items() if d) > 0.2
         assert sum(p for r, p in marginal(dist, 1).items() if any(k >= 2 for k in r[:-1])) > 0.05
+    if name == "goodput":  # its stop both ends rounds early and lets them run: not one fixed K
+        drafts = marginal(dist, 3)
+        for k in range(1, kwargs["max_k"] + 1):
+            assert tv(drafts, marginal(enumerate_policy(paths, "sd", {"k": k}, sampling, eos), 3)) > 0.03
 
 
 # Subtle decoders, each a few lines from the real one. The bonus mutants replace the last row of the target's
@@ -395,13 +416,16 @@ MUTANTS = {
 }
 
 
+@pytest.mark.parametrize("name, kwargs", [
+    ("sd", {"k": 2}), ("goodput", {"calibration": GOODPUT_CALIBRATION, "costs": GOODPUT_COSTS, "max_k": 3}),
+])
 @pytest.mark.parametrize("mutant", MUTANTS)
-def test_the_exact_test_rejects_subtle_decoders(paths, monkeypatch, mutant):
+def test_the_exact_test_rejects_subtle_decoders(paths, monkeypatch, mutant, name, kwargs):
     """Each mutant's output is at a TV of 0.035 (acceptance x 0.95) to 0.5 from the target's, 10^4 times and more
-    ``TOL``: the exact test above rejects every one, every time."""
+    ``TOL``: the exact test above rejects every one, every time, under SD and under the goodput stop."""
     attr, patch = MUTANTS[mutant]
     monkeypatch.setattr(Decoding, attr, patch(Decoding.uniform) if attr == "uniform" else patch)
-    distance = tv(marginal(enumerate_policy(paths, "sd", {"k": 2}, "t0.8-top2")), target_output("t0.8-top2"))
+    distance = tv(marginal(enumerate_policy(paths, name, kwargs, "t0.8-top2")), target_output("t0.8-top2"))
     assert distance > 0.01, f"{mutant}: TV {distance:.3g}"
 
 

@@ -20,6 +20,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM
 
 from core.errors import UserError
+from core.label_math import warp_logits
 from core.sampling import Sampling
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import POLICIES, build_policy
@@ -361,13 +362,18 @@ def test_heads_that_read_draft_scores_get_them_from_the_decoder(models, tmp_path
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=0.7, top_p=0.5), dict(temperature=0.0),
                                       dict(temperature=1.0, top_k=3)])
-def test_draft_confidence_is_the_confidence_distribution_however_q_is_warped(models, sampling):
-    """``draft_confidence`` reuses q when q is the plain tempered softmax, and equals ``confidence(logits)``."""
+def test_draft_confidence_is_q_as_the_labels_warp_it(models, sampling):
+    """``draft_confidence`` is q itself, top-k and top-p included (the labels' ``logp_draft``, so what a calibration
+    and a head's draft scores are fitted on), and the raw logits' softmax under greedy decoding."""
     dec = Decoding(pair_with(models, max_new_tokens=4, **sampling), PROMPTS[0], torch.Generator().manual_seed(0))
     step = dec.draft_step()
     got = dec.draft_confidence(step)
-    assert torch.equal(got, dec.confidence(dec.draft.last_logits))
-    assert (got is step.logq) == (sampling["temperature"] > 0 and len(sampling) == 1)
+    if sampling["temperature"] > 0:
+        s = dec.pair.sampling
+        assert got is step.logq
+        assert torch.equal(got, warp_logits(dec.draft.last_logits, s.temperature, s.top_k, s.top_p))
+    else:
+        assert torch.equal(got, dec.draft.last_logits.float().log_softmax(-1))
 
 
 def _resized(model):

@@ -9,6 +9,10 @@ model and decoding is greedy, so every candidate is kept: a round at position s 
 candidates and the next round starts after its target token. A stop head is a table of logits by token: every loop
 reads the same logit for the same candidate, and the replay reads the same logits over the response. A calibration
 is read the same way from the draft's probability of each response token, which the replay's trace holds.
+
+Greedy decoding draws the argmax, where a rule reading the draft's top-1 probability reads the candidate's own: the
+sampled cases at the end (a target unlike the draft, top-k and top-p) observe what the production decoder and runtime
+calibrate for candidates off the argmax.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from core.label_math import entropy
+from core.label_math import entropy, warp_logits
 from core.sampling import Sampling
 from decoding import replay, rules
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import POLICIES, build_policy
 from decoding.policies.sprinter import HeadVerifier, Sprinter
 from decoding.runtimes import hf as runtime
-from decoding.state import ModelPair
+from decoding.state import Decoding, ModelPair
 from decoding.traces import Trace
 from heads.exported import ExportedHead
 
@@ -230,70 +234,87 @@ SAMPLED_T = 3.0
 """The temperature of the sampled cases: the counting draft is sure of its next token at 1 (its norm scales the
 logits), so few candidates would leave the argmax."""
 
+SAMPLED = {"t3": {}, "t3-top6": {"top_k": 6}, "t3-topp0.5": {"top_p": 0.5}}
+"""The sampled cases' top-k and top-p: q, the distribution a candidate is drawn from and the labels hold (so the one
+a calibration is fitted on), is renormalized over the tokens they keep."""
 
-def draft_table(model) -> torch.Tensor:
-    """q(· | x) of the counting draft at ``SAMPLED_T``, by previous token x: its distribution depends on x alone."""
+
+def draft_table(model, warp: dict) -> torch.Tensor:
+    """q(· | x) of the counting draft at ``SAMPLED_T`` and ``warp``, by previous token x: its distribution depends on
+    x alone."""
     with torch.no_grad():
-        return (model[0](torch.arange(VOCAB)[:, None]).logits[:, -1].float() / SAMPLED_T).log_softmax(-1)
+        logits = model[0](torch.arange(VOCAB)[:, None]).logits[:, -1]
+    return warp_logits(logits, SAMPLED_T, warp.get("top_k", 0), warp.get("top_p", 1.0))
 
 
-def sampled_goodput_reads(model, calibration, loop: str, top1: bool = False) -> list[tuple[int, int, float]]:
-    """(previous token, candidate, log â the goodput stop read) of every candidate of a few sampled generations with
-    a target unlike the draft (candidates off the argmax, some rejected), through the decoder or the runtime;
-    ``top1``: a broken loop that calibrates the draft's top-1 probability instead of the candidate's."""
-    from decoding.policies.goodput import CalibratedStop
+class RecordingCalibration(CalibratedConfidence):
+    """A calibration that notes each log q(Y_i) it is asked to calibrate, in order: what the loop under test read."""
 
-    reads = []
-    original_stop, original_rule = CalibratedStop.__call__, runtime.CalibratedRule.decides
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.reads: list[float] = []
 
-    def stop(self, dec, candidates, step, confidence):
-        value = confidence.max() if top1 else confidence[candidates[-1]]
-        reads.append(((dec.seq + candidates)[-2], candidates[-1], float(self.calibration.log_accept(value.item()))))
-        return self.rule(reads[-1][2])
-
-    def decides(self, token):
-        confidence = self.confidence(self.tap.logits)
-        value = confidence.max() if top1 else confidence[token]
-        previous = int(self.tap.logits.argmax()) - 1  # the counting draft's argmax is the previous token + 1
-        reads.append((previous % VOCAB, int(token), float(self.calibration.log_accept(value.item()))))
-        return self.stop(reads[-1][2])
-
-    CalibratedStop.__call__, runtime.CalibratedRule.decides = stop, decides
-    try:
-        costs = replay.RoundCosts(draft=0.05, verify=lambda m: 1.0 + 0.05 * m, name="test")
-        target = counting_model(seed=1)
-        for seed, prompt in enumerate([[3], [17], [40]]):
-            if loop == "decoder":
-                pair = ModelPair(draft=model[0], target=target, eos_token_ids=[],
-                                 sampling=Sampling(temperature=SAMPLED_T, max_new_tokens=24))
-                build_policy("goodput", calibration=calibration, costs=costs, max_k=6).generate(
-                    pair, prompt, torch.Generator().manual_seed(seed))
-            else:
-                torch.manual_seed(seed)
-                decoding = runtime.HeadDecoding(None, model[0], max_k=6, calibration=calibration, costs=costs)
-                target.generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=True,
-                                temperature=SAMPLED_T, top_k=0, top_p=1.0, max_new_tokens=24)
-    finally:
-        CalibratedStop.__call__, runtime.CalibratedRule.decides = original_stop, original_rule
-    return reads
+    def log_accept(self, logp_draft, entropy_draft=None, head_logit=None) -> np.ndarray:
+        self.reads.append(float(logp_draft))
+        return super().log_accept(logp_draft)
 
 
-def misread(model, reads, calibration) -> int:
-    """How many reads are not the calibration of the candidate's own q(Y_i) (from the draft's table)."""
-    table = draft_table(model)
-    return sum(not np.isclose(value, calibration.log_accept(table[x, y].item()), atol=1e-5) for x, y, value in reads)
+def sampled_goodput_rounds(model, monkeypatch, loop: str, warp: dict) -> list[tuple[int, list[int], list[float]]]:
+    """(the token before the round, its candidates, the log q(Y_i) the goodput stop calibrated during it) of every
+    round of a few sampled generations with a target unlike the draft (candidates off the argmax, some rejected), by
+    the production decoder or runtime: only observed, the rounds as ``draft_round`` and ``get_candidates`` return
+    them and the reads as the calibration is asked."""
+    calibration = RecordingCalibration(q=np.array([0.0, 0.03, 0.06, 0.2]), acceptance=np.array([0.1, 0.5, 0.8, 0.95]))
+    rounds = []
+    if loop == "decoder":
+        original = Decoding.draft_round
+
+        def observed(dec, max_k, stop=None):
+            before = len(calibration.reads)
+            candidates, logqs = original(dec, max_k, stop)
+            rounds.append((dec.seq[-1], list(candidates), calibration.reads[before:]))
+            return candidates, logqs
+
+        monkeypatch.setattr(Decoding, "draft_round", observed)
+    else:
+        original = runtime.HeadCandidateGenerator.get_candidates
+
+        def observed(self, input_ids, **kwargs):
+            before = len(calibration.reads)
+            ids, scores = original(self, input_ids, **kwargs)
+            rounds.append((int(input_ids[0, -1]), ids[0, input_ids.shape[1]:].tolist(), calibration.reads[before:]))
+            return ids, scores
+
+        monkeypatch.setattr(runtime.HeadCandidateGenerator, "get_candidates", observed)
+    costs = replay.RoundCosts(draft=0.05, verify=lambda m: 1.0 + 0.05 * m, name="test")
+    target = counting_model(seed=1)
+    sampling = {"temperature": SAMPLED_T, "top_k": 0, "top_p": 1.0, **warp}
+    for seed, prompt in enumerate([[3], [17], [40]]):
+        if loop == "decoder":
+            pair = ModelPair(draft=model[0], target=target, eos_token_ids=[],
+                             sampling=Sampling(max_new_tokens=24, **sampling))
+            build_policy("goodput", calibration=calibration, costs=costs, max_k=6).generate(
+                pair, prompt, torch.Generator().manual_seed(seed))
+        else:
+            torch.manual_seed(seed)
+            decoding = runtime.HeadDecoding(None, model[0], max_k=6, calibration=calibration, costs=costs)
+            target.generate(torch.tensor([prompt]), custom_generate=decoding, do_sample=True, max_new_tokens=24,
+                            **sampling)
+    return rounds
 
 
+@pytest.mark.parametrize("warp", SAMPLED)
 @pytest.mark.parametrize("loop", ["decoder", "runtime"])
-def test_sampled_candidates_are_calibrated_on_their_own_probability(model, loop):
-    """Sampling with a target unlike the draft: candidates off the draft's argmax, rejections, and every candidate's
-    estimate is the calibration of its own q(Y_i), in the decoder and in the runtime; a loop that calibrates the
-    draft's top-1 probability instead is caught."""
-    calibration = CalibratedConfidence(q=np.array([0.0, 0.03, 0.06, 0.2]), acceptance=np.array([0.1, 0.5, 0.8, 0.95]))
-    reads = sampled_goodput_reads(model, calibration, loop)
-    table = draft_table(model)
-    off_argmax = sum(y != int(table[x].argmax()) for x, y, _ in reads)
-    assert len(reads) > 20 and off_argmax > len(reads) // 2
-    assert misread(model, reads, calibration) == 0
-    broken = sampled_goodput_reads(model, calibration, loop, top1=True)
-    assert misread(model, broken, calibration) > len(broken) // 2
+def test_sampled_candidates_are_calibrated_on_their_own_probability(model, monkeypatch, loop, warp):
+    """Sampling with a target unlike the draft, candidates off the draft's argmax and rejections: in the production
+    decoder and runtime, every estimate the goodput stop reads is the calibration of the candidate's own q(Y_i), under
+    the top-k or top-p its q was drawn with; a loop that calibrates the draft's top-1 probability, or q before
+    top-k/top-p, reads another number for most candidates and fails."""
+    table = draft_table(model, SAMPLED[warp]).double().numpy()
+    rounds = sampled_goodput_rounds(model, monkeypatch, loop, SAMPLED[warp])
+    decided = [(x, y, read) for before, candidates, reads in rounds
+               for x, y, read in zip([before, *candidates], candidates, reads)]
+    assert all(len(reads) <= len(candidates) for _, candidates, reads in rounds)
+    assert len(decided) > 20 and sum(y != table[x].argmax() for x, y, _ in decided) > len(decided) // 2
+    assert len({len(candidates) for _, candidates, _ in rounds}) > 1  # the reads move the stop
+    assert [read for _, _, read in decided] == pytest.approx([table[x, y] for x, y, _ in decided], abs=1e-5)

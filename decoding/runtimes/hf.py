@@ -45,6 +45,7 @@ from transformers.generation import (
 )
 
 from core.device import describe_device, same_device
+from core.label_math import warp_logits
 from core.sampling import sample_token, uniform
 from decoding.estimates import CalibratedConfidence, load_calibration
 from decoding.rules import GoodputStop, HeadStop, check_token, log_accept, verifier_accepts
@@ -79,12 +80,16 @@ class DraftRule(StoppingCriteria):
     """A decision after each token the draft's ``generate()`` samples, as a stopping criterion: ``HeadRule`` on an
     exported head's logit, ``CalibratedRule`` on the draft's calibrated confidence.
 
-    The draft scores a rule reads are those of a token, from ``softmax(logits / temperature)`` of the forward that
-    token was drawn from (the tap's raw logits, before top-k/top-p; temperature 1 under greedy decoding), as the
-    decoder's ``confidence`` and ``evaluation`` read them."""
+    The draft scores a rule reads are those of a token under q as the labels hold it, so as a calibration and a
+    head's draft scores were fitted on: the tap's raw logits of the forward that drew the token, warped at
+    ``generate()``'s temperature, top-k and top-p (``warp``, ``core.label_math.warp_logits``; under greedy decoding
+    none: temperature 1), as the decoder's ``draft_confidence`` reads them. Not transformers' processed scores: its
+    assisted decoding hands the draft's ``generate()`` the target's warpers, and that ``generate()`` adds its own
+    from the same config (transformers 5.24), so the draft's candidates are drawn with temperature, top-k and top-p
+    applied twice (at T²); verification reads those scores, so it stays exact, but they are not the labels' q."""
 
-    def __init__(self, tap: DraftTap, temperature: float, stop: HeadStop | GoodputStop):
-        self.tap, self.temperature, self.stop = tap, temperature, stop
+    def __init__(self, tap: DraftTap, warp: dict, stop: HeadStop | GoodputStop):
+        self.tap, self.warp, self.stop = tap, warp, stop
         self.reset()
 
     def reset(self) -> None:
@@ -93,7 +98,7 @@ class DraftRule(StoppingCriteria):
         self.rejected = False
 
     def confidence(self, logits: torch.Tensor) -> torch.Tensor:
-        return (logits.float() / self.temperature).log_softmax(-1)
+        return warp_logits(logits, **self.warp)
 
     def decides(self, token: int) -> bool:
         """Stop after the draft sampled ``token`` (the tap holding the forward that drew it)?"""
@@ -117,10 +122,10 @@ class HeadRule(DraftRule):
     - role ``verifier`` (SPRINTER): stop at the first token with sigmoid(f) < τ (``rejected`` is then set).
     """
 
-    def __init__(self, head: ExportedHead, threshold: float | None, tap: DraftTap, temperature: float,
+    def __init__(self, head: ExportedHead, threshold: float | None, tap: DraftTap, warp: dict,
                  stop: HeadStop | GoodputStop | None = None):
         self.head, self.threshold = head, threshold
-        super().__init__(tap, temperature, HeadStop(threshold) if stop is None else stop)
+        super().__init__(tap, warp, HeadStop(threshold) if stop is None else stop)
 
     def reset(self) -> None:
         super().reset()
@@ -146,9 +151,9 @@ class CalibratedRule(DraftRule):
     """The goodput stop on the newest token's calibrated confidence: log â = ``calibration.log_accept`` of its own
     draft log-probability, read from the forward that drew it (the decoder's ``CalibratedStop``)."""
 
-    def __init__(self, calibration: CalibratedConfidence, tap: DraftTap, temperature: float, stop: GoodputStop):
+    def __init__(self, calibration: CalibratedConfidence, tap: DraftTap, warp: dict, stop: GoodputStop):
         self.calibration = calibration
-        super().__init__(tap, temperature, stop)
+        super().__init__(tap, warp, stop)
 
     def decides(self, token: int) -> bool:
         return self.stop(float(self.calibration.log_accept(self.confidence(self.tap.logits)[token].item())))
@@ -281,23 +286,25 @@ class HeadDecoding:
         self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate in (None, "online") \
             else float(rate)
 
-    def rule(self, tap: DraftTap, temperature: float) -> DraftRule:
+    def rule(self, tap: DraftTap, warp: dict) -> DraftRule:
         """The decision the draft's ``generate()`` runs after each token it samples."""
         reads_candidate = self.head is not None and self.head.position == "own"
         goodput = None if self.costs is None else GoodputStop.priced(self.costs, self.rate, self.max_k, self.future,
                                                                      reads_candidate)
         if self.head is None:
-            return CalibratedRule(self.calibration, tap, temperature, goodput)
-        return HeadRule(self.head, self.threshold, tap, temperature, goodput)
+            return CalibratedRule(self.calibration, tap, warp, goodput)
+        return HeadRule(self.head, self.threshold, tap, warp, goodput)
 
     @torch.no_grad()
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  synced_gpus: bool = False, streamer=None, **model_kwargs):
         check_supported(model, input_ids, generation_config, model_kwargs, self.role)
         streamer = streamer if streamer is not None else self.streamer
-        temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
+        c = generation_config  # the labels' warp of q (``warp_logits``): none under greedy decoding
+        warp = {"temperature": c.temperature or 1.0, "top_k": c.top_k or 0, "top_p": c.top_p or 1.0} if c.do_sample \
+            else {}
         tap = DraftTap(self.draft)
-        rule = self.rule(tap, temperature)
+        rule = self.rule(tap, warp)
         saved_k = self.draft.generation_config.num_assistant_tokens  # transformers writes its schedule's K back
 
         started, prompt = time.perf_counter(), input_ids.shape[-1]
