@@ -40,6 +40,7 @@ from core.errors import SettingError, UserError
 
 LOCK_FILE = ".specheads.lock"
 LEDGER = ".specheads-files"
+LEDGER_HEADER = "# the files specheads commands wrote here, one `<command>\\t<file>` a line (core/runfolder.py)\n"
 FOLDER = "."
 """The ledger's name for the folder itself: its line makes the folder that command's output folder."""
 OURS = (LOCK_FILE, LEDGER)
@@ -66,45 +67,86 @@ def _alive(pid: int) -> bool:
 
 
 def _lock_record(fd: int) -> dict | None:
-    """What a lock file holds: ``{}`` when empty (its creator is between creating and writing it), the owner's record,
-    or None when it is no lock of ours."""
-    raw = os.pread(fd, 4096, 0)
-    if not raw:
-        return {}
+    """The owner's record a lock file holds, or None when it is no lock of ours (a lock of ours is never seen empty:
+    it is written whole before it takes the lock's name, ``_new_lock``)."""
     try:
-        found = json.loads(raw)
-    except ValueError:
+        found = json.loads(os.pread(fd, 4096, 0))
+    except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) and {"pid", "host", "what"} <= set(found) else None
+
+
+def _new_lock(path: Path, record: bytes) -> int | None:
+    """A lock file at ``path`` holding ``record``, flocked, as an open descriptor; None where a file of that name is
+    there already. It is written and locked under a temporary name first, then linked to its own: no one ever sees
+    a lock of ours that is empty or unlocked, so that an empty file is known as someone else's."""
+    import fcntl
+
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, record)
+        with contextlib.suppress(OSError):  # a file system without flock: the recorded pid decides (``_take``)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            os.close(fd)
+            return None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            os.close(fd)  # a file system without hard links: created in place, empty for a moment
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return None
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, record)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    return fd
 
 
 @contextlib.contextmanager
 def folder_lock(folder: str | Path, what: str, flag: str = "--out") -> Iterator[None]:
     """Hold ``folder`` (created if missing) for the duration of the block; ``FolderInUse`` when another live
     process holds it. ``what`` names the command in the message (``a labeling run``), ``flag`` the option that gave
-    the folder. A file under the lock's name that no run of ours wrote is refused, untouched."""
+    the folder. A file under the lock's name that no run of ours wrote (empty, a link, anything but a lock record)
+    is refused, untouched."""
     folder = Path(folder)
     if not launching_process():
         yield
         return
     path = folder / LOCK_FILE
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what}).encode()
+    not_ours = UserError(f"{flag} {folder} holds a file {LOCK_FILE} that no run of this project wrote: move it or "
+                         "choose another folder")
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            try:
-                fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
-            except FileExistsError:
+            fd = _new_lock(path, record)
+            created = fd is not None
+            if not created:
                 try:
-                    fd, created = os.open(path, os.O_RDWR), False
+                    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
                 except FileNotFoundError:  # its holder removed it between our two opens
                     continue
+                except OSError as e:
+                    if e.errno == errno.ELOOP:  # a link: to whatever it points at, never ours to write
+                        raise not_ours from None
+                    raise
         except OSError as e:
             raise UserError(f"{flag} {folder} is not writable: {e.strerror}") from None
         try:
-            _take(fd, path, folder, flag)
-            if not created and _lock_record(fd) is None:
-                raise UserError(f"{flag} {folder} holds a file {LOCK_FILE} that no run of this project wrote: move it "
-                                "or choose another folder")
+            if not created:
+                if _lock_record(fd) is None:
+                    raise not_ours
+                _take(fd, path, folder, flag)
         except BaseException:
             os.close(fd)
             raise
@@ -113,8 +155,9 @@ def folder_lock(folder: str | Path, what: str, flag: str = "--out") -> Iterator[
                 break
         os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what}).encode(), 0)
+        if not created:  # a stale lock, taken over: it names its new owner
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
         yield
     finally:
         with contextlib.suppress(OSError):  # before the flock goes, so that no one locks a file on its way out;
@@ -242,13 +285,21 @@ class Ledger:
     def exists(self) -> bool:
         return self.path.is_file()
 
+    def check(self) -> None:
+        """Refuse a ledger that is a link (writing it would write wherever it points) or not a file."""
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            raise SettingError(f"{self.path} is not a ledger this project wrote (a link or a folder): move it")
+
     def entries(self) -> list[tuple[str, str]]:
+        self.check()
         if not self.path.is_file():
             return []
         try:
             lines = self.path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"{self.path} cannot be read ({e}): move the folder aside and run again") from None
+        except (OSError, UnicodeDecodeError):
+            lines = []
+        if lines[:1] != [LEDGER_HEADER.strip()]:
+            raise SettingError(f"{self.path} is not a ledger this project wrote: move it or choose another folder")
         entries = [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
         # a name that leaves the folder is no file of it, whoever wrote the line: never read, never deleted
         return [(cmd, name) for cmd, name in entries if name == FOLDER or _inside(name)]
@@ -266,18 +317,22 @@ class Ledger:
         new = [n for n in dict.fromkeys(names) if (command, n) not in have]
         if not new:
             return
+        lines = "".join(f"{command}\t{n}\n" for n in new)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:  # one append a call: concurrent writers' lines do not interleave
-                f.write("".join(f"{command}\t{n}\n" for n in new))
+            try:
+                with open(self.path, "x") as f:
+                    f.write(LEDGER_HEADER + lines)
+            except FileExistsError:
+                with open(self.path, "a") as f:  # one append a call: concurrent writers' lines do not interleave
+                    f.write(lines)
         except OSError as e:
             raise UserError(f"cannot write {self.path}: {e.strerror or e}") from None
-
 
     def forget(self, command: str) -> None:
         """Drop ``command``'s files from the ledger (once deleted), keeping its claim on the folder."""
         kept = [(c, n) for c, n in self.entries() if c != command or n == FOLDER]
-        write_text(self.path, "".join(f"{c}\t{n}\n" for c, n in kept))
+        write_text(self.path, LEDGER_HEADER + "".join(f"{c}\t{n}\n" for c, n in kept))
 
 
 def _inside(name: str) -> bool:
@@ -354,11 +409,13 @@ class RunFolder:
         return [p for p in self.named() if _relative(self.root, p) not in claimed]
 
     def files(self) -> list[Path]:
-        """Every file (or folder of files) the command wrote here that is there: what ``clear`` deletes."""
+        """Every file the command wrote here that is there: what ``clear`` deletes (a folder is never deleted whole,
+        whatever a ledger line names: a user's file may be in it)."""
         root = self.root.resolve()
         # through a folder linked from elsewhere a claimed name would reach another's files: not ours
         return sorted(p for p in (self.root / n for n in self.ledger.claimed(self.command))
-                      if (p.exists() or p.is_symlink()) and p.parent.resolve().is_relative_to(root))
+                      if (p.is_file() or p.is_symlink()) and not p.is_dir()
+                      and p.parent.resolve().is_relative_to(root))
 
     # -------------------------------------------------------------- writing
     @contextlib.contextmanager
@@ -402,10 +459,7 @@ class RunFolder:
         """Delete the files the command wrote here, and the folders under it that this emptied; nothing else."""
         folders = set()
         for p in self.files():
-            if p.is_dir() and not p.is_symlink():  # a folder the command claimed whole (e.g. a smoke run's stages)
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+            p.unlink(missing_ok=True)
             folders.update(q for q in p.parents if self.root in q.parents)
         for d in sorted(folders, key=lambda q: len(q.parts), reverse=True):
             with contextlib.suppress(OSError):  # only when emptied: another file in it is not ours

@@ -375,16 +375,20 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     else:
         runs = [(c, Path(c).stem, []) for c in a.configs]
         heads_dir = Path(a.heads_dir)
-    if ckpt.exists() and not ckpt.is_dir():
-        raise SettingError(f"--checkpoints {ckpt} is a file: give a folder")
+    if heads_dir is not None and heads_dir.resolve() == out.resolve():
+        raise SettingError(f"--out and --heads_dir are one folder ({out}): give the exported heads a folder of their "
+                           "own")
     folders = [RunFolder(out, "train", "--out", TRAIN_FILES)]
     if heads_dir is not None:
         folders.append(RunFolder(heads_dir, "train", "--heads_dir", ("*.safetensors",)))
-    for folder in folders:  # before the locks create them
+    # one folder of checkpoints per config, as Lightning writes them: a run starts each afresh, so that Lightning's
+    # best.ckpt is this run's and not a best-v1.ckpt beside an older one
+    checkpoints = [RunFolder(ckpt / n, "train", "--checkpoints", ("*.ckpt",)) for _, n, _ in runs]
+    for folder in [*folders, *checkpoints]:  # before the locks create them
         folder.check()
     # two runs into one --out or one heads folder would leave one's heads beside the other's metrics: one at a time
     with contextlib.ExitStack() as held:
-        for folder in folders:
+        for folder in [*folders, *checkpoints]:
             held.enter_context(folder.hold("a training run"))
             folder.check()
         for labels in filter(None, (a.labels, a.test_labels)):  # one line, before Lightning says a word
@@ -394,6 +398,9 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         folders[0].start(TRAIN_FILES)
         if heads_dir is not None:
             folders[1].start(f"{n}.safetensors" for _, n, _ in runs)
+        for folder in checkpoints:
+            folder.clear()
+            folder.start(["best.ckpt"])
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
         if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports

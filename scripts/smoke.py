@@ -10,7 +10,6 @@ Outputs stay under ``runs/smoke/`` (ignored): the tiny models, the prompts, and 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -26,17 +25,17 @@ from data_gen.run import run_labels
 from testing.tiny import label_config, make_pair, write_prompts
 
 ROOT = Path("runs/smoke")
-OWN = ("models", "prompts.jsonl", "heldout.jsonl", "labels", "train", "checkpoints", "heads", "eval")
-"""What a smoke run writes under ROOT, and so what the next one deletes; nothing else there is touched."""
+PROMPTS = ("prompts.jsonl", "heldout.jsonl")
+"""The files a smoke run writes under ROOT itself; each stage's folder is its command's own (``core.runfolder``),
+written again by the next run (labels and eval start over), so that nothing a user puts there is deleted."""
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def clear(root: Path) -> None:
-    """Delete an earlier smoke run's own outputs (``OWN``, in a folder a smoke run wrote); anything else there is left
-    alone, and a folder no smoke run wrote that holds anything is refused."""
-    folder = RunFolder(root, "smoke", "--out", OWN)
+def prepare(root: Path) -> None:
+    """Refuse a folder no smoke run wrote (``RunFolder.check``), and claim the prompt files the run writes there."""
+    folder = RunFolder(root, "smoke", "--out", PROMPTS)
     folder.check()
-    folder.clear()
-    folder.start(OWN)
+    folder.start(PROMPTS)
 
 
 def stage_labels(root: Path, device: str) -> None:
@@ -44,7 +43,7 @@ def stage_labels(root: Path, device: str) -> None:
     prompts = write_prompts(root / "prompts.jsonl", n=24)
     # a quarter of the prompts each in val and test, so every category (and so every head's rows) is in each split
     cfg = label_config(draft, target, prompts, root / "labels", split_fractions=(0.5, 0.25, 0.25),
-                       accelerator="gpu" if device == "cuda" else "cpu")
+                       accelerator="gpu" if device == "cuda" else "cpu", overwrite=True)
     manifest = run_labels(cfg)
     assert (root / "labels" / "manifest.json").exists()
     assert manifest["splits"]["train"]["rows"] > 0
@@ -57,6 +56,7 @@ def stage_train(root: Path, device: str) -> None:
     results = train_all.main([
         "--labels", str(root / "labels"), "--out", str(root / "train"), "--checkpoints", str(root / "checkpoints"),
         "--heads_dir", str(root / "heads"), "--max_epochs", "3", "--quiet",
+        "--configs", *(str(CHECKOUT / c) for c in train_all.DEFAULT_CONFIGS),
         "--accelerator", "gpu" if device == "cuda" else "cpu",
     ])
     draft = json.loads((root / "labels" / "manifest.json").read_text())["models"]["draft"]
@@ -87,6 +87,7 @@ def stage_eval(root: Path, device: str) -> None:
         ],
         max_new_tokens=6, sweep_prompts=2, hf_peer=HFPeer(confidence_thresholds=[0.6]), select_by="simulated",
         train_dir=str(root / "train"), labels_dir=str(root / "labels"), output_dir=str(root / "eval"), device=device,
+        overwrite=True,
     )
     out = run_eval(cfg, quiet=True)
     report = json.loads((out / "report.json").read_text())
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(device: str) -> int:
-    clear(ROOT)
+    prepare(ROOT)
     t0 = time.perf_counter()
     stages = [(name, lambda root, stage=stage: stage(root, device)) for name, stage in STAGES]
     if device == "cuda":

@@ -187,28 +187,28 @@ def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path
     assert write_folder(head, out) == out  # its own earlier export is replaced
 
 
-def test_the_smoke_run_deletes_only_its_own_outputs(tmp_path):
+def test_the_smoke_run_writes_only_into_its_own_folder_and_deletes_nothing(tmp_path):
     from core.runfolder import LEDGER
-    from scripts.smoke import clear
+    from scripts.smoke import prepare
 
     root = tmp_path / "smoke"
     (root / "labels").mkdir(parents=True)
     (root / "notes.txt").write_text("mine")
     with pytest.raises(SettingError, match="no `specheads smoke` wrote it"):
-        clear(root)  # no smoke run's, with a file of the user's: nothing deleted
-    assert (root / "labels").is_dir() and (root / "notes.txt").read_text() == "mine"
+        prepare(root)  # no smoke run's, with a file of the user's: nothing touched
+    assert sorted(p.name for p in root.iterdir()) == ["labels", "notes.txt"]
     (root / "notes.txt").unlink()
     (root / "labels" / "important.arrow").write_text("mine")
     with pytest.raises(SettingError, match="no `specheads smoke` wrote it"):
-        clear(root)  # under a name a smoke run writes, but no run of ours recorded it: nothing deleted
-    assert (root / "labels" / "important.arrow").read_text() == "mine"
-    shutil.rmtree(root / "labels")
-    clear(root)  # empty: the smoke run's
-    assert "smoke\t.\n" in (root / LEDGER).read_text()
+        prepare(root)
+    (root / "labels" / "important.arrow").unlink()
+    (root / "labels").rmdir()
+    prepare(root)  # empty: the smoke run's
     (root / "labels").mkdir()
-    (root / "notes.txt").write_text("mine")
-    clear(root)  # marked: its own outputs go, the user's file stays
-    assert not (root / "labels").exists() and (root / "notes.txt").read_text() == "mine"
+    assert "smoke\t.\n" in (root / LEDGER).read_text()
+    (root / "labels" / "notes.txt").write_text("mine")
+    prepare(root)  # its own: its stages write again beside the user's file, which stays
+    assert (root / "labels" / "notes.txt").read_text() == "mine"
 
 
 def test_report_only_on_a_folder_without_an_eval_is_one_line(tmp_path, capsys):
@@ -647,3 +647,11 @@ def test_a_ctrl_c_while_labeling_is_said_once_by_the_command_not_first_by_lightn
         lightning.removeHandler(lines)
         lightning.setLevel(level)
     assert not [line for line in lines.lines if "KeyboardInterrupt" in line], lines.lines
+
+
+def test_train_out_and_heads_dir_as_one_folder_is_one_line(tmp_path):
+    from pipeline.train_all import main
+
+    with pytest.raises(SettingError, match="--out and --heads_dir are one folder"):
+        main(["--labels", str(tmp_path / "never-read"), "--out", str(tmp_path / "x"), "--heads_dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()

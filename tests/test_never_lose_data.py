@@ -859,3 +859,74 @@ def test_a_ledger_line_naming_a_file_outside_its_folder_deletes_nothing_there(tm
         f.write(f"eval\t../victim.txt\neval\t{victim}\n")
     run_eval(make_cfg(tmp_path, overwrite=True, **QUICK), fake_engine(), quiet=True)
     assert victim.read_text() == "mine"
+
+
+def test_a_ledger_line_naming_a_folder_never_deletes_it_whole(label_config, tmp_path):
+    run_labels(label_config(), quiet=True)
+    out = tmp_path / "labels"
+    (out / "train" / "my_notes.txt").write_text("mine")
+    with open(out / LEDGER, "a") as f:
+        f.write("labels\ttrain\nlabels\ttrain/.\n")
+    run_labels(label_config(seed=5, overwrite=True), quiet=True)
+    assert (out / "train" / "my_notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["link", "garbage"])
+def test_a_ledger_no_run_wrote_is_refused_untouched(label_config, tmp_path, kind):
+    out = tmp_path / "labels"
+    out.mkdir()
+    diary = tmp_path / "diary.txt"
+    diary.write_text("my diary\n")
+    if kind == "link":
+        (out / LEDGER).symlink_to(diary)
+    else:
+        (out / LEDGER).write_text("my own list of files\n")
+    with pytest.raises(UserError, match="not a ledger this project wrote"):
+        run_labels(label_config(), quiet=True)
+    assert diary.read_text() == "my diary\n"
+    assert kind == "link" or (out / LEDGER).read_text() == "my own list of files\n"
+
+
+@pytest.mark.parametrize("kind", ["empty", "link"])
+def test_a_lock_file_no_run_wrote_is_refused_untouched_even_empty_or_a_link(tmp_path, kind):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("")
+    if kind == "empty":
+        (folder / LOCK_FILE).write_text("")
+    else:
+        (folder / LOCK_FILE).symlink_to(target)
+    with pytest.raises(UserError, match="no run of this project wrote"):
+        with folder_lock(folder, "a test"):
+            pass
+    assert (folder / LOCK_FILE).is_symlink() == (kind == "link") and (folder / LOCK_FILE).exists()
+    assert target.read_text() == ""
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": "gone", "what": "a killed run"}))
+    with folder_lock(folder, "the next run"):
+        assert json.loads((folder / LOCK_FILE).read_text())["what"] == "the next run"
+    assert not (folder / LOCK_FILE).exists()
+
+
+def test_train_checkpoints_are_its_own_folder_started_afresh(label_config, tmp_path):
+    """A user's folder under --checkpoints is refused; its own is started afresh, so best.ckpt is the run's own."""
+    from pipeline import train_all
+
+    run_labels(label_config(split_fractions=(0.5, 0.25, 0.25), max_new_tokens=8), quiet=True)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "sprinter_lam1").mkdir(parents=True)
+    (ckpt / "sprinter_lam1" / "best.ckpt").write_text("my checkpoint")
+    argv = ["--labels", str(tmp_path / "labels"), "--configs", TRAIN_CONFIG, "--out", str(tmp_path / "train"),
+            "--heads_dir", str(tmp_path / "heads"), "--checkpoints", str(ckpt), "--max_epochs", "1", "--quiet"]
+    with pytest.raises(UserError, match="--checkpoints .*sprinter_lam1 is not empty .* no `specheads train` wrote"):
+        train_all.main(argv)
+    assert (ckpt / "sprinter_lam1" / "best.ckpt").read_text() == "my checkpoint"
+    (ckpt / "sprinter_lam1" / "best.ckpt").unlink()
+    for _ in range(2):
+        train_all.main(argv)
+    assert sorted(p.name for p in (ckpt / "sprinter_lam1").glob("*.ckpt")) == ["best.ckpt"]
