@@ -1,36 +1,36 @@
-"""The cost model of SpecDec++ Eq. 5.1: T_total ≈ t_draft·N_draft + t_target·N_target.
+"""The one cost model of decoding (``CostModel``): SpecDec++ Eq. 5.1, T_total ≈ t_draft·N_draft + t_target·N_target,
+with the costs Eq. 5.1 leaves out, and the timing files it is read from.
 
-SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with
-them (or with per-forward times measured on another device by ``bench_timing``) the latency of any run can be
-predicted from its counts alone, so CPU-measured acceptance traces transfer to a GPU. Fitting it to runs is
-``evaluation.latency``; this module holds the model and the costs a timing file gives (``timing_fit``), which
+SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with them
+(or with per-forward times measured on another device by ``bench_timing``) the latency of any run can be predicted
+from its counts alone, so CPU-measured acceptance traces transfer to a GPU. Fitting it to runs is
+``evaluation.latency``; this module holds the model and reads a timing file into it (``read_timing``), which
 ``pipeline`` also reads to choose a stop head's exported threshold at the exporting device's costs.
 
-From timed forwards (``timing_fit``) the model is Eq. 5.1 with the costs Eq. 5.1 leaves out. A verification of
-n candidates is one target forward of m = n + 1 tokens, which costs v0 + v1·m: on a CPU a forward of a few tokens
-leaves the one-token step's fast path (the 1.5B float32 target: 0.46 s for one token, 0.89 s for 4, 1.31 s for 9),
-on a GPU v1 is near 0. Each candidate is verified once, so Σ m = N_draft + N_target and the model stays linear:
-t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the one-token step per call of a run
-that does not (target-only), and each model's prefill (beyond one step) once per run.
+From timed forwards the model is Eq. 5.1 with the costs Eq. 5.1 leaves out. A verification of n candidates is one
+target forward of m = n + 1 tokens, which costs v0 + v1·m: on a CPU a forward of a few tokens leaves the one-token
+step's fast path, on a GPU v1 is near 0. Each candidate is verified once, so Σ m = N_draft + N_target and the
+model stays linear: t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the one-token step
+per call of a run that does not (target-only), and each model's prefill (beyond one step) once per run.
 
-A line through two lengths does not describe every device: on 2 CPU cores the 1.5B target takes 0.50 s for one
-token, 1.07 s for two, 1.34 s for three and 1.84 s for ten, so v0 + v1·m through 3 and 10 tokens charges a two-token
-verification 1.27 s, a fifth too much, and a rule whose rounds often stop after one candidate looks slower than it
-is. When the timing holds a verification of several lengths (``verify_by_tokens``), the fit keeps that table, and a
-prediction that knows how many verifications had each length (the trace simulator's) charges each its own cost,
-interpolated between the lengths timed: Σ_m calls(m)·T(m) + draft step·N_draft.
+A line through two lengths does not describe every device: on a CPU the cost is not linear in the length, and a line
+through 3 and 10 tokens overcharges a two-token verification, so a rule whose rounds often stop after one candidate
+looks slower than it is (docs/results.md has the figures). When the timing holds a verification of several lengths
+(``verify_by_tokens``), the model keeps that table, and a prediction that knows how many verifications had each
+length (the trace simulator's) charges each its own cost, interpolated between the lengths timed:
+Σ_m calls(m)·T(m) + draft step·N_draft.
 
 A draft forward does not always read one token: after a fully accepted round it reads the last candidate and the
-bonus token (``decoding.replay.Counts.catch_up``). On a GPU that costs a step; on a CPU it costs nearly two (llama.cpp
-at one thread: 27.6 ms more on a 36 ms step, 14 % of SD's wall at K = 1, which the simulator did not see). A timing
-file with the draft's ``catch_up`` (a forward of two new tokens with one row out, as the decoder reads them) charges
-each token beyond one its share (``LatencyFit.draft_catch_up``).
+bonus token (``decoding.replay.Counts.catch_up``). On a GPU that costs a step; on a CPU nearly two. A timing file
+with the draft's ``catch_up`` (a forward of two new tokens with one row out, as the decoder reads them) charges
+each token beyond one its share (``CostModel.draft_catch_up``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,27 +38,39 @@ import numpy as np
 
 from core.device import same_device
 from core.errors import UserError
-from decoding.replay import RoundCosts
 
 
 class TimingFileError(UserError):
     """A timing file that cannot be read as ``bench_timing`` JSON, or lacks the models asked for."""
 
 
+VERIFY_TABLE_TOKENS = 128
+"""The longest verification a model built from a cost function (``CostModel.by_length``) tabulates; beyond it the
+line through the last two lengths prices it (``CostModel.verify_time``)."""
+
+
 @dataclass
-class LatencyFit:
-    """Per-forward times (seconds) fitted from runs, with the fit's quality."""
+class CostModel:
+    """What decoding costs on one device: every reader of costs (the decoder's goodput stop, the simulator and its
+    oracle, the eval's per-run predictions, a stop head's exported threshold, the GPU check, an exported folder)
+    asks this one model. In seconds, or in target forwards for the ratio c of SpecDec++ Eq. 5.1 (``eq51``).
+
+    It prices a round of n candidates as n draft forwards and one target forward of n + 1 tokens (``round_seconds``),
+    each token a draft forward reads beyond one as ``draft_catch_up``, and counts without round lengths (a run's
+    totals, SPRINTER's replay) on the line Eq. 5.1 draws: ``t_draft`` a draft forward, ``t_target`` a target call
+    (module docstring). Built from a timing file (``from_timing``, ``load``), fitted to runs
+    (``evaluation.latency.fit_latency``), from a cost ratio (``eq51``) or from a cost by length (``by_length``)."""
 
     t_draft: float
-    """Seconds per draft forward (one token with KV cache)."""
+    """Seconds per draft forward on the line (with the verification's per-token slope: Σ m = N_draft + N_target)."""
     t_target: float
-    """Seconds per target forward (a verification of a few tokens costs about one decode step)."""
-    intercept: float
+    """Seconds per target call of a run that drafts, on the line."""
+    intercept: float = 0.0
     """Per-run overhead (prefill beyond one forward, Python bookkeeping); 0 when fitted without one."""
-    r2: float
-    """Coefficient of determination of the fit over the runs."""
-    n_runs: int
-    """Runs the fit used."""
+    r2: float = float("nan")
+    """Coefficient of determination of a fit over runs (NaN: not fitted)."""
+    n_runs: int = 0
+    """Runs a fit used."""
     draft_intercept: float = 0.0
     """Per-run overhead of runs that use the draft (its prefill beyond one step); 0 in a regression fit, where
     ``intercept`` absorbs it."""
@@ -73,6 +85,79 @@ class LatencyFit:
     draft_catch_up: float = 0.0
     """Seconds a draft forward adds for each token it reads beyond one (``decoding.replay.Counts.catch_up``): the
     timed forward of two new tokens with one row out, less the step; 0 where the timing file has none."""
+    name: str = ""
+    """How the model prices a round, for tables: ``by length``, ``per call``, ``c=…``."""
+    device: str | None = None
+    """The device the costs were timed on (``core.device.describe_device``), where they were."""
+
+    @classmethod
+    def eq51(cls, c: float) -> "CostModel":
+        """SpecDec++ Eq. 5.1 in target forwards: every target call costs 1, a draft forward c."""
+        return cls(t_draft=float(c), t_target=1.0, name=f"c={c:g}")
+
+    @classmethod
+    def by_length(cls, draft: float, verify: Callable[[int], float] | Mapping[int, float] | Sequence[float],
+                  catch_up: float = 0.0, name: str = "by length") -> "CostModel":
+        """A draft forward of ``draft`` seconds and a target forward of m tokens of ``verify(m)``: a function
+        (tabulated up to ``VERIFY_TABLE_TOKENS``), a mapping m → seconds, or a sequence indexed by m (index 0
+        unused)."""
+        if isinstance(verify, Mapping):
+            table = {int(m): float(v) for m, v in verify.items()}
+        elif callable(verify):
+            table = {m: float(verify(m)) for m in range(1, VERIFY_TABLE_TOKENS + 1)}
+        else:
+            table = {m: float(verify[m]) for m in range(1, len(verify))}
+        return cls(t_draft=float(draft), t_target=table[1], t_target_step=table[1], verify_s=table,
+                   draft_step=float(draft), draft_catch_up=float(catch_up), name=name)
+
+    # -------------------------------------------------------------- a round
+    @property
+    def draft(self) -> float:
+        """Seconds a round pays per candidate drafted: the draft step where verifications are priced by length,
+        else the line's ``t_draft``."""
+        return self.draft_step if self.verify_s is not None else self.t_draft
+
+    @property
+    def catch_up(self) -> float:
+        return self.draft_catch_up
+
+    def verify(self, tokens: int) -> float:
+        """Seconds of a target call that verifies ``tokens`` tokens (``tokens`` − 1 candidates)."""
+        return self.verify_time(tokens) if self.verify_s is not None else self.t_target
+
+    def verify_table(self, max_tokens: int) -> np.ndarray:
+        """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
+        return np.array([0.0] + [float(self.verify(m)) for m in range(1, max_tokens + 1)])
+
+    def round_seconds(self, candidates: np.ndarray) -> np.ndarray:
+        """Seconds of a round of n candidates, for each n of ``candidates``: n draft forwards and a verification
+        of n + 1 tokens (its catch-up aside)."""
+        n = np.asarray(candidates)
+        return self.draft * n + self.verify_table(int(n.max(initial=0)) + 1)[n + 1]
+
+    def target_only_rate(self) -> float:
+        """Target-only decoding's tokens per unit of cost, 1 / verify(1): the goodput stop's λ when none is given."""
+        return 1.0 / float(self.verify(1))
+
+    # -------------------------------------------------------------- counts and rounds
+    def price(self, counts) -> float:
+        """The expected cost of ``counts`` (``decoding.replay.Counts``): each call at its own length's price where
+        the counts know their lengths, else on the line."""
+        if counts.calls is None:
+            return float(self.t_draft * counts.draft + self.t_target * counts.target
+                         + self.catch_up * counts.catch_up)
+        table = self.verify_table(max(len(counts.calls) - 1, 1))
+        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
+                     + self.catch_up * counts.catch_up)
+
+    def speedup(self, counts) -> float:
+        """Target-only's cost over ``counts``'s."""
+        return counts.n * float(self.verify(1)) / self.price(counts)
+
+    def price_rounds(self, rounds: list[tuple[int, int]], catch_up: int = 0) -> float:
+        """Seconds of the rounds (n candidates, k kept) of one generation: n draft steps and one target forward of
+        n + 1 tokens each, and ``catch_up`` tokens the draft read beyond one (``decoding.schedule.catch_up``)."""
+        return float(sum(self.draft * n + self.verify(n + 1) for n, _ in rounds) + self.catch_up * catch_up)
 
     def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None,
                 catch_up=0.0):
@@ -90,6 +175,14 @@ class LatencyFit:
         return self.t_draft * n_draft + t_target * np.asarray(n_target) + self.intercept * runs \
             + self.draft_intercept * runs * drafted + extra
 
+    def predicted_speedup(self, counts, tokens: int) -> float:
+        """Target-only's latency over that of ``counts``'s policy for one response of ``tokens`` tokens at its
+        rates, per-run costs included."""
+        scale = tokens / counts.n
+        calls = None if counts.calls is None else counts.calls * scale
+        return float(self.predict(0, tokens) / self.predict(counts.draft * scale, counts.target * scale, calls=calls,
+                                                            catch_up=counts.catch_up * scale))
+
     def verify_time(self, tokens: int) -> float:
         """``verify_s`` at ``tokens``: interpolated between the lengths timed, the one-token step at one, and
         beyond the longest on the line through the last two, never below the longest (a cheaper longest length is
@@ -100,34 +193,44 @@ class LatencyFit:
             return float(np.interp(tokens, m, s))
         return s[-1] + max(0.0, (s[-1] - s[-2]) / (m[-1] - m[-2])) * (tokens - m[-1])
 
-    def round_costs(self) -> RoundCosts:
-        """The costs ``predict`` charges a run that drafts, per draft forward and per verification of m tokens
-        (what the oracle is computed for): with ``verify_s``, the draft step and each length's own forward; else
-        ``t_draft`` and ``t_target`` whatever the length."""
-        if self.verify_s is not None:
-            return RoundCosts(draft=self.draft_step, verify=self.verify_time, name="by length",
-                              catch_up=self.draft_catch_up)
-        return RoundCosts(draft=self.t_draft, verify=lambda m: self.t_target, name="per call",
-                          catch_up=self.draft_catch_up)
-
+    # -------------------------------------------------------------- files
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "CostModel":
+        """A model ``to_dict`` wrote (``save``); a table's lengths come back as ints."""
+        if saved.get("schema_version") != SCHEMA_VERSION:
+            raise TimingFileError(f"a cost model of schema {saved.get('schema_version')}, not {SCHEMA_VERSION}: "
+                                  "export it again")
+        fields = {k: v for k, v in saved.items() if k != "schema_version"}
+        if fields.get("verify_s") is not None:
+            fields["verify_s"] = {int(m): float(v) for m, v in fields["verify_s"].items()}
+        return cls(**fields)
+
+    @classmethod
+    def from_timing(cls, timing: dict, draft: str = "draft", target: str = "target") -> "CostModel":
+        """The costs of a ``bench_timing`` JSON (module docstring): decode steps at the shortest cache length
+        measured, the target's verify slope, and both prefills; a name is an entry's (its first precision) or
+        ``name@precision``."""
+        d, t = find_entry(timing, draft), find_entry(timing, target)
+        d_step, t_step = step_s(d), step_s(t)
+        v0, v1 = verify_costs(t)
+        table = verify_table(t)
+        return cls(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
+                   intercept=max(0.0, t["prefill"]["median_s"] - t_step),
+                   draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step),
+                   verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_step),
+                   name="by length" if table else "per call", device=timing.get("device"))
+
+    @classmethod
+    def load(cls, path: str | Path, draft: str = "draft", target: str = "target") -> "CostModel":
+        """``from_timing`` of the ``bench_timing`` JSON file at ``path``, or one clear error."""
+        return read_timing(path, draft, target)
 
 
-def timing_fit(timing: dict, draft: str = "draft", target: str = "target") -> LatencyFit:
-    """Per-forward costs from a ``bench_timing`` JSON (module docstring): decode steps at the shortest cache length
-    measured, the target's verify slope, and both prefills; a name is an entry's (its first precision) or
-    ``name@precision``."""
-    d, t = find_entry(timing, draft), find_entry(timing, target)
-    d_step, t_step = step_s(d), step_s(t)
-    v0, v1 = verify_costs(t)
-    table = verify_table(t)
-    return LatencyFit(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
-                      intercept=max(0.0, t["prefill"]["median_s"] - t_step),
-                      draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step), r2=float("nan"), n_runs=0,
-                      verify_s=table,
-                      draft_step=d_step if table else None,
-                      draft_catch_up=catch_up_s(d, d_step))
+SCHEMA_VERSION = 1
+"""Of a cost model saved as JSON (``CostModel.to_dict``)."""
 
 
 def catch_up_s(entry: dict, step: float) -> float:
@@ -201,8 +304,8 @@ def other_device(path: str | Path, here: str) -> str | None:
             f"rounds with its costs; run `make bench-timing` here for this device's")
 
 
-def read_timing(path: str | Path, draft: str = "draft", target: str = "target") -> LatencyFit:
-    """``timing_fit`` of the ``bench_timing`` JSON file at ``path``, or one clear error."""
+def read_timing(path: str | Path, draft: str = "draft", target: str = "target") -> CostModel:
+    """``CostModel.from_timing`` of the ``bench_timing`` JSON file at ``path``, or one clear error."""
     try:
         timing = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -210,7 +313,7 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e})") from None
     try:
-        fit = timing_fit(timing, draft, target)
+        fit = CostModel.from_timing(timing, draft, target)
     except KeyError as e:
         missing = str(e.args[0]) if e.args else ""
         if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,9 @@ from core.errors import SettingError
 from decoding import rules
 from decoding.traces import Trace
 from heads.features import draft_scores
+
+if TYPE_CHECKING:
+    from decoding.costs import CostModel
 
 MAX_K = 20
 TRACE_SCORES = ("p_draft", "logp_draft", "entropy_draft")
@@ -65,14 +69,14 @@ def head_round_lengths(log_accept: np.ndarray, h: float, reads_candidate: bool, 
     return replay_rounds(new_round, len(log_accept), reads_candidate, max_k)
 
 
-def goodput_rule(costs: RoundCosts, rate: float, max_k: int, future: float | None = None,
+def goodput_rule(costs: CostModel, rate: float, max_k: int, future: float | None = None,
                  reads_candidate: bool = False) -> rules.GoodputStop:
     """``decoding.rules.GoodputStop`` at long-run rate ``rate`` (tokens per unit of ``costs``) for rounds of at most
     ``max_k`` candidates under ``costs``."""
     return rules.GoodputStop.priced(costs, rate, max_k, future, reads_candidate)
 
 
-def goodput_round_lengths(log_accept: np.ndarray, costs: RoundCosts, rate: float, reads_candidate: bool,
+def goodput_round_lengths(log_accept: np.ndarray, costs: CostModel, rate: float, reads_candidate: bool,
                           max_k: int, future: float | None = None) -> np.ndarray:
     """n(s) for the goodput stop from the log acceptance estimate log â at every position (``rules.log_accept`` of
     a stop head's logit, or any source of ``decoding.estimates``)."""
@@ -128,20 +132,6 @@ class Counts:
         self.catch_up += other.catch_up
         return self
 
-    def speedup(self, c: float, intercept: float = 0.0) -> float:
-        """Target-only latency over this policy's, in target forwards: Eq. 5.1 at c = t_draft / t_target,
-        plus a per-token overhead ``intercept`` (in target forwards) on both sides."""
-        return (self.n * (1 + intercept)) / (self.target + c * self.draft + self.n * intercept)
-
-    def predicted_speedup(self, fit, tokens: int) -> float:
-        """Target-only's latency over this policy's for one response of ``tokens`` tokens at these rates, with
-        ``fit``'s per-forward and per-run costs (``decoding.costs.LatencyFit``; each verification at its own
-        length's cost where the fit has a table of them)."""
-        scale = tokens / self.n
-        calls = None if self.calls is None else self.calls * scale
-        return float(fit.predict(0, tokens) / fit.predict(self.draft * scale, self.target * scale, calls=calls,
-                                                           catch_up=self.catch_up * scale))
-
 
 MAX_COST_RATIO = 10.0
 """The largest cost ratio c = t_draft / t_target a command takes: a draft step that costs ten target steps drafts
@@ -155,43 +145,6 @@ def check_cost_ratios(values: Sequence[float], flag: str) -> None:
         if not 0 < c < MAX_COST_RATIO:
             raise SettingError(f"{flag} must be a positive cost ratio t_draft / t_target, got {c:g} (a draft step "
                                f"costs c target steps: 0 < c < {MAX_COST_RATIO:g})")
-
-
-@dataclass(frozen=True)
-class RoundCosts:
-    """The cost model the oracle is the ceiling for: a draft forward costs ``draft``, a target call that verifies
-    m tokens (m − 1 candidates) costs ``verify(m)``, in any one unit; target-only decoding makes one call of one
-    token per token. Eq. 5.1 at c is ``eq51(c)``; a cost table per length need not be monotone (on a CPU a
-    forward of 4 tokens can be cheaper than one of 3). Each token a draft forward reads beyond one
-    (``Counts.catch_up``) costs ``catch_up`` more."""
-
-    draft: float
-    verify: Callable[[int], float]
-    name: str = ""
-    catch_up: float = 0.0
-
-    @classmethod
-    def eq51(cls, c: float) -> "RoundCosts":
-        """SpecDec++ Eq. 5.1 in target forwards: every call costs 1, a draft forward c."""
-        return cls(draft=float(c), verify=lambda m: 1.0, name=f"c={c:g}")
-
-    def target_only_rate(self) -> float:
-        """Target-only decoding's tokens per unit of cost, 1 / verify(1): the goodput stop's λ when none is given."""
-        return 1.0 / float(self.verify(1))
-
-    def verify_table(self, max_tokens: int) -> np.ndarray:
-        """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
-        return np.array([0.0] + [float(self.verify(m)) for m in range(1, max_tokens + 1)])
-
-    def cost(self, counts: Counts) -> float:
-        """The expected cost of ``counts`` (which must know its calls by length)."""
-        table = self.verify_table(max(len(counts.calls) - 1, 1))
-        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
-                     + self.catch_up * counts.catch_up)
-
-    def speedup(self, counts: Counts) -> float:
-        """Target-only's cost over ``counts``'s."""
-        return counts.n * float(self.verify(1)) / self.cost(counts)
 
 
 def expected_counts(acceptance: np.ndarray, lengths: np.ndarray) -> Counts:
@@ -241,7 +194,7 @@ def first_rejection(acceptance: np.ndarray, s: int) -> np.ndarray:
     return np.concatenate((reach[:-1] * (1.0 - a[:-1]), reach[-1:]))
 
 
-def oracle_counts(acceptance: np.ndarray, costs: RoundCosts, max_k: int | None = None) -> Counts:
+def oracle_counts(acceptance: np.ndarray, costs: CostModel, max_k: int | None = None) -> Counts:
     """The oracle under ``costs``: at the start of each round it knows where the round's first rejection j falls
     (SpecDec++ Theorem 4.1: whether each candidate will be accepted) and drafts the n candidates (at most
     ``max_k``, None: no limit) that minimise the expected cost to the end of the trace.
@@ -325,7 +278,7 @@ def stop_head_counts(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarr
     return total
 
 
-def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: CostModel,
                    rate: float, reads_candidate: bool, max_k: int = MAX_K, future: float | None = None) -> Counts:
     """Expected counts of the goodput stop at rate λ over traces (their acceptance and the estimates log â)."""
     total = Counts()
@@ -334,7 +287,7 @@ def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.nd
     return total
 
 
-def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: RoundCosts,
+def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: CostModel,
                  reads_candidate: bool, max_k: int = MAX_K, future: float | None = None, tol: float = 1e-4,
                  max_iter: int = 50) -> dict:
     """The rate λ at which to run the goodput stop over the traces (``decoding/DESIGN.md``, "Finding λ"): from
@@ -348,7 +301,7 @@ def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndar
     for _ in range(max_iter):
         tried.append(rate)
         counts.append(goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k, future))
-        rate = counts[-1].n / costs.cost(counts[-1])
+        rate = counts[-1].n / costs.price(counts[-1])
         if abs(rate - tried[-1]) <= tol * tried[-1]:
             stopped = "fixed point"
         elif np.any(np.abs(np.array(achieved) - rate) <= tol * rate):
@@ -364,8 +317,8 @@ def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndar
 def choose_stop_threshold(acceptance: Sequence[np.ndarray], logits: Sequence[np.ndarray], reads_candidate: bool,
                           speedup: Callable[[Counts], float], grid: Sequence[float] = STOP_H_GRID,
                           max_k: int = MAX_K) -> dict:
-    """The h of ``grid`` whose replay over the traces has the highest ``speedup`` (e.g. ``Counts.speedup`` at a c,
-    or ``Counts.predicted_speedup`` with a device's costs; the smallest h among equals), with every setting's."""
+    """The h of ``grid`` whose replay over the traces has the highest ``speedup`` (e.g. ``CostModel.speedup`` at a c,
+    or ``CostModel.predicted_speedup`` with a device's costs; the smallest h among equals), with every setting's."""
     scored = [(speedup(stop_head_counts(acceptance, logits, h, reads_candidate, max_k)), h) for h in grid]
     best, h = max(scored, key=lambda x: (x[0], -x[1]))
     return {"h": h, "speedup": best, "grid": {f"{g:g}": s for s, g in scored}}

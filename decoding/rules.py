@@ -94,7 +94,7 @@ class GoodputStop:
     @classmethod
     def priced(cls, costs, rate: float, cap: int, future: float | None = None,
                extra_candidate: bool = False) -> "GoodputStop":
-        """The stop under ``costs`` (``decoding.replay.RoundCosts``, or anything with its ``draft`` seconds and
+        """The stop under ``costs`` (``decoding.costs.CostModel``, or anything with its ``draft`` seconds and
         ``verify_table(m)``), built the same way by every loop that runs it."""
         return cls(rate, costs.draft, costs.verify_table(cap + 1), cap, future, extra_candidate,
                    getattr(costs, "catch_up", 0.0))

@@ -6,7 +6,7 @@ The simulator (``decoding.replay``) gives each policy's round length n(s) at eve
 expected counts. A schedule draws one realisation: from s = 0, the round drafts n(s) candidates and keeps them up to
 the first rejection, candidate j kept with the trace's probability min(1, p/q) at s + j; the next round starts after
 the target's token. Its predicted seconds are Σ over rounds of n·t_draft + T(n + 1), with the draft's catch-up
-reads, the price ``decoding.replay.RoundCosts`` puts on every round; target-only is one T(1) per token. A schedule
+reads, the price ``decoding.costs.CostModel`` puts on every round; target-only is one T(1) per token. A schedule
 file is small (the rounds alone) and names the policies' settings, so the GPU side needs no traces.
 """
 
@@ -19,7 +19,6 @@ import numpy as np
 
 from core.errors import UserError
 from core.runfolder import write_json
-from decoding.replay import RoundCosts
 
 SCHEDULE_KIND = "trace-forced schedule"
 
@@ -59,12 +58,6 @@ def catch_up(rounds: list[tuple[int, int]]) -> int:
         total += unread
         unread = int(kept == n)
     return total
-
-
-def predicted_seconds(rounds: list[tuple[int, int]], costs: RoundCosts) -> float:
-    """What ``costs`` charges for these rounds: n draft steps and one target forward of n + 1 tokens each, and the
-    draft's catch-up."""
-    return float(sum(costs.draft * n + costs.verify(n + 1) for n, _ in rounds) + costs.catch_up * catch_up(rounds))
 
 
 def tokens(rounds: list[tuple[int, int]]) -> int:

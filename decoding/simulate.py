@@ -40,7 +40,7 @@ def simulate(traces: list[Trace], family: str, max_k: int = MAX_K, **params) -> 
     """Expected counts of one policy summed over the traces: a simulable family of ``POLICIES`` with its keyword
     arguments (``sd`` k, ``confidence`` threshold, ``svip`` h, a head family's ``head`` file and threshold: its
     ``setting``, None for the file's own; ``goodput``'s ``head`` or ``calibration`` (a ``CalibratedConfidence`` or its
-    file), ``costs`` (a ``RoundCosts``) and ``lam``), or
+    file), ``costs`` (a ``decoding.costs.CostModel``) and ``lam``), or
     ``oracle`` with ``costs`` (no limit on its rounds)."""
     if family != "oracle" and not POLICIES.get_class(family).simulable:
         raise ValueError(f"the simulator has no policy {family!r}")

@@ -244,7 +244,7 @@ def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_token
 
 def catch_up_entry(draft, decoder: str, cache: int, repeats: int) -> dict:
     """The draft's forward of two new tokens with the last row out: how it reads the last candidate and the bonus
-    token after a fully accepted round (``decoding.costs.LatencyFit.draft_catch_up``)."""
+    token after a fully accepted round (``decoding.costs.CostModel.draft_catch_up``)."""
     seconds = decoder_forward_times(draft, decoder, cache, [2], repeats, rows=1)[2]
     return {"tokens": 2, "cache": cache, "median_s": seconds}
 

@@ -20,7 +20,7 @@ from evaluation.llama_peer import LlamaPeer
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
-from decoding.costs import LatencyFit
+from decoding.costs import CostModel
 from decoding.policies import POLICIES, head_family
 from decoding.state import DECODERS
 from evaluation.latency import latency_fits
@@ -391,7 +391,7 @@ class EvalConfig:
         files = {str(f) for s in self.policies for f in [s.fixed.get("timing"), *s.grid.get("timing", [])] if f}
         return files | ({str(self.hf_peer.timing)} if self.hf_peer.enabled and self.hf_peer.timing else set())
 
-    def latency_fits(self, records: list[dict]) -> dict[str, LatencyFit | None]:
+    def latency_fits(self, records: list[dict]) -> dict[str, CostModel | None]:
         """``evaluation.latency.latency_fits`` of this evaluation: its runs ``records``, the forwards timed into
         its folder, and its ``timing`` file."""
         return latency_fits(records, RunDir(self.output_dir).forward_timing, self.timing,

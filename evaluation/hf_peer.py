@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from core.sampling import Sampling
+from decoding.costs import CostModel
 from decoding.policies import POLICIES, head_family
-from decoding.replay import RoundCosts
 from evaluation.config import HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, EvalError, HFPeer, Mode
 
 DEFAULTS = "defaults"
@@ -45,7 +45,7 @@ class PeerRun:
     """The head's h or τ; None: the one exported with it."""
     calibration: str | None = None
     """The calibrated confidence file ``hf_goodput`` reads in place of a head."""
-    costs: RoundCosts | None = None
+    costs: CostModel | None = None
     """``hf_goodput``'s costs of a draft step and of a verification of m tokens."""
     rate: float | None = None
     """``hf_goodput``'s λ in tokens per second."""
@@ -134,7 +134,7 @@ def goodput_runs(peer: HFPeer, ours: dict[str, dict[str, float | None]] | None =
     sources = peer.goodput_sources()
     if not sources:
         return []
-    costs = read_timing(peer.timing).round_costs()
+    costs = read_timing(peer.timing)
     setting = POLICIES["goodput"].setting
     runs = []
     for kind, path in sources:

@@ -3,7 +3,7 @@ t_target·N_target, with a verification's cost by length) to an evaluation's run
 knows.
 
 SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with
-them (or with per-forward times measured on another device by ``bench_timing``, ``decoding.costs.timing_fit``)
+them (or with per-forward times measured on another device by ``bench_timing``, ``decoding.costs.read_timing``)
 the latency of any run can be predicted from its counts alone.
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from decoding.costs import LatencyFit, read_timing
+from decoding.costs import CostModel, read_timing
 from decoding.policies import POLICIES
 
 
-def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit:
+def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> CostModel:
     """Least-squares fit of ``wall_s`` on (``n_draft``, ``n_target``) with non-negative coefficients
     (sklearn's ``LinearRegression(positive=True)``).
 
@@ -38,12 +38,12 @@ def fit_latency(n_draft, n_target, wall_s, intercept: bool = True) -> LatencyFit
     reg = LinearRegression(fit_intercept=intercept, positive=True).fit(x, y)
     pred = reg.predict(x)
     r2 = float(r2_score(y, pred)) if np.ptp(y) > 0 else 1.0
-    return LatencyFit(t_draft=float(reg.coef_[0]), t_target=float(reg.coef_[1]),
+    return CostModel(t_draft=float(reg.coef_[0]), t_target=float(reg.coef_[1]),
                       t_target_step=float(reg.coef_[2]) if split else None,
                       intercept=float(reg.intercept_) if intercept else 0.0, r2=r2, n_runs=len(y))
 
 
-def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | None:
+def fit_records(records: list[dict], intercept: bool = True) -> CostModel | None:
     """Fit on every run whose counts are known (our decoder's policies', not the HF peer's); None with fewer
     than 3.
 
@@ -59,7 +59,7 @@ def fit_records(records: list[dict], intercept: bool = True) -> LatencyFit | Non
 
 
 def latency_fits(records: list[dict], forwards: str | Path | None = None, timing: str | Path | None = None,
-                 timing_models: tuple[str, str] = ("draft", "target")) -> dict[str, LatencyFit | None]:
+                 timing_models: tuple[str, str] = ("draft", "target")) -> dict[str, CostModel | None]:
     """The fits an evaluation knows: ``fit``, from its runs ``records`` (the peers left out); ``forwards``, from
     the pair's timed forwards (a ``bench_timing`` file, when it exists); and ``timing``, from a timing file of
     another device when one is named, read for its (draft, target) entries ``timing_models``."""
@@ -71,7 +71,7 @@ def latency_fits(records: list[dict], forwards: str | Path | None = None, timing
     return fits
 
 
-def selection_fit(fits: dict[str, LatencyFit | None], simulated: bool = False) -> LatencyFit | None:
+def selection_fit(fits: dict[str, CostModel | None], simulated: bool = False) -> CostModel | None:
     """The fit that chooses settings: the timing file's (another device), else, for ``select_by: simulated``, the
     pair's timed forwards on this one (the only costs known before any run), else the runs'."""
     return fits.get("timing") or (fits.get("forwards") if simulated else None) or fits["fit"]

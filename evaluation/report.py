@@ -21,7 +21,8 @@ from decoding.policies import POLICIES
 from evaluation import quality
 from evaluation.config import (ESTIMATE_FILES, HF_FAMILY, HF_GOODPUT, HF_HEAD_FAMILIES, HF_TARGET_ONLY, PEER_FAMILIES,
                                EvalConfig)
-from evaluation.latency import LatencyFit, selection_fit
+from decoding.costs import CostModel
+from evaluation.latency import selection_fit
 from evaluation.likelihood import attach_scores
 from evaluation.markdown import cell, render_md, training_md
 from evaluation.plots import plot_pareto, plot_quality, plot_speedup
@@ -75,7 +76,7 @@ def _loglik(run: str, runs: dict[int, dict], exact_runs: dict[str, dict[int, dic
 
 
 def _row(t: Totals, by_prompt: dict[int, dict], base: dict[int, dict] | None, base_t: Totals | None,
-         sd_t: Totals | None, fits: dict[str, LatencyFit | None], greedy: bool = False,
+         sd_t: Totals | None, fits: dict[str, CostModel | None], greedy: bool = False,
          sd: dict[int, dict] | None = None, exact_runs: dict[str, dict[int, dict]] | None = None) -> dict:
     row = {
         "run": t.run, "family": t.family, "params": t.params, "prompts": len(t.prompts),

@@ -21,8 +21,9 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.runfolder import OutputFile
 from core.shards import read_manifest
+from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import RoundCosts, check_cost_ratios
+from decoding.replay import check_cost_ratios
 from decoding.schedule import draw_rounds, target_only_rounds, write_schedule
 from decoding.simulate import cached_head, round_lengths
 from decoding.traces import load_label_traces
@@ -42,7 +43,7 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
                   seed: int) -> tuple[dict, str]:
     every = load_label_traces(labels, splits=("train", "val", "test"))
     chosen = sorted(every, key=lambda t: t.prompt_id)[:traces]
-    costs = RoundCosts.eq51(c)
+    costs = CostModel.eq51(c)
     grid = [(f, p) for f, p in default_grid(heads) if f in FAMILIES]
     grid += goodput_grid(chosen, heads, costs, calibration)
     text, rows = table(chosen, grid, [c])
@@ -52,10 +53,10 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
     for key, row in sorted(best_settings(rows, c).items()):
         params = row["params"]
         policies.append({"name": key, "family": row["family"], "params": portable(params),
-                         "predicted_speedup": row["counts"].speedup(c),
+                         "predicted_speedup": costs.speedup(row["counts"]),
                          "rounds": [draw_rounds(t.acceptance, round_lengths(t, row["family"], **params), rng)
                                     for t in chosen]})
-    oracle = rows[0]["counts"].speedup(c)
+    oracle = costs.speedup(rows[0]["counts"])
     schedule = {"labels": str(labels), "c": c, "seed": seed, "oracle_speedup": oracle,
                 "traces": [{"prompt_id": t.prompt_id, "length": len(t)} for t in chosen], "policies": policies}
     return schedule, text

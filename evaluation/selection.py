@@ -14,12 +14,12 @@ from pathlib import Path
 
 from decoding.policies import POLICIES
 from evaluation.config import ESTIMATE_FILES
-from evaluation.latency import LatencyFit
+from decoding.costs import CostModel
 from evaluation.rundir import RunDir
 from evaluation.summary import Totals, index, totals
 
 
-def latency(t: Totals, select_by: str, fit: LatencyFit | None) -> float:
+def latency(t: Totals, select_by: str, fit: CostModel | None) -> float:
     """Seconds per generated token, measured or predicted (falls back to measured without a fit)."""
     if select_by == "predicted":
         pred = t.predicted_s_per_token(fit)
@@ -38,7 +38,7 @@ def preset_runs(out: str | Path, mode: str, select_by: str) -> dict[str, str]:
 
 
 def choose(records: list[dict], mode: str, families: list[str], sweep_ids: list[int], select_by: str,
-           fit: LatencyFit | None, max_pass_drop: float, preset: dict[str, str] | None = None) -> dict[str, str]:
+           fit: CostModel | None, max_pass_drop: float, preset: dict[str, str] | None = None) -> dict[str, str]:
     """family → the run label chosen for it in ``mode`` (SD first: its pass@1 is the approximate policies' floor).
 
     Only settings finished on every sweep prompt compete; a family in ``preset`` (the simulator's choice) has

@@ -29,10 +29,10 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import RoundCosts, check_cost_ratios, goodput_rate
+from decoding.replay import check_cost_ratios, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, filled_splits, load_label_traces, unseen
-from evaluation.latency import LatencyFit
+from decoding.costs import CostModel
 from evaluation.traces import read_recorded
 from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
 
@@ -53,7 +53,7 @@ def default_grid(heads: list[str]) -> list[tuple[str, dict]]:
     return grid
 
 
-def goodput_grid(traces: list[Trace], heads: list[str], costs: RoundCosts,
+def goodput_grid(traces: list[Trace], heads: list[str], costs: CostModel,
                  calibration: str | None = None) -> list[tuple[str, dict]]:
     """The goodput stop under ``costs`` on each source of estimates: each stop head among ``heads``, and the draft's
     confidence calibrated by the file ``calibration`` (``make calibrate``), each at the rate λ whose replay over the
@@ -85,12 +85,12 @@ def describe(family: str, params: dict) -> str:
 
 
 def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float],
-          priced: RoundCosts | None = None) -> tuple[str, list[dict]]:
+          priced: CostModel | None = None) -> tuple[str, list[dict]]:
     """Every policy of ``grid`` at every cost ratio of ``costs``, beside the oracle for that ratio, and under
     ``priced`` (a timing file's costs by verification length, the goodput stop's own model) beside the oracle for
     it. Rows: each policy's counts; the oracle's row holds its counts at each c (``oracles``, by c; ``priced``: for
     ``priced``) and, under ``counts``, at the first c."""
-    oracles = {c: simulate(traces, "oracle", costs=RoundCosts.eq51(c)) for c in costs}
+    oracles = {c: simulate(traces, "oracle", costs=CostModel.eq51(c)) for c in costs}
     oracle = oracles[costs[0]]
     rows = [{"policy": "oracle (Thm 4.1)", "family": "oracle", "params": {}, "counts": oracle, "oracles": oracles}]
     if priced is not None:
@@ -111,7 +111,8 @@ def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float],
         k = r["counts"]
         line = f"{r['policy'][:51]:<52}{k.target / k.n:>7.3f}{k.draft / k.n:>7.3f}{k.discarded / k.n:>7.3f}"
         for c in costs:
-            line += shown((oracles[c] if r["family"] == "oracle" else k).speedup(c), oracles[c].speedup(c))
+            at = CostModel.eq51(c)
+            line += shown(at.speedup(oracles[c] if r["family"] == "oracle" else k), at.speedup(oracles[c]))
         if priced is not None:
             counts = rows[0]["priced"] if r["family"] == "oracle" else k
             # SPRINTER's counts have no verification lengths to price
@@ -123,18 +124,19 @@ def table(traces: list[Trace], grid: list[tuple[str, dict]], costs: list[float],
 def best_settings(rows: list[dict], c: float) -> dict[str, dict]:
     """The fastest setting of each exact family at c (an approximate one's is chosen by quality, not here)."""
     best: dict[str, dict] = {}
+    at = CostModel.eq51(c)
     for r in rows:
         if r["family"] == "oracle" or not POLICIES[r["family"]].exact:
             continue
         source = r["params"].get("head", r["params"].get("calibration"))  # a family's runs on each estimate
         key = r["family"] + (f":{Path(source).stem}" if source is not None else "")
         key += f"@{r['params']['costs'].name}" if "costs" in r["params"] else ""  # a rule derived for those costs
-        if key not in best or r["counts"].speedup(c) > best[key]["counts"].speedup(c):
+        if key not in best or at.speedup(r["counts"]) > at.speedup(best[key]["counts"]):
             best[key] = r
     return best
 
 
-def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: int,
+def simulated_choice(labels: str | Path, sweeps: list, fit: CostModel, tokens: int,
                      exclude: set[str] = frozenset(), label_traces: tuple | None = None) -> dict[str, dict]:
     """family → the setting of ``sweeps`` (``evaluation.config.Sweep``; the families of
     ``decoding.policies.simulated(exact=True)`` with more than one setting) with the highest predicted speedup for ``tokens``-token
@@ -150,7 +152,7 @@ def simulated_choice(labels: str | Path, sweeps: list, fit: LatencyFit, tokens: 
         def traces(params):  # a head's own: the prompts it has not seen
             return traces_for(s.family, every, held_out, {**s.fixed, **params}.get("head"))
 
-        scored = [(simulate(traces(params), s.family, **{**s.fixed, **params}).predicted_speedup(fit, tokens), i,
+        scored = [(fit.predicted_speedup(simulate(traces(params), s.family, **{**s.fixed, **params}), tokens), i,
                    params) for i, params in enumerate(s.settings())]
         best = max(scored, key=lambda x: (x[0], -x[1]))
         out[s.family] = {"params": best[2], "predicted_speedup": best[0], "traces": len(traces(best[2])),
@@ -254,7 +256,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
         run_fits = dict(fits)
         if "fit" in fits:
             run_fits[FIT_WITHOUT_RUN] = fit_records([r for r in records if (r["mode"], r["run"]) != (mode, run)])
-        speedups = {f"{src}·{name}": c.predicted_speedup(fit, tokens) for name, fit in run_fits.items()
+        speedups = {f"{src}·{name}": fit.predicted_speedup(c, tokens) for name, fit in run_fits.items()
                     if fit is not None for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
                      "rates": rates, "speedups": speedups,
@@ -289,16 +291,16 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
     stop rule under it) and each run's share of its gain: (measured − 1) / (oracle − 1), set on ``rows``. The rates
     shown are the oracle's under the first cost model."""
     lines = []
-    label_oracle = {name: simulate(every, "oracle", costs=fit.round_costs()) for name, fit in fits.items()}
+    label_oracle = {name: simulate(every, "oracle", costs=fit) for name, fit in fits.items()}
     for mode, recorded in recorded_by_mode.items():
         base = [r for r in by_run.get((mode, "target_only"), []) if r["prompt"] in recorded]
         if not base:
             continue
         tokens = round(sum(r["stats"]["new_tokens"] for r in base) / len(base))
         decoded = [recorded[r["prompt"]] for r in base]
-        oracle = {name: {"label": label_oracle[name], "decod": simulate(decoded, "oracle", costs=fit.round_costs())}
+        oracle = {name: {"label": label_oracle[name], "decod": simulate(decoded, "oracle", costs=fit)}
                   for name, fit in fits.items()}
-        speedups = {f"{src}·{name}": c.predicted_speedup(fits[name], tokens) for name, by_src in oracle.items()
+        speedups = {f"{src}·{name}": fits[name].predicted_speedup(c, tokens) for name, by_src in oracle.items()
                     for src, c in by_src.items()}
         rate = {src: (c.target / c.n, c.draft / c.n) for src, c in next(iter(oracle.values())).items()}
         line = (f"{(mode + ' oracle (Thm 4.1)')[:43]:<44}{'':>11}{rate['label'][0]:>7.3f}{rate['decod'][0]:>7.3f}"
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.timing:
         fit = read_timing(a.timing, a.timing_draft, a.timing_target)
         costs.append(fit.t_draft / fit.t_target)
-        priced = fit.round_costs()
+        priced = fit
     manifest = read_manifest(a.labels)
     if calibrated is not None:  # replayed over labels of another draft, its estimates would predict nothing
         calibrated.check_draft(manifest["models"]["draft"], f"the draft of the labels in {a.labels}")
@@ -397,14 +399,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         costs.append(measured_c)
     grid = default_grid(heads) + (goodput_grid(traces, heads, priced, a.calibration) if priced is not None else [])
     if a.goodput_flat:
-        grid += [g for c in a.c for g in goodput_grid(traces, heads, RoundCosts.eq51(c), a.calibration)]
+        grid += [g for c in a.c for g in goodput_grid(traces, heads, CostModel.eq51(c), a.calibration)]
     text, rows = table(traces, grid, costs, priced)
     print(text)
     if checks:
         print(checks)
     for c in costs:
         picks = best_settings(rows, c)
-        print(f"fastest at c = {c:.3g}: " + "; ".join(f"{r['policy']} {r['counts'].speedup(c):.3f}x"
+        print(f"fastest at c = {c:.3g}: " + "; ".join(f"{r['policy']} {CostModel.eq51(c).speedup(r['counts']):.3f}x"
                                                     for r in picks.values()))
     return rows
 

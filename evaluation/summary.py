@@ -12,7 +12,7 @@ import numpy as np
 from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
 from decoding.policies import POLICIES
-from evaluation.latency import LatencyFit
+from decoding.costs import CostModel
 
 @dataclass
 class Totals:
@@ -82,7 +82,7 @@ class Totals:
         known = [p for p in self.passed if p is not None]
         return sum(known) / len(known) if known else None
 
-    def predicted_s_per_token(self, fit: LatencyFit | None) -> float | None:
+    def predicted_s_per_token(self, fit: CostModel | None) -> float | None:
         """Eq. 5.1 over these runs' counts with the draft's catch-up; None where the fit prices a catch-up that runs
         which drafted did not count (records made before runs kept the count): a prediction without it would be
         cheaper than its neighbours' for no reason of its own."""

@@ -36,9 +36,9 @@ from core.intervals import Interval
 from core.runfolder import RunFolder, write_figure, write_text
 from core.shards import prompt_digests
 from decoding.calibrate import COLUMNS, errors
-from decoding.costs import LatencyFit, read_timing
+from decoding.costs import CostModel, read_timing
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import STOP_H_GRID, Counts, RoundCosts, check_cost_ratios
+from decoding.replay import STOP_H_GRID, Counts, check_cost_ratios
 from decoding.simulate import replayable, simulate
 from decoding.traces import Trace, load_label_traces, trace_rows
 from heads.export import check_unseen, read_metadata
@@ -61,15 +61,15 @@ class Cost:
     """One cost model of the comparison: Eq. 5.1 at a cost ratio, or a device's timed costs."""
 
     name: str
-    c: float | None = None
-    fit: LatencyFit | None = None
-    tokens: int = 64
+    costs: CostModel | None = None
+    tokens: int | None = None
+    """A response's tokens, for timed costs: their per-run costs are spread over them (``predicted_speedup``)."""
 
     def speedup(self, counts: Counts) -> float:
-        return counts.speedup(self.c) if self.fit is None else counts.predicted_speedup(self.fit, self.tokens)
+        return self.costs.speedup(counts) if self.tokens is None else self.costs.predicted_speedup(counts, self.tokens)
 
     def oracle(self, traces: list[Trace]) -> Counts:
-        return simulate(traces, "oracle", costs=RoundCosts.eq51(self.c) if self.fit is None else self.fit.round_costs())
+        return simulate(traces, "oracle", costs=self.costs)
 
 
 @dataclass
@@ -376,11 +376,11 @@ def main(argv: list[str] | None = None) -> list[Point]:
     for config in a.configs:  # one line, where LightningCLI would print its usage
         check_config_file(Path(config), "specheads lightning fit")
     inputs = inputs_record(a.labels, a.test_labels, a.timing)
-    costs = [Cost(f"c={c:g}", c=c) for c in a.costs]
+    costs = [Cost(f"c={c:g}", CostModel.eq51(c)) for c in a.costs]
     held_out = load_label_traces(a.test_labels, ("test",))
     if a.timing:
         tokens = round(sum(map(len, held_out)) / len(held_out))
-        costs.append(Cost("timed", fit=read_timing(a.timing), tokens=tokens))
+        costs.append(Cost("timed", read_timing(a.timing), tokens=tokens))
     out = Path(a.out)
     folder = curve_folder(out)
     folder.check()

@@ -37,8 +37,8 @@ from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
 from core.runfolder import RunFolder, write_figure, write_text
 from core.shards import prompt_digests, read_manifest
-from decoding.costs import LatencyFit, read_timing
-from decoding.replay import (MAX_K, STOP_H_GRID, TRACE_SCORES, Counts, check_cost_ratios, choose_stop_threshold,
+from decoding.costs import CostModel, read_timing
+from decoding.replay import (MAX_K, STOP_H_GRID, TRACE_SCORES, check_cost_ratios, choose_stop_threshold,
                              trace_head_logits)
 from decoding.traces import TraceError, load_label_traces
 from heads.export import HeadFileError, check_draft, export_head, read_metadata
@@ -85,7 +85,7 @@ def youden_threshold(binary: np.ndarray, probs: np.ndarray) -> float:
 
 
 def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: list[str], c: float = STOP_C,
-                   timing: LatencyFit | None = None, timing_source: str | None = None) -> dict:
+                   timing: CostModel | None = None, timing_source: str | None = None) -> dict:
     """The exported threshold of a stop head: the h of ``STOP_H_GRID`` under which SpecDec++'s rule, replayed over
     the validation split's traces (``decoding.replay``, what ``evaluation.simulate`` replays), is fastest: at the
     device costs of ``timing`` (a ``bench_timing`` file's, ``timing_source``) for responses of the traces' mean
@@ -107,10 +107,10 @@ def stop_threshold(head: torch.nn.Module, labels: str, position: str, vectors: l
         tokens = round(sum(map(len, traces)) / len(traces))
         cost = {"model": "timing file", "file": timing_source, "c": timing.t_draft / timing.t_target,
                 "by_length": timing.verify_s is not None, "tokens": tokens}
-        speedup = functools.partial(Counts.predicted_speedup, fit=timing, tokens=tokens)
+        speedup = functools.partial(timing.predicted_speedup, tokens=tokens)
     else:
         cost = {"model": "Eq. 5.1", "c": c}
-        speedup = functools.partial(Counts.speedup, c=c)
+        speedup = CostModel.eq51(c).speedup
     logits = [trace_head_logits(head, position, t) for t in traces]
     pick = choose_stop_threshold([t.acceptance for t in traces], logits, position == "own", speedup, STOP_H_GRID,
                                  MAX_K)

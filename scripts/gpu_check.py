@@ -33,10 +33,9 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.runfolder import RunFolder
 from core.sampling import Sampling
-from decoding.costs import catch_up_s
+from decoding.costs import CostModel, catch_up_s
 from decoding.policies import build_policy
-from decoding.replay import RoundCosts
-from decoding.schedule import predicted_seconds, read_schedule
+from decoding.schedule import catch_up, read_schedule
 from decoding.state import HEAD_FEATURES, CachedLM, ModelPair, decoder_runner
 from decoding.static import RUNNERS
 from evaluation.bench_timing import build, decoder_forward_times, model_config
@@ -85,7 +84,7 @@ def tiny_exactness(device: torch.device) -> dict:
                                 threshold={"name": "h", "value": 0.5, "rule": "test"}, metrics={}, position="own"))
     policies = {"target_only": {}, "sd k=3": {"k": 3}, "confidence 0.5": {"threshold": 0.5}, "svip 0.5": {"h": 0.5},
                 "specdecpp": {"head": head_file},
-                "goodput": {"head": head_file, "costs": RoundCosts.eq51(0.5), "lam": 1.0}}
+                "goodput": {"head": head_file, "costs": CostModel.eq51(0.5), "lam": 1.0}}
     out = {}
     for name, kwargs in policies.items():
         family = name.split()[0]
@@ -173,7 +172,7 @@ def schedule_policy(entry: dict, c: float):
         head.check = lambda *args, **kwargs: None
         params["head"] = head
     if entry["family"] == "goodput":
-        params["costs"] = RoundCosts.eq51(c)
+        params["costs"] = CostModel.eq51(c)
     return build_policy(entry["family"], **params)
 
 
@@ -215,7 +214,7 @@ class TimedForwards:
         CachedLM.advance, Decoding.__init__ = self.advance, self.init
 
 
-def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tokens: int,
+def forced_decoding(draft, target, schedule: dict, costs: CostModel, prompt_tokens: int,
                     decoder: str = "graphs", split: bool = False) -> dict:
     """Every policy of the schedule decoded (under ``decoder``) with its rounds forced, trace by trace: wall seconds
     and tokens, and the seconds ``costs`` charges for the same rounds. ``split``: a second pass under
@@ -252,8 +251,8 @@ def forced_decoding(draft, target, schedule: dict, costs: RoundCosts, prompt_tok
                          for i, (rounds, prompt, n) in enumerate(zip(forced, prompts, lengths))]
             split_row = {"split_wall_s": sum(walls), "forward_s": timer.seconds, "forwards": timer.calls,
                          "outside_forwards_s": sum(walls) - timer.seconds}
-        priced = [predicted_seconds([tuple(r) for r in rounds] if rounds else [(0, 0)] * n, costs)
-                  for rounds, n in zip(forced, lengths)]
+        rounds_of = [[tuple(r) for r in rounds] if rounds else [(0, 0)] * n for rounds, n in zip(forced, lengths)]
+        priced = [costs.price_rounds(rounds, catch_up(rounds)) for rounds in rounds_of]
         n_tokens = sum(lengths)
         out[entry["name"]] = {"tokens": n_tokens, "wall_s": sum(runs), "predicted_s": sum(priced),
                               "wall_over_predicted": sum(runs) / sum(priced),
@@ -422,8 +421,8 @@ def main(argv: list[str] | None = None) -> dict:
             for decoder in decoders if pair_shapes else decoders[-1:]:
                 print(f"(c) trace-forced decoding, {name}, {decoder}", flush=True)
                 step = draft_times[decoder][1]
-                costs = RoundCosts(draft=step, verify=lambda m, t=target_times[decoder]: t[min(m, max(t))],
-                                   name=decoder, catch_up=catch_up_s(layouts[decoder]["models"][0], step))
+                costs = CostModel.by_length(step, lambda m, t=target_times[decoder]: t[min(m, max(t))],
+                                            catch_up_s(layouts[decoder]["models"][0], step), name=decoder)
                 shapes["forced"][decoder] = forced_decoding(draft, target, schedule, costs, a.prompt_tokens, decoder,
                                                             split=pair_shapes and decoder == "compiled")
                 print(json.dumps(shapes["forced"][decoder]), flush=True)

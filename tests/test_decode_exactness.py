@@ -40,10 +40,10 @@ from core import sampling
 from core.label_math import acceptance_probability, residual_distribution, sample_from_logprobs, tv_distance
 from core.sampling import Sampling
 from decoding import rules
+from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import build_policy
 from decoding.policies.sprinter import Sprinter
-from decoding.replay import RoundCosts
 from decoding.runtimes import hf as runtime
 from decoding.state import DecodeStats, Decoding, ModelPair
 from heads.export import export_head
@@ -310,7 +310,7 @@ def stop_head3(tmp_path_factory):
     return export_stub_head(tmp_path_factory.mktemp("heads") / "stop3.safetensors", head, 3, "stop", 0.5)
 
 
-GOODPUT_COSTS = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.1 * m, name="test")
+GOODPUT_COSTS = CostModel.by_length(draft=0.1, verify=lambda m: 1.0 + 0.1 * m, name="test")
 """Costs where the goodput stop drafts (a round of n candidates all kept adds n tokens for 0.2·n more seconds, at a
 λ of target-only's 1/1.1 tokens a second) and stops where its estimate falls below about 0.2."""
 GOODPUT_CALIBRATION = CalibratedConfidence(q=np.array([0.3, 0.9]), acceptance=np.array([0.05, 0.95]))

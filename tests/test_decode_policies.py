@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 from core.errors import UserError
 from core.label_math import warp_logits
 from core.sampling import Sampling
+from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import POLICIES, build_policy
-from decoding.replay import RoundCosts
 from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
 from heads.resnet import ResNetHead
@@ -70,7 +70,7 @@ def heads(tmp_path_factory, models):
 
 
 CALIBRATED_GOODPUT = {"calibration": CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.2, 0.95])),
-                      "costs": RoundCosts(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0}
+                      "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0}
 """The goodput stop with no head: the draft's confidence, calibrated."""
 
 
@@ -79,7 +79,7 @@ def example_kwargs(heads) -> dict[str, dict]:
         "target_only": {}, "draft_only": {}, "sd": {"k": 3}, "hf_heuristic": {}, "confidence": {},
         "svip": {"h": 0.5}, "specdecpp": {"head": heads["stop"]}, "fuzzy": {"T": 0.5},
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
-        "goodput": {"head": heads["stop"], "costs": RoundCosts(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
+        "goodput": {"head": heads["stop"], "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
     }
 
 
@@ -479,7 +479,7 @@ def test_a_goodput_stop_that_cannot_pay_never_runs_the_draft(models, monkeypatch
     read = []
     advance = CachedLM.advance
     monkeypatch.setattr(CachedLM, "advance", lambda self, seq, rows=1: read.append(self.lm.model) or advance(self, seq, rows))
-    kwargs = dict(CALIBRATED_GOODPUT, costs=RoundCosts(draft=2.0, verify=lambda m: 1.0), lam=None)
+    kwargs = dict(CALIBRATED_GOODPUT, costs=CostModel.by_length(draft=2.0, verify=lambda m: 1.0), lam=None)
     policy = build_policy("goodput", **kwargs)
     assert not policy.drafts
     pair = ModelPair(*models, eos_token_ids=[], untimed_prefill=True, sampling=Sampling(max_new_tokens=8))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import UserError
-from decoding.costs import timing_fit
+from decoding.costs import CostModel
 from evaluation import bench_timing
 from evaluation.latency import fit_latency, fit_records
 
@@ -58,7 +58,7 @@ def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):
     assert [m["name"] for m in result["models"]] == ["draft", "target"]
     assert set(result["models"][0]["decode"]) == {"4", "8"}
     assert [result["models"][1][k]["tokens"] for k in ("verify_short", "verify")] == [3, 5]
-    fit = timing_fit(result)
+    fit = CostModel.from_timing(result)
     assert fit.t_draft > 0 and fit.t_target > 0 and fit.t_target_step > 0
 
 
@@ -78,21 +78,21 @@ def timing_file(d_step=0.05, d_prefill=0.5, t_step=0.5, t_verify=1.3, verify_tok
 def test_timed_forwards_charge_the_verify_slope_per_draft_forward_and_each_prefill_once():
     """A verification of n candidates is a target forward of n + 1 tokens: step + n · slope, so each drafted
     candidate costs a draft step plus the slope; each model's prefill beyond one step is paid once per run."""
-    fit = timing_fit(timing_file())
+    fit = CostModel.from_timing(timing_file())
     slope = (1.3 - 0.5) / 8
     assert fit.t_draft == pytest.approx(0.05 + slope) and fit.t_target == pytest.approx(0.5)
     assert fit.intercept == pytest.approx(3.0) and fit.draft_intercept == pytest.approx(0.45)
     # SD with K = 8 and 3 rounds: 24 draft forwards, 3 verifications of 9 tokens, both prefills
     assert fit.predict(24, 3) == pytest.approx(24 * 0.05 + 3 * 1.3 + 3.0 + 0.45)
     assert fit.predict(0, 10) == pytest.approx(10 * 0.5 + 3.0)  # target-only pays no draft prefill
-    flat = timing_fit(timing_file(t_verify=0.5))  # a GPU-like verify that costs one step: no slope
+    flat = CostModel.from_timing(timing_file(t_verify=0.5))  # a GPU-like verify that costs one step: no slope
     assert flat.t_draft == pytest.approx(0.05)
 
 
 def test_two_verify_lengths_separate_a_verifications_fixed_and_per_token_costs():
     """On a CPU a few-token forward leaves the one-token fast path: T(3) = 0.8 s, T(9) = 1.3 s against a 0.5 s step
     give v1 = 1/12 s per token and v0 = 0.55 s; runs that draft pay v0 + v1 per call, target-only the step."""
-    fit = timing_fit(timing_file(t_verify_short=0.8))
+    fit = CostModel.from_timing(timing_file(t_verify_short=0.8))
     v1 = 0.5 / 6
     assert fit.t_draft == pytest.approx(0.05 + v1) and fit.t_target == pytest.approx(0.8 - 3 * v1 + v1)
     assert fit.t_target_step == pytest.approx(0.5)
@@ -108,7 +108,7 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     timing = timing_file(t_verify=1.8, t_verify_short=1.34)
     timing["models"][1]["verify_by_tokens"] = {"2": {"median_s": 1.07}, "3": {"median_s": 1.34},
                                                "11": {"median_s": 1.82}}
-    fit = timing_fit(timing)
+    fit = CostModel.from_timing(timing)
     assert fit.draft_step == pytest.approx(0.05) and fit.verify_s == {2: 1.07, 3: 1.34, 9: 1.8, 11: 1.82}
     assert [fit.verify_time(m) for m in (1, 2, 6, 10, 11, 13)] == pytest.approx([0.5, 1.07, 1.57, 1.81, 1.82, 1.84])
     calls = np.zeros(12)
@@ -117,11 +117,11 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     line = fit.predict(24, 6)
     assert line == pytest.approx(24 * fit.t_draft + 6 * fit.t_target + 3.0 + 0.45) and line > fit.predict(24, 6, calls=calls)
     assert fit.predict(0, 10, calls=calls) == pytest.approx(10 * 0.5 + 3.0)  # target-only: one-token steps
-    assert timing_fit(timing_file()).verify_s is None
+    assert CostModel.from_timing(timing_file()).verify_s is None
     timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a CPU's 4-token forward can beat 3 tokens
-    assert timing_fit(timing).verify_time(4) == pytest.approx(1.24)
+    assert CostModel.from_timing(timing).verify_time(4) == pytest.approx(1.24)
     timing["models"][1]["verify_by_tokens"]["12"] = {"median_s": 1.70}  # a cheaper longest length is no trend
-    assert timing_fit(timing).verify_time(15) == pytest.approx(1.70)
+    assert CostModel.from_timing(timing).verify_time(15) == pytest.approx(1.70)
 
 
 def test_the_fit_gives_target_only_steps_their_own_cost():

@@ -481,7 +481,7 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
 
     import evaluation.simulate
     from data_gen.run import run_labels
-    from decoding.costs import timing_fit
+    from decoding.costs import CostModel
     from evaluation.simulate import selection_traces, simulate
 
     reads = []
@@ -499,8 +499,8 @@ def test_simulated_selection_decodes_only_the_simulators_pick(label_config, tmp_
     out = run_eval(cfg, fake_engine(), quiet=True)
     assert len(reads) == 1
     every, _ = selection_traces(labels.output_dir)
-    fit = timing_fit(timing_file())
-    predicted = [simulate(every, "sd", k=k).predicted_speedup(fit, cfg.max_new_tokens) for k in grid]
+    fit = CostModel.from_timing(timing_file())
+    predicted = [fit.predicted_speedup(simulate(every, "sd", k=k), cfg.max_new_tokens) for k in grid]
     assert len(set(predicted)) == len(grid)  # the grid's settings are told apart
     best = grid[int(np.argmax(predicted))]
     selection = json.loads((out / "selection.json").read_text())["modes"]["sample"]
@@ -730,10 +730,10 @@ def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
     """The eval's per-run prediction (``Totals.predicted_s_per_token``) charges each token the draft read beyond one
     its ``draft_catch_up`` seconds; runs with a record made before runs counted them are not predicted where the fit
     prices the catch-up (they would look cheaper than runs that counted it), and predicted as before where not."""
-    from decoding.costs import LatencyFit
+    from decoding.costs import CostModel
     from evaluation.summary import totals
 
-    fit = LatencyFit(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0, draft_catch_up=0.25)
+    fit = CostModel(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0, draft_catch_up=0.25)
 
     def record(prompt, catch_up):
         stats = {"wall_s": 1.0, "new_tokens": 10, "target_calls": 6, "draft_calls": 8, "discarded": 2,
@@ -746,5 +746,5 @@ def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
     assert counted.predicted_s_per_token(fit) == pytest.approx((0.5 * 16 + 1.0 * 12 + 0.25 * 4) / 20)
     uncounted = totals({0: record(0, 3), 1: record(1, None)})
     assert uncounted.draft_catch_up is None and uncounted.predicted_s_per_token(fit) is None
-    unpriced = LatencyFit(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0)
+    unpriced = CostModel(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0)
     assert uncounted.predicted_s_per_token(unpriced) == pytest.approx((0.5 * 16 + 1.0 * 12) / 20)

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from decoding import estimates, replay, rules
-from decoding.replay import RoundCosts
+from decoding.costs import CostModel
 
 MAX_K = 12
 # a verification's seconds by tokens, shaped like the 1.5B target's on 2 CPU cores: two tokens cost twice one,
 # and 4 and 8 tokens are cheaper than 3 and 6
 CPU_VERIFY = {1: 0.50, 2: 1.07, 3: 1.34, 4: 1.25, 5: 1.45, 6: 1.60, 7: 1.55, 8: 1.50, 9: 1.70, 10: 1.84, 11: 1.95,
               12: 2.00, 13: 2.05}
-CPU = RoundCosts(draft=0.1, verify=lambda m: CPU_VERIFY[m], name="cpu")
-FLAT = RoundCosts(draft=0.1, verify=lambda m: 1.0, name="flat")
+CPU = CostModel.by_length(draft=0.1, verify=CPU_VERIFY, name="cpu")
+FLAT = CostModel.by_length(draft=0.1, verify=lambda m: 1.0, name="flat")
 
 
 def random_traces(seed: int, noise: float, count: int = 8, length: int = 60):
@@ -34,8 +34,8 @@ def random_traces(seed: int, noise: float, count: int = 8, length: int = 60):
     return acceptance, log_accepts
 
 
-def rate(counts: replay.Counts, costs: RoundCosts) -> float:
-    return counts.n / costs.cost(counts)
+def rate(counts: replay.Counts, costs: CostModel) -> float:
+    return counts.n / costs.price(counts)
 
 
 @pytest.mark.parametrize("reads_candidate", [False, True])
@@ -54,7 +54,7 @@ def test_a_flat_cost_is_specdecpp_with_h_from_the_costs(reads_candidate):
 
 
 def test_a_dearer_long_verification_stops_earlier():
-    steep = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.3 * (m - 1))
+    steep = CostModel.by_length(draft=0.1, verify=lambda m: 1.0 + 0.3 * (m - 1))
     _, log_accepts = random_traces(1, 0.5)
     for log_a in log_accepts:
         flat = replay.goodput_round_lengths(log_a, FLAT, 2.0, False, MAX_K)
@@ -70,7 +70,7 @@ def test_the_round_looks_past_the_next_candidate_to_a_cheaper_longer_verificatio
     worth more than the −0.1 s it costs when it makes the verification the cheaper 4 tokens."""
     inverted = {**{m: 1.0 for m in range(1, MAX_K + 2)}, 3: 1.2}
     flat = rules.GoodputStop(3.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K, future=0.5)
-    dip = rules.GoodputStop(3.0, 0.1, RoundCosts(0.1, inverted.__getitem__).verify_table(MAX_K + 1), MAX_K,
+    dip = rules.GoodputStop(3.0, 0.1, CostModel.by_length(0.1, inverted).verify_table(MAX_K + 1), MAX_K,
                             future=0.5)
     assert [flat(0.0), flat(np.log(0.5))] == [False, True]
     assert [dip(0.0), dip(np.log(0.5))] == [False, False]
@@ -88,9 +88,9 @@ def test_every_round_stops_at_the_cap():
 def test_the_drafts_catch_up_can_make_drafting_not_pay():
     """One candidate at a flat verification: a kept candidate gains a token for a draft step of 0.4 target steps,
     worth it at target-only's rate; not once the draft's next forward spends 0.7 more reading it."""
-    costs = RoundCosts(draft=0.4, verify=lambda m: 1.0)
+    costs = CostModel.by_length(draft=0.4, verify=lambda m: 1.0)
     assert rules.GoodputStop.priced(costs, 1.0, 1).drafting_pays
-    assert not rules.GoodputStop.priced(RoundCosts(draft=0.4, verify=lambda m: 1.0, catch_up=0.7), 1.0, 1).drafting_pays
+    assert not rules.GoodputStop.priced(CostModel.by_length(draft=0.4, verify=lambda m: 1.0, catch_up=0.7), 1.0, 1).drafting_pays
 
 
 @pytest.mark.parametrize("reads_candidate", [False, True])
@@ -271,7 +271,7 @@ def check_calibration_is_refused_elsewhere(calibration, cfg):
 
 # llama.cpp's costs on a 2-core CPU (runs/bench/timing-llama_cpp-2t.json): a draft step 0.70 of a target step, and a
 # verification that costs about its length
-LLAMA_CPU = RoundCosts(draft=0.70, verify=lambda m: 1.0 if m == 1 else 0.5 + 0.75 * m, name="llama.cpp")
+LLAMA_CPU = CostModel.by_length(draft=0.70, verify=lambda m: 1.0 if m == 1 else 0.5 + 0.75 * m, name="llama.cpp")
 
 
 def test_where_no_round_can_pay_the_policy_drafts_nothing(tiny_pair):

@@ -184,7 +184,7 @@ def test_labels_train_and_decode_with_an_int8_draft(label_config, tiny_pair, tmp
 def test_bench_timing_times_each_precision(tmp_path):
     import json
 
-    from decoding.costs import timing_fit
+    from decoding.costs import CostModel
     from evaluation import bench_timing
 
     out = tmp_path / "timing.json"
@@ -195,13 +195,13 @@ def test_bench_timing_times_each_precision(tmp_path):
     assert [(m["name"], m["precision"]) for m in result["models"]] == [
         ("draft", "float32"), ("draft", "int8-dynamic-per-channel"),
         ("target", "float32"), ("target", "int8-dynamic-per-channel")]
-    fit = timing_fit(result, "draft@int8-dynamic-per-channel", "target@float32")
+    fit = CostModel.from_timing(result, "draft@int8-dynamic-per-channel", "target@float32")
     # t_draft is the draft's step plus the target's per-token verify slope (evaluation.latency)
     target = result["models"][2]
     slope = max(0.0, target["verify"]["median_s"] - target["decode"]["4"]["median_s"])
     assert fit.t_draft == pytest.approx(result["models"][1]["decode"]["4"]["median_s"] + slope)
     with pytest.raises(KeyError, match="no model 'draft@bfloat16'"):
-        timing_fit(result, "draft@bfloat16")
+        CostModel.from_timing(result, "draft@bfloat16")
 
 
 def test_bench_precision_reads_each_draft_precision_on_the_same_positions(tiny_pair, tmp_path):

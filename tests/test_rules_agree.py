@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from core.label_math import entropy, warp_logits
 from core.sampling import Sampling
 from decoding import replay, rules
+from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import POLICIES, build_policy
 from decoding.policies.sprinter import HeadVerifier, Sprinter
@@ -165,10 +166,10 @@ def test_goodput_rounds_agree(model, position):
     assert any(n < max_k for n, max_k in lengths) and any(1 < n for n, _ in lengths)  # stops early and goes on
 
 
-def random_goodput(rng: np.random.Generator, max_k: int) -> tuple[replay.RoundCosts, float]:
+def random_goodput(rng: np.random.Generator, max_k: int) -> tuple[CostModel, float]:
     """Costs of a random verification table that is not monotone in the length, and a random λ."""
     verify = np.concatenate(([0.0], 0.5 + np.cumsum(rng.uniform(-0.15, 0.3, max_k + 1))))
-    return (replay.RoundCosts(draft=float(rng.uniform(0.02, 0.2)), verify=verify.__getitem__, name="random"),
+    return (CostModel.by_length(draft=float(rng.uniform(0.02, 0.2)), verify=verify, name="random"),
             float(rng.uniform(0.5, 4.0)) / verify[1])
 
 
@@ -286,7 +287,7 @@ def sampled_goodput_rounds(model, monkeypatch, loop: str, warp: dict) -> list[tu
             return ids, scores
 
         monkeypatch.setattr(runtime.HeadCandidateGenerator, "get_candidates", observed)
-    costs = replay.RoundCosts(draft=0.05, verify=lambda m: 1.0 + 0.05 * m, name="test")
+    costs = CostModel.by_length(draft=0.05, verify=lambda m: 1.0 + 0.05 * m, name="test")
     target = counting_model(seed=1)
     sampling = {"temperature": SAMPLED_T, "top_k": 0, "top_p": 1.0, **warp}
     for seed, prompt in enumerate([[3], [17], [40]]):

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from core.models import ModelSpec, load_model
 from core.sampling import Sampling
-from decoding.costs import read_timing
+from decoding.costs import CostModel, read_timing
 from decoding.estimates import CalibratedConfidence
 from decoding.policies import build_policy
 from decoding.runtimes import hf as runtime
@@ -320,7 +320,7 @@ def test_export_hf_folder(models, heads, tmp_path):
     for path in code.glob("*.py"):
         assert export_hf._project_imports(path.read_text(), str(path)) == []  # nothing of the project is imported
     assert (code / "generate.py").read_text() == export_hf.flatten(Path(runtime.__file__).read_text())
-    assert "DRAFT_S = None" in (code / "bundled_costs.py").read_text()  # no timing: the head's h runs
+    assert "SAVED = None" in (code / "bundled_costs.py").read_text()  # no timing: the head's h runs
 
 
 def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
@@ -331,10 +331,11 @@ def test_export_hf_folder_with_a_timing_file_carries_its_costs(heads, tmp_path):
     out = export_hf.write_folder(heads["stop"], tmp_path / "goodput", timing)
     carried = {}
     exec((out / "custom_generate" / "bundled_costs.py").read_text(), carried)
-    costs = read_timing(timing).round_costs()
-    assert carried["DRAFT_S"] == costs.draft
-    assert carried["VERIFY_S"] == costs.verify_table(runtime.MAX_K + 1).tolist()
-    assert carried["RATE"] == "online" and carried["DEVICE"] is None  # a file that names no device
+    costs = read_timing(timing)
+    bundled = CostModel.from_dict(json.loads(carried["SAVED"]))
+    assert bundled.draft == costs.draft and bundled.catch_up == costs.catch_up
+    assert bundled.verify_table(runtime.MAX_K + 1).tolist() == costs.verify_table(runtime.MAX_K + 1).tolist()
+    assert carried["RATE"] == "online" and bundled.device is None  # a file that names no device
     readme = (out / "README.md").read_text()
     assert "## The goodput stop" in readme and "an unnamed device" in readme and "`online`" in readme
     fixed = export_hf.write_folder(heads["stop"], tmp_path / "fixed", timing, rate=7.5)
@@ -378,7 +379,7 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     from test_eval_latency import timing_file
     (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
     # a fixed λ (target-only's, HeadDecoding's default), so that the draft forwards below do not depend on the clock
-    fixed = read_timing(tmp_path / "timing.json").round_costs().target_only_rate()
+    fixed = read_timing(tmp_path / "timing.json").target_only_rate()
     folders["goodput"] = str(export_hf.write_folder(heads["stop"], tmp_path / "hf_goodput", tmp_path / "timing.json",
                                                     rate=fixed))
     CALIBRATION.save(tmp_path / "calibration.json")
@@ -426,7 +427,7 @@ def test_exported_folder_runs_without_the_project(models, heads, tiny_pair, tmp_
     expected = prompt + target_greedy(target, prompt, 12)
     assert out["stop"] == expected and out["reject"] == expected and out["goodput"] == expected
     assert out["calibrated"] == expected
-    costs = read_timing(tmp_path / "timing.json").round_costs()
+    costs = read_timing(tmp_path / "timing.json")
     in_process = {name: draft_forwards(draft, lambda: target.generate(
         torch.tensor([prompt]), max_new_tokens=12, do_sample=False, custom_generate=HeadDecoding(
             None if name == "calibrated" else heads["stop"], draft, costs=costs,
@@ -441,10 +442,10 @@ def test_an_online_rate_follows_the_generations_tokens_over_its_seconds(models, 
     """``rate="online"``: the goodput stop starts at target-only's λ and, before each later round, takes the tokens
     generated so far over the seconds taken so far (a fake clock, 0.25 s a reading); greedy output stays target
     greedy. A fixed rate never moves."""
-    from decoding.replay import RoundCosts
+    from decoding.costs import CostModel
 
     draft, target = models
-    costs = RoundCosts(draft=0.05, verify=lambda m: 0.2 + 0.02 * m)
+    costs = CostModel.by_length(draft=0.05, verify=lambda m: 0.2 + 0.02 * m)
     clock = iter(np.arange(10_000) * 0.25)
     monkeypatch.setattr(runtime.time, "perf_counter", lambda: float(next(clock)))
     seen = []  # (λ the round runs at, the sequence's length when it starts)

@@ -17,7 +17,8 @@ from core.shards import read_manifest
 from decoding import rules
 from decoding.estimates import CalibratedConfidence, EstimateFileError
 from decoding.policies import simulated
-from decoding.replay import (Counts, RoundCosts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
+from decoding.costs import CostModel
+from decoding.replay import (Counts, expected_counts, first_rejection, head_round_lengths, oracle_counts,
                              round_lengths, sd_round_lengths)
 from decoding.simulate import simulate
 from decoding.traces import Trace, load_label_traces
@@ -195,7 +196,7 @@ def test_the_registry_says_which_families_the_simulator_replays():
 # the oracle
 
 
-def brute_force_oracle(a: np.ndarray, costs: RoundCosts) -> float:
+def brute_force_oracle(a: np.ndarray, costs: CostModel) -> float:
     """The oracle's expected cost written out plainly: at each round start it knows the first rejection j and
     takes the cheapest number of candidates n, a rejection at j ≤ n ending the round with nothing more known."""
     a = np.asarray(a, float)
@@ -218,15 +219,15 @@ def brute_force_oracle(a: np.ndarray, costs: RoundCosts) -> float:
     return fresh(0)
 
 
-def random_costs(rng, length: int) -> RoundCosts:
+def random_costs(rng, length: int) -> CostModel:
     """Eq. 5.1 at a random c, a random monotone table, or a random table of any shape."""
     kind = rng.integers(3)
     if kind == 0:
-        return RoundCosts.eq51(float(rng.uniform(0.01, 1.5)))
+        return CostModel.eq51(float(rng.uniform(0.01, 1.5)))
     table = rng.uniform(0.2, 2.0, size=length + 2)
     if kind == 1:
         table = np.sort(table)
-    return RoundCosts(draft=float(rng.uniform(0.0, 0.8)), verify=lambda m: float(table[m]))
+    return CostModel.by_length(draft=float(rng.uniform(0.0, 0.8)), verify=table)
 
 
 def random_trace(rng, length: int) -> np.ndarray:
@@ -244,7 +245,7 @@ def test_the_oracle_is_the_dynamic_program_it_claims():
         length = int(rng.integers(1, 7))
         a, costs = random_trace(rng, length), random_costs(rng, length)
         oracle = oracle_counts(a, costs)
-        assert costs.cost(oracle) == pytest.approx(brute_force_oracle(a, costs), rel=1e-9, abs=1e-12)
+        assert costs.price(oracle) == pytest.approx(brute_force_oracle(a, costs), rel=1e-9, abs=1e-12)
         assert oracle.draft + oracle.target == pytest.approx(oracle.n + oracle.discarded)
 
 
@@ -257,7 +258,7 @@ def test_the_oracle_is_at_least_every_policy_on_random_traces_and_costs():
     for case in range(150):
         length = int(rng.integers(2, 30))
         a, costs = random_trace(rng, length), random_costs(rng, length)
-        best = costs.cost(oracle_counts(a, costs))
+        best = costs.price(oracle_counts(a, costs))
         policies = [sd_round_lengths(length, k) for k in range(1, 9)]
         for reads in (False, True):
             policies.append(round_lengths(rng.random(length) < rng.uniform(0.1, 0.6), reads, 20))
@@ -266,16 +267,16 @@ def test_the_oracle_is_at_least_every_policy_on_random_traces_and_costs():
         room = np.maximum(length - np.arange(length) - 1, 0)
         policies += [rng.integers(0, room + 1) for _ in range(5)]
         for lengths in policies:
-            assert best <= costs.cost(expected_counts(a, lengths)) * (1 + 1e-12) + 1e-12, case
+            assert best <= costs.price(expected_counts(a, lengths)) * (1 + 1e-12) + 1e-12, case
     for _ in range(15):  # every policy of a 5-token trace, and the oracle that knows all 2^5 draws
         a, costs = random_trace(rng, 5), random_costs(rng, 5)
-        best = costs.cost(oracle_counts(a, costs))
+        best = costs.price(oracle_counts(a, costs))
         every = [np.array(n) for n in np.ndindex(5, 4, 3, 2, 1)]
-        assert best <= min(costs.cost(expected_counts(a, n)) for n in every) + 1e-12
+        assert best <= min(costs.price(expected_counts(a, n)) for n in every) + 1e-12
         assert best >= knows_every_draw(a, costs) - 1e-12
 
 
-def knows_every_draw(a: np.ndarray, costs: RoundCosts) -> float:
+def knows_every_draw(a: np.ndarray, costs: CostModel) -> float:
     """The expected cost of the best round lengths for each realisation of the accept/reject draws."""
     length, total = len(a), 0.0
     for bits in np.ndindex(*(2,) * length):
@@ -294,15 +295,16 @@ def test_the_oracle_under_eq51_is_theorem_4_1_with_its_final_verification(trace_
     calls the target at each rejection and once more for the last token (|S| + 1), and discards nothing."""
     a = trace_acceptance
     for c in (0.05, 0.3):
-        oracle = oracle_counts(a, RoundCosts.eq51(c))
+        oracle = oracle_counts(a, CostModel.eq51(c))
         assert oracle.target == pytest.approx((1 - a[:-1]).sum() + 1)
         assert oracle.draft == pytest.approx(a[:-1].sum()) and oracle.discarded == pytest.approx(0)
-    ones = oracle_counts(np.ones(64), RoundCosts.eq51(0.1))
+    ones = oracle_counts(np.ones(64), CostModel.eq51(0.1))
     assert ones.target == 1 and ones.calls[64] == 1  # one call verifies all 63 candidates and adds the last token
     for k in range(1, 10):
         counts = expected_counts(a, sd_round_lengths(len(a), k))
         for c in (0.01, 0.1, 0.5):
-            assert counts.speedup(c) <= oracle_counts(a, RoundCosts.eq51(c)).speedup(c) + 1e-9
+            at = CostModel.eq51(c)
+            assert at.speedup(counts) <= at.speedup(oracle_counts(a, at)) + 1e-9
 
 
 def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
@@ -310,7 +312,7 @@ def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
     accepts two candidates and rejects the third, Theorem 4.1's rounds (two candidates, calls of 3 tokens) lose to
     rounds padded with the candidate that will be rejected; the oracle for these costs pads too."""
     table = {1: 0.5, 2: 0.9, 3: 0.978, 4: 0.825}
-    costs = RoundCosts(draft=0.04, verify=lambda m: table.get(m, 0.825 + 0.15 * (m - 4)))
+    costs = CostModel.by_length(draft=0.04, verify=lambda m: table.get(m, 0.825 + 0.15 * (m - 4)))
     a = np.array([1.0, 1.0, 0.0] * 16)
     theorem = np.zeros(48, dtype=np.int64)
     theorem[0::3] = 2
@@ -320,20 +322,20 @@ def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
     assert costs.speedup(pad) > costs.speedup(thm)
     oracle = oracle_counts(a, costs)
     assert costs.speedup(oracle) >= costs.speedup(pad) - 1e-12 and oracle.discarded == 15
-    assert oracle_counts(a, RoundCosts.eq51(0.04)).discarded == 0
+    assert oracle_counts(a, CostModel.eq51(0.04)).discarded == 0
 
 
 def test_a_fits_round_costs_are_what_it_predicts_with():
     """The oracle is computed for ``LatencyFit.round_costs``: the same charge as ``predict`` for a run that drafts,
     with a table per verification length and with the per-call line."""
-    from evaluation.latency import LatencyFit
+    from decoding.costs import CostModel
 
     counts = expected_counts(np.random.default_rng(4).uniform(0.2, 1, 30), sd_round_lengths(30, 4))
-    line = LatencyFit(t_draft=0.03, t_target=0.5, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1)
-    table = LatencyFit(t_draft=0.05, t_target=0.6, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1,
+    line = CostModel(t_draft=0.03, t_target=0.5, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1)
+    table = CostModel(t_draft=0.05, t_target=0.6, intercept=0.2, r2=1.0, n_runs=3, draft_intercept=0.1,
                        t_target_step=0.45, verify_s={3: 0.9, 4: 0.8, 8: 1.2}, draft_step=0.04)
     for fit in (line, table):
-        assert fit.round_costs().cost(counts) + 0.3 == pytest.approx(
+        assert fit.price(counts) + 0.3 == pytest.approx(
             fit.predict(counts.draft, counts.target, calls=counts.calls))
 
 
@@ -359,7 +361,7 @@ def test_the_oracles_calls_by_length_match_a_replay(trace_acceptance):
         return np.column_stack([c[:, 1:7], c[:, 7:].sum(1)])
 
     mean, se = binned(calls).mean(0), binned(calls).std(0) / np.sqrt(reps)
-    oracle = oracle_counts(trace_acceptance, RoundCosts.eq51(0.1))
+    oracle = oracle_counts(trace_acceptance, CostModel.eq51(0.1))
     assert oracle.calls.sum() == pytest.approx(oracle.target)
     assert np.all(np.abs(binned(oracle.calls)[0] - mean) < 4 * se)
     assert not np.all(np.abs(binned(np.roll(oracle.calls, -1))[0] - mean) < 4 * se)
@@ -387,7 +389,8 @@ def test_the_command_on_tiny_labels(label_config, tmp_path, capsys):
     families = {r["family"] for r in rows}
     assert families == {"oracle", "sd", "confidence", "svip", "specdecpp", "sprinter"}
     for c, oracle in rows[0]["oracles"].items():
-        assert all(r["counts"].speedup(c) <= oracle.speedup(c) + 1e-9 for r in rows[1:] if r["family"] != "sprinter")
+        assert all(CostModel.eq51(c).speedup(r["counts"]) <= CostModel.eq51(c).speedup(oracle) + 1e-9 for r in rows[1:]
+                   if r["family"] != "sprinter")
     assert all(0 <= r["counts"].target <= r["counts"].n for r in rows)
 
 
@@ -454,7 +457,7 @@ def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp
     out = capsys.readouterr().out
     assert "goodput[head=stop,costs=by length,lam=" in out
     assert "goodput[calibration=calibration,costs=by length,lam=" in out
-    costs = read_timing(path).round_costs()
+    costs = read_timing(path)
     by_head, by_calibration = [r for r in rows if r["family"] == "goodput"]
     traces, loaded = sim.load_label_traces(cfg.output_dir, ("train", "val", "test")), sim.cached_head(head)
     estimates = {"head": ([sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces], by_head,
@@ -650,11 +653,11 @@ def test_a_stop_heads_exported_h_is_the_simulators_choice(label_config, tmp_path
         assert meta["chosen_by"]["traces"] == len(val)
         if fit is None:
             assert meta["chosen_by"]["cost"] == {"model": "Eq. 5.1", "c": c}
-            speedup = functools.partial(Counts.speedup, c=c)
+            speedup = CostModel.eq51(c).speedup
         else:
             tokens = meta["chosen_by"]["cost"]["tokens"]
             assert meta["chosen_by"]["cost"]["model"] == "timing file" and tokens == round(np.mean(list(map(len, val))))
-            speedup = functools.partial(Counts.predicted_speedup, fit=fit, tokens=tokens)
+            speedup = functools.partial(fit.predicted_speedup, tokens=tokens)
         speedups = [speedup(simulate(val, "specdecpp", head=path, h=h)) for h in STOP_H_GRID]
         assert meta["value"] == STOP_H_GRID[int(np.argmax(speedups))]
         assert speedup(simulate(val, "specdecpp", head=path)) == pytest.approx(max(speedups))  # the default
@@ -767,7 +770,7 @@ def test_the_drafts_catch_up_matches_a_monte_carlo_replay_and_a_broken_account_d
         draws = catch_up_draws(a, lengths, 4000, seed, after_rejections=broken)
         close = abs(expected - draws.mean()) < 4 * draws.std() / np.sqrt(len(draws))
         assert close != broken, (expected, draws.mean())
-    costs = RoundCosts(draft=0.5, verify=lambda m: 1.0, catch_up=0.25)
+    costs = CostModel.by_length(draft=0.5, verify=lambda m: 1.0, catch_up=0.25)
     counts = expected_counts(a, lengths)
-    assert costs.cost(counts) == pytest.approx(RoundCosts(draft=0.5, verify=lambda m: 1.0).cost(counts)
+    assert costs.price(counts) == pytest.approx(CostModel.by_length(draft=0.5, verify=lambda m: 1.0).price(counts)
                                                + 0.25 * counts.catch_up)

@@ -26,8 +26,9 @@ import decoding.static
 from core.sampling import Sampling
 from decoding import rules
 from decoding.policies import build_policy
-from decoding.replay import RoundCosts, sd_round_lengths
-from decoding.schedule import (ScheduleFileError, catch_up, draw_rounds, predicted_seconds, read_schedule,
+from decoding.costs import CostModel
+from decoding.replay import sd_round_lengths
+from decoding.schedule import (ScheduleFileError, catch_up, draw_rounds, read_schedule,
                                target_only_rounds, tokens, write_schedule)
 from decoding.state import ModelPair
 from decoding.static import StaticLM, static_lm
@@ -189,10 +190,10 @@ def test_rounds_tile_a_trace_and_are_priced_by_their_lengths():
     rounds = draw_rounds(acceptance, sd_round_lengths(50, 4), rng)
     assert tokens(rounds) == 50 and all(0 <= k <= n <= 4 for n, k in rounds)
     assert tokens(target_only_rounds(50)) == 50
-    costs = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.01 * m)
-    assert predicted_seconds(rounds, costs) == pytest.approx(sum(0.1 * n + 1.0 + 0.01 * (n + 1) for n, _ in rounds))
-    priced = RoundCosts(draft=0.1, verify=lambda m: 1.0 + 0.01 * m, catch_up=0.5)
-    assert predicted_seconds(rounds, priced) == pytest.approx(predicted_seconds(rounds, costs) + 0.5 * catch_up(rounds))
+    costs = CostModel.by_length(draft=0.1, verify=lambda m: 1.0 + 0.01 * m)
+    assert costs.price_rounds(rounds) == pytest.approx(sum(0.1 * n + 1.0 + 0.01 * (n + 1) for n, _ in rounds))
+    priced = CostModel.by_length(draft=0.1, verify=lambda m: 1.0 + 0.01 * m, catch_up=0.5)
+    assert priced.price_rounds(rounds, catch_up(rounds)) == pytest.approx(costs.price_rounds(rounds) + 0.5 * catch_up(rounds))
     # an always-accepted trace keeps every candidate; a never-accepted one none
     assert all(k == n for n, k in draw_rounds(np.ones(30), sd_round_lengths(30, 4), rng))
     assert all(k == 0 for n, k in draw_rounds(np.zeros(30), sd_round_lengths(30, 4), rng))
@@ -270,7 +271,7 @@ def test_forced_rounds_run_every_stop_decision_the_unforced_decoding_runs(models
 def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
     """Under a static cache (CUDA graphs on a GPU) the eval's timing file holds that decoder's own forwards, which
     the latency model then prices; its layout is read as any timing file."""
-    from decoding.costs import timing_fit
+    from decoding.costs import CostModel
     from evaluation.bench_timing import PAIR_VERIFY_LENGTHS, time_pair
 
     timed = time_pair(*models, torch.device("cpu"), prompt_tokens=6, new_tokens=8, repeats=1, decoder="static")
@@ -278,13 +279,13 @@ def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
     target = timed["models"][1]
     assert set(map(int, target["verify_by_tokens"])) == set(PAIR_VERIFY_LENGTHS)
     assert all(t["median_s"] > 0 for t in target["verify_by_tokens"].values())
-    fit = timing_fit(timed)
+    fit = CostModel.from_timing(timed)
     assert fit.verify_s is not None
     # the draft's two-token read with one row out, less its step, is what each catch-up token costs
     draft = timed["models"][0]
     assert draft["catch_up"]["tokens"] == 2
     assert fit.draft_catch_up == pytest.approx(max(0.0, draft["catch_up"]["median_s"] - fit.draft_step))
-    assert fit.round_costs().catch_up == fit.draft_catch_up
+    assert fit.catch_up == fit.draft_catch_up
 
 
 def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):
@@ -297,7 +298,7 @@ def test_the_gpu_checks_forced_runs_split_their_wall(models, traced_only):
                 "policies": [{"name": "target_only", "family": "target_only", "params": {}, "rounds": []},
                              {"name": "sd k=2", "family": "sd", "params": {"k": 2},
                               "rounds": [[[2, 2], [2, 0], [1, 1]], [[2, 1], [1, 0], [0, 0]]]}]}
-    costs = RoundCosts(draft=0.001, verify=lambda m: 0.002)
+    costs = CostModel.by_length(draft=0.001, verify=lambda m: 0.002)
     out = forced_decoding(*models, schedule, costs, prompt_tokens=5, decoder="compiled", split=True)
     # forwards that ran: a forced run reads each prompt before its clock, so each trace's first step of each model
     # is a cached return (two traces: two fewer target forwards, and for SD two fewer draft forwards)
@@ -359,10 +360,10 @@ def test_a_schedules_catch_up_is_the_replays_on_traces_of_sure_outcomes():
 def test_the_gpu_checks_timing_file_prices_the_drafts_catch_up():
     """The GPU check's timing file (``scripts.gpu_check.timing_layout``) carries the draft's two-token read, so a
     fit from it charges each catch-up token the read less the step."""
-    from decoding.costs import timing_fit
+    from decoding.costs import CostModel
     from scripts.gpu_check import timing_layout
 
     target = {1: 0.004, 2: 0.0045, 3: 0.005, 8: 0.006}
     layout = timing_layout("H100", "graphs", {1: 0.002, 2: 0.0026}, target, {"draft": 0.01, "target": 0.02})
-    fit = timing_fit(layout)
-    assert fit.draft_catch_up == pytest.approx(0.0006) and fit.round_costs().catch_up == pytest.approx(0.0006)
+    fit = CostModel.from_timing(layout)
+    assert fit.draft_catch_up == pytest.approx(0.0006) and fit.catch_up == pytest.approx(0.0006)

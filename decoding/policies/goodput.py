@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decoding.costs import read_timing
+from decoding.costs import CostModel, read_timing
 from decoding.estimates import CalibratedConfidence, EstimateFileError, load_calibration
 from decoding.policies.registry import register
 from decoding.policies.specdecpp import HeadStop, HeadStopPolicy, load_stop_head
-from decoding.replay import RoundCosts, goodput_round_lengths, goodput_rule
+from decoding.replay import goodput_round_lengths, goodput_rule
 from decoding.rules import GoodputStop
 from decoding.state import Decoding, DraftStep, ModelPair
 from decoding.traces import Trace
@@ -105,7 +105,7 @@ def check_calibration(calibration: CalibratedConfidence, pair: ModelPair, read: 
 class Goodput(HeadStopPolicy):
     def __init__(self, head: str | Path | ExportedHead | None = None,
                  calibration: str | Path | CalibratedConfidence | None = None, timing: str | Path | None = None,
-                 costs: RoundCosts | None = None, lam: float | None = None, online: bool = False,
+                 costs: CostModel | None = None, lam: float | None = None, online: bool = False,
                  future: float | None = None, max_k: int = 20):
         """
         Args:
@@ -127,7 +127,7 @@ class Goodput(HeadStopPolicy):
             raise ValueError("give exactly one of timing (a bench_timing file) and costs")
         self.head = None if head is None else load_stop_head(head)
         self.calibration = None if calibration is None else load_calibration(calibration)
-        self.costs = read_timing(timing).round_costs() if costs is None else costs
+        self.costs = read_timing(timing) if costs is None else costs
         self.lam = self.costs.target_only_rate() if lam is None else float(lam)
         if not self.lam > 0 or max_k < 1 or future is not None and not 0 < future <= 1:
             raise ValueError(f"need lam > 0, max_k >= 1 and 0 < future <= 1, got {self.lam}, {max_k}, {future}")
@@ -166,13 +166,13 @@ class Goodput(HeadStopPolicy):
 
     @staticmethod
     def replay_lengths(trace: Trace, max_k: int, head: ExportedHead | None = None, log_accept: np.ndarray | None = None,
-                       calibration: str | Path | CalibratedConfidence | None = None, costs: RoundCosts | None = None,
+                       calibration: str | Path | CalibratedConfidence | None = None, costs: CostModel | None = None,
                        lam: float | None = None, future: float | None = None, timing: str | None = None,
                        online: bool = False) -> np.ndarray:
         """The rule's round length at every position of an acceptance trace (``decoding.simulate``) from the head's
         log â there, or from the calibration of the trace's ``logp_draft``, at a fixed λ (None: 1 / verify(1), as
         decoding starts; an online λ enters a replay as the rate it settles at, ``decoding.replay.goodput_rate``)."""
-        costs = read_timing(timing).round_costs() if costs is None else costs  # as an eval config names them
+        costs = read_timing(timing) if costs is None else costs  # as an eval config names them
         lam = costs.target_only_rate() if lam is None else lam
         if head is None:
             log_accept = load_calibration(calibration).log_accept(trace.logp_draft)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import tempfile
 import time
 import warnings
@@ -47,6 +48,7 @@ from transformers.generation import (
 from core.device import describe_device, same_device
 from core.label_math import warp_logits
 from core.sampling import sample_token, uniform
+from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence, load_calibration
 from decoding.rules import GoodputStop, HeadStop, check_token, log_accept, verifier_accepts
 from heads.export import HeadFileError
@@ -249,8 +251,7 @@ class HeadDecoding:
             max_k: most candidates per SpecDec++ round.
             streamer: gets the generated tokens, as ``generate(streamer=…)``.
             costs: a stop head stops by the goodput rule (``decoding.rules.GoodputStop``) instead of h, under these
-                seconds of a draft step (``draft``) and of a verification of m tokens (``verify_table(m)``), as
-                ``decoding.replay.RoundCosts`` or ``decoding.costs.LatencyFit.round_costs()`` give them.
+                costs (``decoding.costs.CostModel``).
             rate: the goodput rule's λ in tokens per second; None: target-only's, 1 / (a verification of one token);
                 ``"online"``: from target-only's, then before each round the tokens this generation has produced
                 over the seconds it has taken (the decoder's ``goodput`` with ``online=True``).
@@ -407,32 +408,15 @@ def load_bundled_head() -> ExportedHead:
     return head
 
 
-class TableCosts:
-    """Seconds of a draft step (``draft``) and of a target forward of m tokens (``verify[m]``, index 0 unused): the
-    costs the goodput stop prices a round with, as a folder carries them, with the λ it runs at (``rate``: tokens/s
-    or ``"online"``), the device they were timed on (``device``) and the draft's catch-up read (``catch_up``,
-    ``decoding.replay.RoundCosts``)."""
-
-    def __init__(self, draft: float, verify: list[float], rate: float | str | None = None,
-                 device: str | None = None, catch_up: float = 0.0):
-        self.draft, self.verify, self.rate, self.device, self.catch_up = draft, verify, rate, device, catch_up
-
-    def verify_table(self, max_tokens: int) -> list[float]:
-        return self.verify[:max_tokens + 1]
-
-
-def load_bundled_costs() -> TableCosts | None:
+def load_bundled_costs() -> tuple[CostModel, float | str | None] | None:
     """The costs a folder exported with ``--timing`` carries (``custom_generate/bundled_costs.py``, a Python module
-    for the reason ``bundled_head`` is one); None outside a folder, or for one exported without them."""
+    for the reason ``bundled_head`` is one), with the λ it runs at (tokens/s or ``"online"``); None outside a folder,
+    or for one exported without them."""
     try:
-        from .bundled_costs import DEVICE, DRAFT_S, RATE, VERIFY_S
+        from .bundled_costs import RATE, SAVED
     except ImportError:
         return None
-    try:
-        from .bundled_costs import CATCH_UP_S  # folders exported before it was priced have none
-    except ImportError:
-        CATCH_UP_S = 0.0
-    return None if DRAFT_S is None else TableCosts(DRAFT_S, VERIFY_S, RATE, DEVICE, CATCH_UP_S or 0.0)
+    return None if SAVED is None else (CostModel.from_dict(json.loads(SAVED)), RATE)
 
 
 def load_bundled_calibration() -> CalibratedConfidence | None:
@@ -469,9 +453,9 @@ def generate(model, *args, assistant_model=None, streamer=None, head: str | Path
         loaded.check(assistant_model)
         loaded = None
     if costs is None and threshold is None and (loaded is None or loaded.role == "stop"):
-        costs = load_bundled_costs()
-        if costs is not None:
-            rate = costs.rate if rate is None else rate
+        bundled = load_bundled_costs()
+        if bundled is not None:
+            costs, rate = bundled[0], bundled[1] if rate is None else rate
             here = describe_device(model.device)
             if not same_device(costs.device, here):
                 warnings.warn(f"this folder's costs were timed on {costs.device or 'an unnamed device'}, not on this "

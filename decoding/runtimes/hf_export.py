@@ -10,8 +10,8 @@
                                         head's module, ``core/label_math.py``, …
       custom_generate/bundled_head.py   the head file's bytes (transformers copies only a folder's Python files
                                         into its module cache, and tells its ``generate`` no path)
-      custom_generate/bundled_costs.py  with ``--timing FILE``, the seconds of a draft step and of a verification
-                                        of each length, so a stop head runs the goodput stop (else None)
+      custom_generate/bundled_costs.py  with ``--timing FILE``, its cost model (``decoding.costs.CostModel`` as
+                                        JSON), so a stop head runs the goodput stop (else None)
       custom_generate/bundled_calibration.py  with ``--calibration FILE`` (and ``--timing``), a calibrated draft
                                         confidence, whose estimates the goodput stop then reads in place of the
                                         head's (else None)
@@ -44,7 +44,6 @@ from core.quantization import NONE, QUANTIZATIONS
 from core.runfolder import RunFolder, replace_folder
 from decoding.costs import read_timing, timing_device
 from decoding.estimates import CalibratedConfidence
-from decoding.runtimes.hf import MAX_K
 from heads.export import load_head
 from heads.registry import HEADS
 
@@ -123,7 +122,7 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     generation's own tokens per second so far), the folder's default."""
     head, out = Path(head), Path(out)
     _, meta = load_head(head)  # the validating loader: digests and finite weights, before anything is written
-    costs = None if timing is None else read_timing(timing).round_costs()
+    costs = None if timing is None else read_timing(timing)
     if costs is not None and meta["role"] != "stop":
         raise ExportError(f"{head}: a {meta['role']} head has no stop to price; --timing is for a stop head")
     if calibration is not None and costs is None:
@@ -148,15 +147,11 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     }
     # written whatever the timing: transformers copies every module generate.py imports, and refuses one missing
     generated["bundled_costs.py"] = (
-        '"""Seconds of a draft step and of a target forward of m tokens (index m), from '
+        '"""The cost model (``decoding.costs.CostModel``, as JSON) the goodput stop prices rounds with, from '
         + (f"{Path(timing).name}" if costs is not None else "no timing file (None: the head's threshold runs)")
         + ' (written by decoding/runtimes/hf_export.py)."""\n\n'
-        + f"DRAFT_S = {None if costs is None else float(costs.draft)!r}\n"
-        + f"CATCH_UP_S = {None if costs is None else float(costs.catch_up)!r}  # each token a draft forward reads "
-        + "beyond one\n"
-        + f"VERIFY_S = {None if costs is None else costs.verify_table(MAX_K + 1).tolist()!r}\n"
-        + f"RATE = {None if costs is None else rate if rate == 'online' else float(rate)!r}  # the stop's λ, tokens/s\n"
-        + f"DEVICE = {None if costs is None else timing_device(timing)!r}  # where the costs were timed\n")
+        + f"SAVED = {None if costs is None else json.dumps(costs.to_dict())!r}\n"
+        + f"RATE = {None if costs is None else rate if rate == 'online' else float(rate)!r}  # the stop's λ, tokens/s\n")
     generated["bundled_calibration.py"] = (
         '"""The calibrated draft confidence the goodput stop reads, from '
         + (Path(calibration).name if calibrated is not None else "no calibration file (None: the head's estimates)")
