@@ -73,7 +73,7 @@ def goodput_rule(costs: CostModel, rate: float, max_k: int, future: float | None
                  reads_candidate: bool = False) -> rules.GoodputStop:
     """``decoding.rules.GoodputStop`` at long-run rate ``rate`` (tokens per unit of ``costs``) for rounds of at most
     ``max_k`` candidates under ``costs``."""
-    return rules.GoodputStop.priced(costs, rate, max_k, future, reads_candidate)
+    return rules.GoodputStop(costs, rate, max_k, future, reads_candidate)
 
 
 def goodput_round_lengths(log_accept: np.ndarray, costs: CostModel, rate: float, reads_candidate: bool,
@@ -212,7 +212,7 @@ def oracle_counts(acceptance: np.ndarray, costs: CostModel, max_k: int | None = 
     if length == 0:
         return Counts(calls=np.zeros(2))
     k = length - 1 if max_k is None else min(max_k, length - 1)
-    round_cost = costs.draft * np.arange(k + 1) + costs.verify_table(k + 1)[1:]  # by candidates n
+    round_cost = costs.round_seconds(np.arange(k + 1))  # by candidates n
     value = np.zeros((length + 1, length + 1))  # value[s, j]: cost to the end from a round at s, first rejection j
     fresh_value = np.zeros(length + 1)  # its expectation over j
     choice = np.zeros((length, length), dtype=np.int64)

@@ -74,30 +74,18 @@ class GoodputStop:
     accepted round is charged ``catch_up`` too, the seconds the draft's next forward spends reading the round's last
     candidate (``decoding.replay.Counts.catch_up``); the per-candidate decision leaves it out.
 
-    ``rate``: λ, the long-run tokens per second the decoding achieves; ``draft``: seconds of a draft step;
-    ``verify[m]``: seconds of a target forward of m tokens, for m up to ``cap`` + 1 (index 0 unused);
-    ``extra_candidate``: the caller adds one more candidate after the stop (Algorithm 1, ``round_length``'s
-    ``reads_candidate``), so stopping after k verifies k + 1."""
+    ``rate``: λ, the long-run tokens per second the decoding achieves; ``costs``: what a round costs
+    (``decoding.costs.CostModel``); ``extra_candidate``: the caller adds one more candidate after the stop
+    (Algorithm 1, ``round_length``'s ``reads_candidate``), so stopping after k verifies k + 1."""
 
-    def __init__(self, rate: float, draft: float, verify, cap: int, future: float | None = None,
-                 extra_candidate: bool = False, catch_up: float = 0.0):
-        verify = np.asarray(verify, float)
-        if len(verify) < cap + 2:
-            raise ValueError(f"verify costs go to {len(verify) - 1} tokens; a round of {cap} verifies {cap + 1}")
+    def __init__(self, costs, rate: float, cap: int, future: float | None = None, extra_candidate: bool = False):
         self.rate, self.cap, self.future, self.extra = rate, cap, future, int(extra_candidate)
         n = np.arange(cap + 1)
-        self.round_seconds = draft * n + verify[n + 1]  # by candidates n
+        self.round_seconds = costs.round_seconds(n)  # by candidates n
         # at full acceptance a round of n candidates adds n tokens over a round of none
-        self.drafting_pays = bool(np.any(n[1:] > rate * (self.round_seconds[1:] + catch_up - self.round_seconds[0])))
+        self.drafting_pays = bool(np.any(n[1:] > rate * (self.round_seconds[1:] + costs.catch_up
+                                                          - self.round_seconds[0])))
         self.reset()
-
-    @classmethod
-    def priced(cls, costs, rate: float, cap: int, future: float | None = None,
-               extra_candidate: bool = False) -> "GoodputStop":
-        """The stop under ``costs`` (``decoding.costs.CostModel``, or anything with its ``draft`` seconds and
-        ``verify_table(m)``), built the same way by every loop that runs it."""
-        return cls(rate, costs.draft, costs.verify_table(cap + 1), cap, future, extra_candidate,
-                   getattr(costs, "catch_up", 0.0))
 
     def reset(self) -> None:
         """Start a round."""

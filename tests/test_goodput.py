@@ -69,9 +69,8 @@ def test_the_round_looks_past_the_next_candidate_to_a_cheaper_longer_verificatio
     candidate at â = 0.5 the next adds 0.25 tokens: worth less than its 0.1 s draft step under the flat cost (0.3),
     worth more than the −0.1 s it costs when it makes the verification the cheaper 4 tokens."""
     inverted = {**{m: 1.0 for m in range(1, MAX_K + 2)}, 3: 1.2}
-    flat = rules.GoodputStop(3.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K, future=0.5)
-    dip = rules.GoodputStop(3.0, 0.1, CostModel.by_length(0.1, inverted).verify_table(MAX_K + 1), MAX_K,
-                            future=0.5)
+    flat = rules.GoodputStop(FLAT, 3.0, MAX_K, future=0.5)
+    dip = rules.GoodputStop(CostModel.by_length(0.1, inverted), 3.0, MAX_K, future=0.5)
     assert [flat(0.0), flat(np.log(0.5))] == [False, True]
     assert [dip(0.0), dip(np.log(0.5))] == [False, False]
     dip.reset()
@@ -79,18 +78,16 @@ def test_the_round_looks_past_the_next_candidate_to_a_cheaper_longer_verificatio
 
 
 def test_every_round_stops_at_the_cap():
-    stop = rules.GoodputStop(1e-9, 0.1, FLAT.verify_table(4), 3)
+    stop = rules.GoodputStop(FLAT, 1e-9, 3)
     assert [stop(0.0) for _ in range(3)] == [False, False, True]
-    with pytest.raises(ValueError):
-        rules.GoodputStop(1.0, 0.1, FLAT.verify_table(3), 3)
 
 
 def test_the_drafts_catch_up_can_make_drafting_not_pay():
     """One candidate at a flat verification: a kept candidate gains a token for a draft step of 0.4 target steps,
     worth it at target-only's rate; not once the draft's next forward spends 0.7 more reading it."""
     costs = CostModel.by_length(draft=0.4, verify=lambda m: 1.0)
-    assert rules.GoodputStop.priced(costs, 1.0, 1).drafting_pays
-    assert not rules.GoodputStop.priced(CostModel.by_length(draft=0.4, verify=lambda m: 1.0, catch_up=0.7), 1.0, 1).drafting_pays
+    assert rules.GoodputStop(costs, 1.0, 1).drafting_pays
+    assert not rules.GoodputStop(CostModel.by_length(draft=0.4, verify=lambda m: 1.0, catch_up=0.7), 1.0, 1).drafting_pays
 
 
 @pytest.mark.parametrize("reads_candidate", [False, True])
@@ -197,7 +194,7 @@ def test_every_source_answers_the_same_interface():
         log_a = source.log_accept(logq, entropy, logits)
         assert log_a.shape == (3,) and np.all(log_a <= 0)
         # one candidate at a time into the goodput stop, as a decoder would
-        stop = rules.GoodputStop(1.0, 0.1, FLAT.verify_table(MAX_K + 1), MAX_K)
+        stop = rules.GoodputStop(FLAT, 1.0, MAX_K)
         assert isinstance(stop(float(source.log_accept(logq[2], entropy[2], logits[2]))), bool)
     assert np.allclose(np.exp(fitted.log_accept(logq)), [0.2, 0.5, 0.9])
 
@@ -285,8 +282,8 @@ def test_where_no_round_can_pay_the_policy_drafts_nothing(tiny_pair):
     from decoding.state import ModelPair
     from decoding.traces import Trace
 
-    assert not rules.GoodputStop.priced(LLAMA_CPU, LLAMA_CPU.target_only_rate(), MAX_K).drafting_pays
-    assert rules.GoodputStop.priced(CPU, CPU.target_only_rate(), MAX_K).drafting_pays
+    assert not rules.GoodputStop(LLAMA_CPU, LLAMA_CPU.target_only_rate(), MAX_K).drafting_pays
+    assert rules.GoodputStop(CPU, CPU.target_only_rate(), MAX_K).drafting_pays
     calibration = estimates.CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.2, 0.95]))
     models = [AutoModelForCausalLM.from_pretrained(d).eval() for d in tiny_pair]
     pair = ModelPair(*models, eos_token_ids=[], sampling=Sampling(temperature=1.0, max_new_tokens=12))

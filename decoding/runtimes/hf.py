@@ -290,8 +290,8 @@ class HeadDecoding:
     def rule(self, tap: DraftTap, warp: dict) -> DraftRule:
         """The decision the draft's ``generate()`` runs after each token it samples."""
         reads_candidate = self.head is not None and self.head.position == "own"
-        goodput = None if self.costs is None else GoodputStop.priced(self.costs, self.rate, self.max_k, self.future,
-                                                                     reads_candidate)
+        goodput = None if self.costs is None else GoodputStop(self.costs, self.rate, self.max_k, self.future,
+                                                              reads_candidate)
         if self.head is None:
             return CalibratedRule(self.calibration, tap, warp, goodput)
         return HeadRule(self.head, self.threshold, tap, warp, goodput)
