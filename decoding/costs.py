@@ -85,6 +85,10 @@ class CostModel:
     draft_catch_up: float = 0.0
     """Seconds a draft forward adds for each token it reads beyond one (``decoding.replay.Counts.catch_up``): the
     timed forward of two new tokens with one row out, less the step; 0 where the timing file has none."""
+    round_overhead: float = 0.0
+    """Seconds a round that drafts pays beyond its forwards (the host's synchronisations between the draft's steps
+    and the verification, which a timing of bare forwards does not see); target-only's one-token steps pay none.
+    From a timing file's ``round_overhead`` (its median), 0 where it has none."""
     name: str = ""
     """How the model prices a round, for tables: ``by length``, ``per call``, ``c=…``."""
     device: str | None = None
@@ -122,8 +126,10 @@ class CostModel:
         return self.draft_catch_up
 
     def verify(self, tokens: int) -> float:
-        """Seconds of a target call that verifies ``tokens`` tokens (``tokens`` − 1 candidates)."""
-        return self.verify_time(tokens) if self.verify_s is not None else self.t_target
+        """Seconds of a target call that verifies ``tokens`` tokens (``tokens`` − 1 candidates), with the round's
+        overhead where it verifies a candidate."""
+        forward = self.verify_time(tokens) if self.verify_s is not None else self.t_target
+        return forward + (self.round_overhead if tokens > 1 else 0.0)
 
     def verify_table(self, max_tokens: int) -> np.ndarray:
         """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
@@ -167,11 +173,12 @@ class CostModel:
         one per forward, each charged ``draft_catch_up``."""
         extra = self.draft_catch_up * np.asarray(catch_up, float)
         if calls is not None and self.verify_s is not None and np.asarray(n_draft) > 0:
-            verify = sum(float(n) * self.verify_time(m) for m, n in enumerate(calls) if n)
+            verify = sum(float(n) * self.verify(m) for m, n in enumerate(calls) if n)
             return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept) * runs + extra
         n_draft, runs = np.asarray(n_draft), np.asarray(runs)
         drafted = n_draft > 0
-        t_target = np.where(drafted, self.t_target, self.t_target if self.t_target_step is None else self.t_target_step)
+        t_target = np.where(drafted, self.t_target + self.round_overhead,
+                            self.t_target if self.t_target_step is None else self.t_target_step)
         return self.t_draft * n_draft + t_target * np.asarray(n_target) + self.intercept * runs \
             + self.draft_intercept * runs * drafted + extra
 
@@ -221,6 +228,7 @@ class CostModel:
                    intercept=max(0.0, t["prefill"]["median_s"] - t_step),
                    draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step),
                    verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_step),
+                   round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"))
 
     @classmethod

@@ -135,3 +135,20 @@ def test_the_fit_gives_target_only_steps_their_own_cost():
     assert fit.predict(0, 50) == pytest.approx(0.4 * 50 + 4.0) and fit.predict(30, 10) == pytest.approx(0.9 + 9 + 4)
     single = fit_latency(nd, nt, wall[:40])  # no target-only run: one target coefficient
     assert single.t_target_step is None and single.predict(0, 50) == pytest.approx(0.9 * 50 + 4.0)
+
+
+def test_a_rounds_host_overhead_is_priced_wherever_a_round_drafts():
+    """A timing file's ``round_overhead`` is paid by every round that verifies a candidate, in the simulator's
+    prices, the goodput stop's round seconds and the eval's predictions alike, and never by target-only's steps."""
+    from decoding.replay import expected_counts, sd_round_lengths
+
+    plain, host = CostModel.from_timing(timing_file()), CostModel.from_timing({**timing_file(),
+                                                                               "round_overhead": {"median_s": 0.01}})
+    assert host.verify(1) == plain.verify(1) and host.verify(4) == pytest.approx(plain.verify(4) + 0.01)
+    assert host.round_seconds(np.arange(3)).tolist() == pytest.approx(
+        (plain.round_seconds(np.arange(3)) + [0.0, 0.01, 0.01]).tolist())
+    counts = expected_counts(np.full(32, 0.7), sd_round_lengths(32, 3))
+    # the rounds that verify a candidate (a round at a trace's last token has none to draft)
+    assert host.price(counts) == pytest.approx(plain.price(counts) + 0.01 * counts.calls[2:].sum())
+    assert host.predict(30, 10) == pytest.approx(plain.predict(30, 10) + 0.01 * 10)
+    assert host.predict(0, 10) == plain.predict(0, 10)
