@@ -241,6 +241,27 @@ SCHEMA_VERSION = 1
 """Of a cost model saved as JSON (``CostModel.to_dict``)."""
 
 
+def timing_entry(name: str, precision: str, prefill: tuple[int, float], cache: int, seconds: dict[int, float],
+                 verify: int, verify_short: int | None = None, by_tokens: bool = False,
+                 catch_up: float | None = None, **extra) -> dict:
+    """One model's entry of a timing file, the layout ``read_timing`` reads, from the seconds of its forwards of m
+    new tokens after ``cache`` cached ones (``seconds[1]``: its decode step): ``verify`` (and ``verify_short``)
+    tokens as its verifications, every length of ``seconds`` beyond one as its ``verify_by_tokens`` table where
+    ``by_tokens``, ``catch_up`` the seconds of its two-token catch-up read; ``prefill``: (tokens, seconds);
+    ``extra``: fields of the entry's own (``shape``, ``threads``)."""
+    entry = {"name": name, "precision": precision, **extra, "prefill": {"tokens": prefill[0], "median_s": prefill[1]},
+             "decode": {str(cache): {"median_s": seconds[1]}},
+             "verify": {"tokens": verify, "cache": cache, "median_s": seconds[verify]}}
+    if verify_short is not None:
+        entry["verify_short"] = {"tokens": verify_short, "cache": cache, "median_s": seconds[verify_short]}
+    if by_tokens:
+        entry["verify_by_tokens"] = {str(m): {"cache": cache, "median_s": s} for m, s in sorted(seconds.items())
+                                     if m > 1}
+    if catch_up is not None:
+        entry["catch_up"] = {"tokens": 2, "cache": cache, "median_s": catch_up}
+    return entry
+
+
 def catch_up_s(entry: dict, step: float) -> float:
     """Seconds a forward adds per token read beyond one, from an entry's ``catch_up`` (a forward of several new
     tokens with one row out); 0 where the entry has none (files timed before it was)."""

@@ -47,7 +47,7 @@ from core.models import resolve_device, resolve_dtype
 from core.runfolder import OutputFile, write_text
 from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
-from decoding.costs import find_entry, step_s, verify_table
+from decoding.costs import find_entry, step_s, timing_entry, verify_table
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
@@ -262,16 +262,10 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
         seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
         prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
         prefill = _time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
-        entry = {"name": name, "precision": model.description, "shape": model.path.name,
-                 "threads": model.threads, "prefill": {"tokens": prompt_tokens, "median_s": prefill},
-                 "decode": {str(cache): {"median_s": seconds[1], "repeats": repeats}},
-                 "verify": {"tokens": verify, "cache": cache, "median_s": seconds[verify]},
-                 "verify_short": {"tokens": 3, "cache": cache, "median_s": seconds[3]}}
-        if name == "target":
-            entry["verify_by_tokens"] = {str(m): {"cache": cache, "median_s": seconds[m]} for m in PAIR_VERIFY_LENGTHS}
-        else:
-            entry["catch_up"] = catch_up_entry(model, "eager", cache, repeats)
-        result["models"].append(entry)
+        catch_up = None if name == "target" else catch_up_entry(model, "eager", cache, repeats)["median_s"]
+        result["models"].append(timing_entry(name, model.description, (prompt_tokens, prefill), cache, seconds,
+                                             verify, 3, by_tokens=name == "target", catch_up=catch_up,
+                                             shape=model.path.name, threads=model.threads))
     return result
 
 

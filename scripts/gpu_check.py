@@ -33,7 +33,7 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.runfolder import RunFolder
 from core.sampling import Sampling
-from decoding.costs import CostModel, catch_up_s
+from decoding.costs import CostModel, catch_up_s, timing_entry
 from decoding.policies import build_policy
 from decoding.schedule import catch_up, read_schedule
 from decoding.state import HEAD_FEATURES, CachedLM, ModelPair, decoder_runner
@@ -130,17 +130,11 @@ def timing_layout(device: str, decoder: str, draft: dict[int, float], target: di
     """Graph costs in ``evaluation.bench_timing``'s JSON layout (``decoding.costs.read_timing`` reads it)."""
 
     def entry(name: str, times: dict[int, float]) -> dict:
-        out = {"name": name, "precision": "bfloat16", "prefill": {"tokens": PREFIX, "median_s": prefill[name]},
-               "decode": {str(PREFIX): {"median_s": times[1]}}}
-        if 8 in times:
-            out["verify"] = {"tokens": 8, "cache": PREFIX, "median_s": times[8]}
-            out["verify_short"] = {"tokens": 3, "cache": PREFIX, "median_s": times[3]}
-            out["verify_by_tokens"] = {str(m): {"cache": PREFIX, "median_s": s} for m, s in times.items() if m > 1}
-        else:
-            out["verify"] = {"tokens": 1, "cache": PREFIX, "median_s": times[1]}
-        if name == "draft" and 2 in times:  # its catch-up read, with both rows out: at most a row's logits dearer
-            out["catch_up"] = {"tokens": 2, "cache": PREFIX, "median_s": times[2]}
-        return out
+        table = 8 in times
+        # the draft's catch-up read, with both rows out: at most a row's logits dearer
+        return timing_entry(name, "bfloat16", (PREFIX, prefill[name]), PREFIX, times, 8 if table else 1,
+                            3 if table else None, by_tokens=table,
+                            catch_up=times[2] if name == "draft" and 2 in times else None)
 
     return {"device": device, "device_type": "cuda", "decoder": decoder, "prefill": PREFIX,
             "models": [entry("draft", draft), entry("target", target)]}
