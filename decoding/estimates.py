@@ -1,26 +1,19 @@
-"""Estimates â of the probability that a draft candidate is accepted (min(1, p/q) in expectation), from three
-sources behind one interface, for the goodput stop (``decoding.rules.GoodputStop``) and its replay: a trained stop
-head's sigmoid (``HeadEstimate``), the draft's own confidence q(Y_i) calibrated on label rows
-(``CalibratedConfidence``), and a rate learned while decoding from the candidates verified so far
-(``OnlineEstimate``). ``calibration_error`` measures any of them against min(1, p/q) on rows.
-
-Every estimate answers ``log_accept(logp_draft, entropy_draft, head_logit)`` (log â, elementwise over numpy arrays
-or one candidate's numbers; each source reads what it needs) and takes ``observe(logp_draft, entropy_draft,
-acceptance)`` after a verification, which only the online estimate learns from.
+"""The training-free estimate â of the probability that a draft candidate is accepted (min(1, p/q) in expectation)
+for the goodput stop (``decoding.rules.GoodputStop``) and its replay: the draft's own confidence q(Y_i) calibrated on
+label rows (``CalibratedConfidence``); a trained stop head's is its sigmoid (``decoding.rules.log_accept``).
+``calibration_error`` measures an estimate against min(1, p/q) on rows.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from core.errors import UserError
 from core.runfolder import write_text
-from decoding.rules import log_accept
 
 FLOOR = 1e-12
 """The least â an estimate reports, so that log â is finite."""
@@ -28,28 +21,6 @@ FLOOR = 1e-12
 
 class EstimateFileError(UserError):
     """A file that does not hold a saved ``CalibratedConfidence``."""
-
-
-class AcceptanceEstimate(Protocol):
-    def log_accept(self, logp_draft, entropy_draft, head_logit=None) -> np.ndarray:
-        """log â of each candidate from its draft log-probability log q(Y_i), the draft's entropy H(q) where it
-        was drawn, and a stop head's logit for it (None where no head runs)."""
-
-    def observe(self, logp_draft: float, entropy_draft: float, acceptance: float) -> None:
-        """What the verification showed for one candidate it checked: whether it was kept (0 or 1), or its
-        min(1, p/q) where the decoder computed it (lower variance, the same mean)."""
-
-
-class HeadEstimate:
-    """A trained stop head's estimate: sigmoid of its logit (``rules.log_accept``)."""
-
-    def log_accept(self, logp_draft, entropy_draft, head_logit=None) -> np.ndarray:
-        if head_logit is None:
-            raise ValueError("a head's estimate needs the head's logit")
-        return log_accept(head_logit)
-
-    def observe(self, logp_draft, entropy_draft, acceptance) -> None:
-        pass
 
 
 @dataclass
@@ -111,8 +82,6 @@ class CalibratedConfidence:
                              f"the calibration was fitted on rows of draft {self.fitted['draft'].get('name')!r}, "
                              f"{whose} is another")
 
-    def observe(self, logp_draft, entropy_draft, acceptance) -> None:
-        pass
 
     def to_dict(self) -> dict:
         """What ``save`` writes as JSON (and ``decoding.runtimes.hf_export`` bundles into a folder)."""
@@ -149,38 +118,6 @@ def load_calibration(calibration: str | Path | CalibratedConfidence) -> Calibrat
     """A saved calibration file (``CalibratedConfidence.save``, ``make calibrate``), loaded; one already loaded as
     it is."""
     return calibration if isinstance(calibration, CalibratedConfidence) else CalibratedConfidence.load(calibration)
-
-
-@dataclass
-class OnlineEstimate:
-    """The acceptance rate learned during decoding, per bin of the draft's confidence q(Y_i) (cut at ``edges``; none:
-    one rate): a Beta posterior whose counts of kept and lost candidates are multiplied by ``decay`` before each
-    observation, so it follows a rate that drifts (1: the exact posterior; d < 1 weighs about the last 1 / (1 − d)
-    candidates, an exponential moving average). transformers re-tunes its confidence threshold online the same
-    way, from the candidates each verification checked."""
-
-    edges: tuple[float, ...] = ()
-    prior: tuple[float, float] = (1.0, 1.0)
-    """Beta(kept, lost) pseudo-counts each bin starts from."""
-    decay: float = 1.0
-    kept: np.ndarray = field(init=False)
-    lost: np.ndarray = field(init=False)
-
-    def __post_init__(self):
-        self.kept = np.full(len(self.edges) + 1, float(self.prior[0]))
-        self.lost = np.full(len(self.edges) + 1, float(self.prior[1]))
-
-    def bins(self, logp_draft):
-        return np.searchsorted(self.edges, np.exp(logp_draft), side="right")
-
-    def log_accept(self, logp_draft, entropy_draft=None, head_logit=None) -> np.ndarray:
-        b = self.bins(logp_draft)
-        return np.log(np.maximum(self.kept[b] / (self.kept[b] + self.lost[b]), FLOOR))
-
-    def observe(self, logp_draft: float, entropy_draft: float, acceptance: float) -> None:
-        b = self.bins(logp_draft)
-        self.kept[b] = self.decay * self.kept[b] + acceptance
-        self.lost[b] = self.decay * self.lost[b] + 1.0 - acceptance
 
 
 def calibration_error(estimate: np.ndarray, acceptance: np.ndarray, bins: int = 15) -> float:

@@ -127,29 +127,6 @@ def test_the_iteration_stops_on_a_cycle_or_its_cap_and_keeps_the_best_rate_it_sa
     assert capped["stopped"] == "max_iter" and capped["tried"] == [1 / CPU.verify(1)]
 
 
-def test_the_online_estimate_converges_to_the_acceptance_rate():
-    rng = np.random.default_rng(0)
-    exact, recent = estimates.OnlineEstimate(), estimates.OnlineEstimate(decay=0.99)
-    for kept in rng.random(4000) < 0.7:
-        exact.observe(np.log(0.5), 0.0, float(kept))
-        recent.observe(np.log(0.5), 0.0, float(kept))
-    assert np.exp(exact.log_accept(np.log(0.5))) == pytest.approx(0.7, abs=0.02)
-    assert np.exp(recent.log_accept(np.log(0.5))) == pytest.approx(0.7, abs=0.1)
-    for kept in rng.random(500) < 0.3:  # the rate drops: the forgetting estimate follows, the exact one lags
-        exact.observe(np.log(0.5), 0.0, float(kept))
-        recent.observe(np.log(0.5), 0.0, float(kept))
-    assert np.exp(recent.log_accept(np.log(0.5))) == pytest.approx(0.3, abs=0.1)
-    assert np.exp(exact.log_accept(np.log(0.5))) > 0.6
-
-
-def test_the_online_estimate_keeps_a_rate_per_confidence_bin():
-    online = estimates.OnlineEstimate(edges=(0.5,))
-    for _ in range(200):
-        online.observe(np.log(0.9), 0.0, 1.0)
-        online.observe(np.log(0.2), 0.0, 0.0)
-    assert np.exp(online.log_accept(np.log([0.2, 0.9]))) == pytest.approx([0.0, 1.0], abs=0.01)
-
-
 def test_calibrated_confidence_lowers_the_ece_of_raw_confidence(tmp_path):
     """Rows whose acceptance is a known monotone function of q (q², with noise): raw q is off by q − q²; the
     isotonic map fitted on other rows is calibrated, and survives a save and load."""
@@ -181,22 +158,14 @@ def test_the_ece_sees_a_miscalibration_in_one_bin_only():
     assert estimates.calibration_error(np.where(np.arange(100) < 50, 0.9, 0.1), acceptance) == pytest.approx(0.4)
 
 
-def test_every_source_answers_the_same_interface():
-    logits = np.array([-1.0, 0.0, 2.0])
-    logq, entropy = np.log([0.2, 0.5, 0.9]), np.zeros(3)
-    assert np.allclose(estimates.HeadEstimate().log_accept(logq, entropy, logits), rules.log_accept(logits))
-    with pytest.raises(ValueError):
-        estimates.HeadEstimate().log_accept(logq, entropy)
+def test_a_calibrated_confidence_feeds_the_goodput_stop_one_candidate_at_a_time():
+    logq = np.log([0.2, 0.5, 0.9])
     fitted = estimates.CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.0, 1.0]))
-    sources = [estimates.HeadEstimate(), fitted, estimates.OnlineEstimate()]
-    for source in sources:
-        source.observe(logq[0], 0.0, 1.0)
-        log_a = source.log_accept(logq, entropy, logits)
-        assert log_a.shape == (3,) and np.all(log_a <= 0)
-        # one candidate at a time into the goodput stop, as a decoder would
-        stop = rules.GoodputStop(FLAT, 1.0, MAX_K)
-        assert isinstance(stop(float(source.log_accept(logq[2], entropy[2], logits[2]))), bool)
-    assert np.allclose(np.exp(fitted.log_accept(logq)), [0.2, 0.5, 0.9])
+    log_a = fitted.log_accept(logq)
+    assert log_a.shape == (3,) and np.all(log_a <= 0)
+    assert np.allclose(np.exp(log_a), [0.2, 0.5, 0.9])
+    stop = rules.GoodputStop(FLAT, 1.0, MAX_K)  # one candidate at a time, as a decoder feeds it
+    assert isinstance(stop(float(fitted.log_accept(logq[2]))), bool)
 
 
 def test_make_calibrate_fits_a_label_folder_and_reports_its_ece(label_config, tmp_path, capsys):
