@@ -7,7 +7,6 @@ cache (keyed by the GGUF file's sha256); later loads take seconds.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import logging

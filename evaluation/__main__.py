@@ -14,17 +14,19 @@ def main(argv: list[str] | None = None) -> int:
             with ctrl_c.deferred():
                 from evaluation.config import parse
                 from evaluation.results import ResultStore
-                from evaluation.run import load_prompts, run_eval
+                from evaluation.prompts import load_prompts
+                from evaluation.run import run_eval
                 from evaluation.rundir import RunDir
 
             cfg, report_only = parse(argv)
             if report_only:
                 from evaluation.report import write_report
-                from evaluation.run import check_report_folder
+                from evaluation.resume import check_report_folder
 
                 out = check_report_folder(cfg)
                 records = ResultStore(RunDir(out).results).records()
-                decoded = {r["prompt"] for r in records}  # without the prompts a head had seen (``unseen_prompts``)
+                # without the prompts a head had seen (``evaluation.prompts.unseen_prompts``)
+                decoded = {r["prompt"] for r in records}
                 write_report(out, cfg, records, [p for p in load_prompts(cfg.prompts) if p["prompt"] in decoded])
             else:
                 out = run_eval(cfg)

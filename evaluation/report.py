@@ -129,7 +129,7 @@ def summarize(cfg: EvalConfig, records: list[dict], prompts: list[dict]) -> dict
            "max_new_tokens": cfg.max_new_tokens, "select_by": cfg.select_by,
            "draft": cfg.draft.display_name, "target": cfg.target.display_name,
            "latency_fit": {k: v.to_dict() if v else None for k, v in fits.items()}, "modes": {},
-           "cpu_contention": contention(records)}  # CPU runs record their load (``evaluation.run``)
+           "cpu_contention": contention(records)}  # CPU runs record their load (``evaluation.runner``)
     selection = RunDir(cfg.output_dir).selection
     out["selection"] = json.loads(selection.read_text())["modes"] \
         if cfg.select_by == "simulated" and selection.exists() else None

@@ -15,13 +15,14 @@ def _file(name: str, doc: str) -> property:
 class RunDir:
     """An evaluation's output folder."""
 
-    settings = _file("settings.json", "the settings, inputs and head digests its results were made with (``run.py``)")
+    settings = _file("settings.json", "the settings, inputs and head digests its results were made with "
+                                      "(``resume.py``)")
     results = _file("results.jsonl", "one record per (mode, run, prompt) (``results.py``)")
     selection = _file("selection.json", "the settings the trace simulator chose, and what it chose them from")
     forward_timing = _file("forward_timing.json", "the pair's forwards timed on this device (``bench_timing``'s "
                                                   "layout)")
     llama_tuning = _file("llama_tuning.jsonl", "llama.cpp's speculative decoding over its grid on the tuning "
-                                               "prompts (``run.llama_jobs``)")
+                                               "prompts (``llama_tuning.py``)")
     loglik = _file("loglik.jsonl", "the target's log-likelihood of each record's tokens (``likelihood.py``)")
     traces = _file("traces", "the decoder traces of the target-only responses, by mode (``traces.py``)")
     report_md = _file("report.md", "the report (``report.py``)")

@@ -365,7 +365,8 @@ def test_report_only_refuses_results_of_other_settings_or_without_them(tmp_path)
     from test_eval_run import fake_engine, make_cfg
 
     from evaluation.config import EvalError
-    from evaluation.run import check_report_folder, run_eval
+    from evaluation.resume import check_report_folder
+    from evaluation.run import run_eval
     from evaluation.rundir import RunDir
 
     cfg = make_cfg(tmp_path)

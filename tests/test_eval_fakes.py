@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from core.sampling import Sampling
 from decoding.state import DecodeStats
-from evaluation.run import Engine
+from evaluation.engine import Engine
 
 T_DRAFT, T_TARGET = 0.01, 0.05
 ACCEPT = 3  # tokens each SD round accepts (when K ≥ 3)

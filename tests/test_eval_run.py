@@ -15,9 +15,10 @@ from core.prompts import PromptConfig
 from evaluation.config import parse
 from evaluation.config import EvalConfig, EvalError, HFPeer, Mode, Sweep
 from evaluation.markdown import theorem7_md
+from evaluation.prompts import load_prompts
 from evaluation.report import write_report
 from evaluation.results import ResultStore
-from evaluation.run import load_prompts, run_eval
+from evaluation.run import run_eval
 from evaluation.summary import agreement, sprinter_theorem7
 
 
@@ -550,7 +551,7 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
     charged them)."""
     from types import SimpleNamespace
 
-    from evaluation.run import _time_forwards
+    from evaluation.forward_timing import refresh_forward_timing
     from evaluation.rundir import RunDir
 
     timed = []
@@ -566,22 +567,22 @@ def test_the_forwards_are_timed_again_only_when_the_file_cannot_serve(tmp_path):
         return SimpleNamespace(max_new_tokens=new_tokens, resolved_decoder=lambda: decoder)
 
     cfg = config()
-    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
-    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
+    refresh_forward_timing(cfg, engine, runner, tmp_path, quiet=True)
+    refresh_forward_timing(cfg, engine, runner, tmp_path, quiet=True)
     assert timed == [(2, 8)]
     path = RunDir(tmp_path).forward_timing
     old = json.loads(path.read_text())
     del old["models"][1]["verify_by_tokens"]
     path.write_text(json.dumps(old))
-    _time_forwards(cfg, engine, runner, tmp_path, quiet=True)
+    refresh_forward_timing(cfg, engine, runner, tmp_path, quiet=True)
     assert timed == [(2, 8), (2, 8)] and "verify_by_tokens" in json.loads(path.read_text())["models"][1]
-    _time_forwards(config(16), engine, runner, tmp_path, quiet=True)  # other shapes
+    refresh_forward_timing(config(16), engine, runner, tmp_path, quiet=True)  # other shapes
     assert len(timed) == 3
     old = json.loads(path.read_text())
     del old["models"][0]["catch_up"]
     path.write_text(json.dumps(old))
-    _time_forwards(config(16), engine, runner, tmp_path, quiet=True)  # no catch-up read
-    _time_forwards(config(16, "static"), engine, runner, tmp_path, quiet=True)  # another decoder
+    refresh_forward_timing(config(16), engine, runner, tmp_path, quiet=True)  # no catch-up read
+    refresh_forward_timing(config(16, "static"), engine, runner, tmp_path, quiet=True)  # another decoder
     assert len(timed) == 5
 
 
@@ -590,7 +591,7 @@ def test_the_eval_decodes_only_prompts_no_head_has_seen(tmp_path, capsys):
     saw every prompt is refused."""
     from core.identity import prompt_digest
     from core.prompts import tokenize_prompt
-    from evaluation.run import text_digests, unseen_prompts
+    from evaluation.prompts import text_digests, unseen_prompts
     from heads.export import export_head
     from heads.sprinter import SprinterHead
     from testing.tiny import WORDS, make_tokenizer
@@ -718,7 +719,7 @@ def test_timing_repeats_keep_the_median_run_in_turns(tmp_path, monkeypatch):
 
 
 def test_repeats_that_make_other_tokens_are_refused():
-    from evaluation.run import median_run
+    from evaluation.runner import median_run
 
     stats = {"wall_s": 1.0}
     assert median_run([([1, 2], stats)], "sd", 0) == ([1, 2], stats)

@@ -180,7 +180,8 @@ def test_the_eval_refuses_labels_of_another_draft_for_its_simulated_selection(la
 
     from data_gen.run import run_labels
     from evaluation.config import Sweep
-    from evaluation.run import Engine, run_eval
+    from evaluation.engine import Engine
+    from evaluation.run import run_eval
 
     labels = write_test_labels(tmp_path / "fake_labels", [("draft", True, 0.1)])
     head = write_verifier(tmp_path / "v.safetensors", eta_fp_thm=0.2, draft={**FAKE_DRAFT, "sha256": "1" * 64})

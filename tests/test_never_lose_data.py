@@ -118,6 +118,7 @@ def test_eval_refuses_a_folder_it_did_not_create_and_overwrites_only_its_own_fil
 
 
 def test_eval_overwrite_keeps_the_previous_results_until_the_models_and_heads_pass(tmp_path, monkeypatch):
+    import evaluation.engine
     import evaluation.run
     from heads.export import HeadFileError
 
@@ -141,7 +142,7 @@ def test_eval_overwrite_keeps_the_previous_results_until_the_models_and_heads_pa
     def labels_of_another_pair(cfg):
         raise EvalError("runs/labels was labeled with draft 'other', this run decodes 'tiny'")
 
-    monkeypatch.setattr(evaluation.run.Engine, "load", staticmethod(labels_of_another_pair))
+    monkeypatch.setattr(evaluation.engine.Engine, "load", staticmethod(labels_of_another_pair))
     monkeypatch.setattr(evaluation.run, "input_digests", lambda *a: {})
     with pytest.raises(EvalError, match="labeled with draft"):
         run_eval(cfg, None, quiet=True)
@@ -451,7 +452,7 @@ def test_an_eval_settings_file_that_is_not_json(tmp_path):
 
 def test_ctrl_c_while_loading_or_scoring_is_one_line(label_config, tmp_path, capsys, monkeypatch):
     import data_gen.run
-    import evaluation.run
+    import evaluation.engine
     from data_gen.__main__ import main as label_main
     from evaluation.__main__ import main as eval_main
 
@@ -463,7 +464,7 @@ def test_ctrl_c_while_loading_or_scoring_is_one_line(label_config, tmp_path, cap
     assert label_main(["--draft.path", cfg.draft.path, "--target.path", cfg.target.path, "--prompts.source",
                        cfg.prompts.source, "--output_dir", str(tmp_path / "labels")]) == 130
     assert _one_line(capsys).startswith("interrupted: stopped by Ctrl-C")
-    monkeypatch.setattr(evaluation.run.Engine, "load", classmethod(lambda cls, cfg: fake_engine(loglik=interrupt)))
+    monkeypatch.setattr(evaluation.engine.Engine, "load", classmethod(lambda cls, cfg: fake_engine(loglik=interrupt)))
     config = _eval_config(tmp_path, tmp_path / "draft", tmp_path / "target", loglik=True)
     (tmp_path / "draft").mkdir()
     (tmp_path / "target").mkdir()

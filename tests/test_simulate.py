@@ -326,7 +326,7 @@ def test_the_oracle_pads_rounds_when_a_longer_verification_is_cheaper():
 
 
 def test_a_fits_round_costs_are_what_it_predicts_with():
-    """The oracle is computed for ``LatencyFit.round_costs``: the same charge as ``predict`` for a run that drafts,
+    """The oracle is computed for ``CostModel``'s round prices: the same charge as ``predict`` for a run that drafts,
     with a table per verification length and with the per-call line."""
     from decoding.costs import CostModel
 
