@@ -163,7 +163,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-
     p = CommandParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
     path_argument(p, "run", "--labels", "the folder of a labeling run (finished or not)")
     path_argument(p, "out", "--out", "a new folder for the snapshot")

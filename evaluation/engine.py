@@ -28,6 +28,8 @@ class Engine:
     """``(prompt_ids, sampling, seed, run: PeerRun) → (tokens, stats)``; None = no peer."""
     check_head: Callable[[str], None] | None = None
     """Refuses a head file that is damaged or was not trained for the loaded draft; None = no check."""
+    check_calibration: Callable[[str], None] | None = None
+    """Refuses a calibration fitted on another draft's rows than the loaded draft; None = no check."""
     loglik: Callable[[list[int], list[int]], float] | None = None
     """``(prompt_ids, tokens) → `` the target's mean log-likelihood per token (``evaluation.likelihood``); None =
     not scored."""
@@ -89,6 +91,8 @@ class Engine:
                 time_forwards: Callable[[int, int], dict], **peers) -> "Engine":
         """An engine over a loaded pair, whatever backend runs it: our decoder's pairs, the head check, the
         likelihood, the traces and the timing of its forwards (``time_forwards``); ``peers``: the backend's peer."""
+        from core.identity import model_identity
+        from decoding.estimates import load_calibration
         from decoding.policies import build_policy
         from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.likelihood import mean_loglik
@@ -101,6 +105,8 @@ class Engine:
                                           untimed_prefill=cfg.untimed_prefill),
             build_policy=build_policy,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
+            check_calibration=lambda path: load_calibration(path).check_draft(model_identity(draft),
+                                                                              "this evaluation's draft"),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),

@@ -58,6 +58,15 @@ def head_files(cfg: EvalConfig) -> list[str]:
     return list(dict.fromkeys(str(path) for _, path in paths))
 
 
+def calibration_files(cfg: EvalConfig) -> list[str]:
+    """Every calibration file the config names, fixed, swept or run by the peer, once each."""
+    paths = [p.fixed["calibration"] for p in cfg.policies if "calibration" in p.fixed]
+    paths += [c for p in cfg.policies for c in p.grid.get("calibration", [])]
+    if cfg.hf_peer.enabled:
+        paths += [c for kind, c in cfg.hf_peer.goodput_sources() if kind == "calibration"]
+    return list(dict.fromkeys(map(str, paths)))
+
+
 def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
     """Build every policy setting the config names, once, before any model loads: a setting a policy refuses
     (``k: [-3]``) is one line now, not a traceback after the runs before it."""
@@ -115,6 +124,9 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False)
         if engine.check_head is not None:  # every head before the first run, not when its policy's turn comes
             for path in heads:
                 engine.check_head(path)
+        if engine.check_calibration is not None:  # and every calibration, before the forwards are timed
+            for path in calibration_files(cfg):
+                engine.check_calibration(path)
         digests = {p["prompt"]: text_digests(p["text"], engine.tokenizer, cfg.prompts.chat_template) for p in prompts}
         prompts = unseen_prompts(prompts, heads, digests)
         decoded = set().union(*(digests[p["prompt"]] for p in prompts))

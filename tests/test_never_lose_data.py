@@ -14,6 +14,7 @@ import sys
 import time
 import weakref
 
+import numpy as np
 import pytest
 import yaml
 from test_eval_fakes import fake_engine, write_prompt_file
@@ -931,3 +932,22 @@ def test_train_checkpoints_are_its_own_folder_started_afresh(label_config, tmp_p
     for _ in range(2):
         train_all.main(argv)
     assert sorted(p.name for p in (ckpt / "sprinter_lam1").glob("*.ckpt")) == ["best.ckpt"]
+
+
+def test_an_eval_refuses_another_drafts_calibration_before_it_times_or_writes_anything(tiny_pair, tmp_path):
+    from test_eval_latency import timing_file
+
+    from decoding.estimates import CalibratedConfidence
+    from evaluation.__main__ import main
+
+    calibration = CalibratedConfidence(q=np.array([0.0, 1.0]), acceptance=np.array([0.0, 1.0]))
+    calibration.fitted = {"draft": {"name": "another-draft", "source": "test", "weights": "0" * 64},
+                          "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0}}
+    calibration.save(tmp_path / "calibration.json")
+    (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
+    config = _eval_config(tmp_path, tiny_pair[0], tiny_pair[1], policies=[
+        {"family": "target_only"},
+        {"family": "goodput", "fixed": {"calibration": str(tmp_path / "calibration.json"),
+                                        "timing": str(tmp_path / "timing.json")}}])
+    assert main(["--config", config]) == 2
+    assert not (tmp_path / "eval").exists()  # no settings.json, forward_timing.json or ledger left behind
