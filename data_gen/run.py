@@ -382,8 +382,8 @@ def _refuse_unlisted(out: Path, names, manifest: bool) -> None:
     if stray:
         more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
         whose = "listed in the manifest" if manifest else "a batch of this run"
-        raise LabelingError(f"{stray[0]}{more} is not {whose}: no labeling run of {out} wrote it; move it out of the "
-                            "dataset's folders and run again")
+        raise LabelingError(f"{stray[0]}{more} is not {whose}: a reader would take its rows for the dataset's; move it "
+                            "out of the dataset's folders and run again")
 
 
 def build_records(cfg: LabelConfig, tokenizer, context: int, table: list[dict] | None = None) -> list[dict]:
