@@ -1,8 +1,8 @@
 """One model over a static KV cache, its short forwards replayed as CUDA graphs: the decoder's GPU path.
 
-Eagerly, a 0.5B or 1.5B model at batch 1 on a GPU is bound by kernel launches: a forward costs about 21 ms on an H100
-whichever the model or length (docs/results.md), so the cost ratio c is about 1 and no policy can beat the target
-alone. GPU runtimes (vLLM, TensorRT-LLM, SGLang, gpt-fast) preallocate the cache and replay each forward shape as one
+Eagerly, a 0.5B or 1.5B model at batch 1 on a GPU is bound by kernel launches: a forward costs about the same
+whichever the model or length (docs/results.md has the H100's figures), so the cost ratio c is about 1 and no policy
+can beat the target alone. GPU runtimes (vLLM, TensorRT-LLM, SGLang, gpt-fast) preallocate the cache and replay each forward shape as one
 CUDA graph. Here:
 
 - the cache is allocated once, ``capacity`` positions per layer (``PositionedLayer``); a forward writes its keys and

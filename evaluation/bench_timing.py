@@ -14,8 +14,8 @@ Weights are random (timing does not depend on their values), so only a shape is 
   ``verify_short``, one of ``--verify_short`` tokens: on a CPU a forward of a few tokens leaves the one-token
   step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate;
 - ``verify_by_tokens`` (with ``--verify_lengths``): one forward of each of those lengths, where a line through two
-  lengths does not describe the cost (a 1.5B target on 2 CPU cores: 0.50 s for one token, 1.07 s for two, 1.34 s
-  for three, 1.84 s for ten).
+  lengths does not describe the cost (on a CPU, two tokens can cost twice one while ten cost less than four times
+  one; docs/results.md has the figures).
 
 The verification lengths are timed in turns, one forward of each per round, so the machine's drift during the timing
 does not bend the table.
