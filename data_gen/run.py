@@ -35,7 +35,8 @@ from core.models import (DTYPES, ModelSpec, check_vocabularies, context_window, 
                          load_model, resolve_dtype)
 from core.prompts import PromptConfig, input_digests, load_prompt_table, split_by_prompt, tokenize_prompt
 from core.quantization import decode_numerics
-from core.runfolder import RunFolder, launching_process, read_json, write_json
+from core.folder_lock import launching_process
+from core.runfolder import RunFolder, read_json, write_json
 from core.sampling import Sampling
 from data_gen.labeler import SEQUENCES, Labeler, Prompt
 from data_gen.llama_labeler import LlamaLabeler

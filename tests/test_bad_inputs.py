@@ -156,7 +156,7 @@ def test_calibrate_refuses_a_folder_or_another_tools_file_before_it_fits(tmp_pat
 
 
 def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_trains(tmp_path, capsys):
-    from core.runfolder import FolderInUse, folder_lock
+    from core.folder_lock import FolderInUse, folder_lock
     from pipeline.train_all import main
 
     labels = str(tmp_path / "no-labels")  # never read: both refusals come first
@@ -171,7 +171,7 @@ def test_train_all_refuses_a_heads_folder_that_is_a_file_or_in_use_before_it_tra
 
 
 def test_an_export_into_a_folder_another_export_holds_stops_in_one_line(tmp_path):
-    from core.runfolder import FolderInUse, folder_lock
+    from core.folder_lock import FolderInUse, folder_lock
     from decoding.runtimes.hf_export import write_folder
     from heads.export import export_head
     from heads.resnet import ResNetHead
@@ -603,7 +603,7 @@ def test_train_names_a_mistyped_setting_of_its_configs_in_one_line(label_config,
 
 
 def test_the_train_lock_names_the_flag_that_gave_the_folder(label_config, tmp_path):
-    from core.runfolder import FolderInUse, folder_lock
+    from core.folder_lock import FolderInUse, folder_lock
     from data_gen.run import run_labels
     from pipeline.train_all import main
 

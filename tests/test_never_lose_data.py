@@ -23,7 +23,8 @@ from test_eval_run import make_cfg
 from core import shards
 from core.errors import UserError
 from core.interrupt import CtrlCGuard
-from core.runfolder import LEDGER, LOCK_FILE, FolderInUse, folder_lock
+from core.folder_lock import LOCK_FILE, FolderInUse, folder_lock
+from core.runfolder import LEDGER
 from core.prompts import PromptConfig
 from data_gen.run import LabelingError, run_labels
 from decoding.policies import build_policy
@@ -201,7 +202,7 @@ def test_labeling_refuses_a_folder_it_did_not_create(label_config, tmp_path, mon
 # ------------------------------------------------------------------ the lock
 HOLD = """
 import sys, time
-from core.runfolder import folder_lock
+from core.folder_lock import folder_lock
 with folder_lock(sys.argv[1], "a test holder"):
     print("held", flush=True)
     time.sleep(60)
