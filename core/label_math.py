@@ -143,7 +143,8 @@ def distribution_stats(logp_draft_dist: torch.Tensor, logp_target_dist: torch.Te
 
 
 def acceptance_probability(logp_draft: torch.Tensor, logp_target: torch.Tensor) -> torch.Tensor:
-    """min(1, p(y)/q(y)) from the two models' log-probabilities of the draft token y."""
+    """min(1, p(y)/q(y)) from the two models' log-probabilities of the draft token y, (...) each: speculative
+    sampling's chance of keeping y. Like every accept/resample function of the project, draft first, then target."""
     return torch.exp((logp_target - logp_draft).clamp(max=0))
 
 
@@ -193,8 +194,9 @@ def assign_categories(n_prompts: int, categories: tuple[str, ...], generator: to
     return out
 
 
-def residual_distribution(logp_target: torch.Tensor, logp_draft: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of norm((p − q)+), where speculative sampling resamples after a rejection.
+def residual_distribution(logp_draft: torch.Tensor, logp_target: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities (..., V) of norm((p − q)+), where speculative sampling resamples after a rejection, from the
+    draft's q and the target's p (..., V).
 
     Where p ≤ q everywhere (no residual mass, which exact arithmetic never rejects into) it falls back to p.
     """

@@ -133,16 +133,16 @@ def divergence_keeps(js_nats: float, T_bits: float) -> bool:
     return js_nats < T_bits * math.log(2)
 
 
-def speculative_keeps(token: int, logp: torch.Tensor, logq: torch.Tensor, u: float) -> bool:
+def speculative_keeps(token: int, logq: torch.Tensor, logp: torch.Tensor, u: float) -> bool:
     """Speculative sampling's acceptance of a draft token at the uniform draw ``u``: keep it with probability
-    min(1, p/q) (``logp``/``logq``: the target's and the draft's log-probs at its position)."""
+    min(1, p/q) (``logq``/``logp`` (V,): the draft's and the target's log-probs at its position)."""
     return u < acceptance_probability(logq[token], logp[token]).item()
 
 
-def acceptance_chances(candidates: list[int], logps: torch.Tensor, logqs: list[torch.Tensor]) -> list[float]:
-    """``speculative_keeps``'s probability min(1, p/q) of each candidate (``logps`` (≥ n, V): the target's log-probs
-    at their positions, ``logqs``: the draft's), computed together and read in one device-to-host transfer: the
-    same numbers as one ``speculative_keeps`` per candidate, at one synchronization per verification."""
+def acceptance_chances(candidates: list[int], logqs: list[torch.Tensor], logps: torch.Tensor) -> list[float]:
+    """``speculative_keeps``'s probability min(1, p/q) of each candidate (``logqs``: the draft's log-probs (V,) at
+    their positions, ``logps`` (≥ n, V): the target's), computed together and read in one device-to-host transfer:
+    the same numbers as one ``speculative_keeps`` per candidate, at one synchronization per verification."""
     if not candidates:
         return []
     # indexing by Python ints makes views: no index tensor crosses to the device
@@ -151,12 +151,12 @@ def acceptance_chances(candidates: list[int], logps: torch.Tensor, logqs: list[t
     return acceptance_probability(logq, logp).tolist()
 
 
-def check_token(token: int, logp: torch.Tensor, logq: torch.Tensor, draw_uniform: Callable[[], float],
+def check_token(token: int, logq: torch.Tensor, logp: torch.Tensor, draw_uniform: Callable[[], float],
                 sample: Callable[[torch.Tensor], int]) -> tuple[int, bool]:
     """Speculative sampling's check of one draft token (SPRINTER's check of the token its verifier rejected):
     ``speculative_keeps`` it, else ``sample`` a replacement from norm((p − q)+). The caller's random source draws
     (``draw_uniform``, ``sample``), so the decoder and a runtime each keep theirs. Returns the token that stands and
     whether it is the draft's."""
-    if speculative_keeps(token, logp, logq, draw_uniform()):
+    if speculative_keeps(token, logq, logp, draw_uniform()):
         return token, True
-    return sample(residual_distribution(logp, logq)), False
+    return sample(residual_distribution(logq, logp)), False

@@ -302,14 +302,10 @@ class StopRule(Protocol):
 
 
 AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
-"""(dec, p, q, token) -> keep the candidate? ``p`` and ``q`` are the two models' log-probs at its position."""
+"""(dec, q, p, token) -> keep the candidate? ``q`` and ``p`` (V,) are the draft's and the target's log-probs at its
+position."""
 RejectRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(p, q) -> log-probs that the replacement token is drawn from."""
-
-
-def exact_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
-    """Speculative sampling (``decoding.rules.speculative_keeps``) at the decoding's next uniform draw."""
-    return rules.speculative_keeps(token, logp, logq, dec.uniform())
+"""(q, p) -> log-probs that the replacement token is drawn from."""
 
 
 class Decoding:
@@ -479,14 +475,15 @@ class Decoding:
                 stopping = True  # the rule's forward gave q for the next candidate: draw it, then verify
         return candidates, logqs
 
-    def verify(self, candidates: list[int], logqs: list[torch.Tensor], accept: AcceptRule = exact_accept,
+    def verify(self, candidates: list[int], logqs: list[torch.Tensor], accept: AcceptRule | None = None,
                on_reject: RejectRule = residual_distribution) -> int:
-        """One target call over the candidates: keep them up to the first rejection, then add one target token
-        (drawn from ``on_reject(p, q)`` at the rejection, or from p after the last candidate); return the number
-        of candidates kept. With the defaults this is exact speculative sampling (Leviathan et al. 2023, Alg. 1)."""
+        """One target call over the candidates: keep them up to the first rejection (``accept``; None: speculative
+        sampling's min(1, p/q), ``decoding.rules.speculative_keeps``), then add one target token (drawn from
+        ``on_reject(q, p)`` at the rejection, or from p after the last candidate); return the number of candidates
+        kept. With the defaults this is exact speculative sampling (Leviathan et al. 2023, Alg. 1)."""
         logps = self.target_dist(candidates, rows=len(candidates) + 1)
         # exact speculative sampling: min(1, p/q) of every candidate read in one transfer, one draw per candidate tested
-        chances = rules.acceptance_chances(candidates, logps, logqs) if accept is exact_accept else None
+        chances = rules.acceptance_chances(candidates, logqs, logps) if accept is None else None
         kept = None
         if self.schedule is not None:
             drafted, kept = self.schedule.pop(0)
@@ -499,13 +496,13 @@ class Decoding:
             if chances is not None:
                 keep = self.uniform() < chances[n]
             else:
-                keep = accept(self, logps[n], logqs[n], candidates[n])
+                keep = accept(self, logqs[n], logps[n], candidates[n])
             if not (keep if kept is None else n < kept):
                 break
             n += 1
         new = candidates[:n]
         if n < len(candidates):
-            new.append(self.sample(on_reject(logps[n], logqs[n])))
+            new.append(self.sample(on_reject(logqs[n], logps[n])))
         elif not (candidates and candidates[-1] in self.eos):
             new.append(self.sample(logps[n]))  # bonus token
         self.record_round(n, len(candidates) - n)

@@ -188,7 +188,7 @@ def stop_head(tmp_path_factory):
 def test_residual_distribution():
     p = torch.tensor([0.5, 0.3, 0.2, 0.0]).log()
     q = torch.tensor([0.2, 0.3, 0.3, 0.2]).log()
-    assert torch.allclose(residual_distribution(p, q).exp(), torch.tensor([1.0, 0, 0, 0]))
+    assert torch.allclose(residual_distribution(q, p).exp(), torch.tensor([1.0, 0, 0, 0]))
     # no residual mass (p == q): falls back to p
     assert torch.allclose(residual_distribution(p, p).exp(), p.exp())
 
@@ -395,13 +395,13 @@ def shared_uniform(uniform):
     return mutant
 
 
-def scaled_accept(dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
+def scaled_accept(dec: Decoding, logq: torch.Tensor, logp: torch.Tensor, token: int) -> bool:
     return dec.uniform() < 0.95 * acceptance_probability(logq[token], logp[token]).item()
 
 
-def argmax_residual(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+def argmax_residual(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """The resample after a rejection is the most likely token of norm((p − q)+), not a draw from it."""
-    residual = residual_distribution(logp, logq)
+    residual = residual_distribution(logq, logp)
     return torch.full_like(residual, -math.inf).scatter(-1, residual.argmax(-1, keepdim=True), 0.0)
 
 
@@ -599,4 +599,4 @@ def test_every_draw_is_the_shared_float64_draw():
         got = runtime._check_last(token, p, q, do_sample=True)
         torch.manual_seed(seed)
         kept = sampling.uniform().item() < a
-        assert got == (token if kept else sampling.sample_token(residual_distribution(p, q)))
+        assert got == (token if kept else sampling.sample_token(residual_distribution(q, p)))

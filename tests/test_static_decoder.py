@@ -156,10 +156,10 @@ def test_acceptance_read_at_once_equals_one_test_per_candidate():
     logps = torch.randn(4, 50, generator=g).log_softmax(-1)
     logqs = [torch.randn(50, generator=g).log_softmax(-1) for _ in range(3)]
     candidates = [3, 17, 40]
-    chances = rules.acceptance_chances(candidates, logps, logqs)
+    chances = rules.acceptance_chances(candidates, logqs, logps)
     for n, token in enumerate(candidates):
         for u in (0.0, chances[n] - 1e-7, chances[n], 0.999):
-            assert (u < chances[n]) == rules.speculative_keeps(token, logps[n], logqs[n], u)
+            assert (u < chances[n]) == rules.speculative_keeps(token, logqs[n], logps[n], u)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -34,11 +34,11 @@ class FuzzySD:
             raise ValueError(f"need T >= 0 and k >= 1, got {T}, {k}")
         self.T, self.k = T, k
 
-    def accept(self, dec: Decoding, logp: torch.Tensor, logq: torch.Tensor, token: int) -> bool:
+    def accept(self, dec: Decoding, logq: torch.Tensor, logp: torch.Tensor, token: int) -> bool:
         return rules.divergence_keeps(js_divergence(logp, logq).item(), self.T)
 
     @staticmethod
-    def target_sample(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    def target_sample(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         return logp
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:

@@ -107,7 +107,7 @@ class Sprinter:
                 continue
             y, logq = rejected
             logp = dec.target_dist(pending)[-1]  # one target call: p at the rejected token's position
-            token, accepted = rules.check_token(y, logp, logq, dec.uniform, dec.sample)
+            token, accepted = rules.check_token(y, logq, logp, dec.uniform, dec.sample)
             dec.record_round(len(pending) + accepted, 0 if accepted else 1)
             dec.extend(pending)
             dec.target_sampled(-1)

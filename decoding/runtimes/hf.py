@@ -372,7 +372,7 @@ def _check_last(token: int, p_scores: torch.Tensor, q_scores: torch.Tensor, do_s
     if not do_sample:  # q and p are one-hots: keep the draft token iff it is the target's argmax
         return int(p_scores.argmax())
     logp, logq = p_scores.log_softmax(-1), q_scores.float().log_softmax(-1)
-    return check_token(token, logp, logq, lambda: uniform().item(), sample_token)[0]
+    return check_token(token, logq, logp, lambda: uniform().item(), sample_token)[0]
 
 
 def bundled_head(directory: str | Path) -> Path:
