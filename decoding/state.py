@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from core.adapter import HFCausalLM
 from core.label_math import entropy, residual_distribution, warp_logits
-from core.llama_cpp import LlamaCppModel
 from core.models import check_vocabularies, vocab_size
 from core.sampling import Sampling, sample_token, uniform
 from decoding import rules
+from decoding.backends import keeps_own_cache, model_device, open_reader
 from decoding.static import StaticLM, static_lm
 from heads.features import SCORES, VECTORS
 
@@ -97,6 +96,10 @@ class ModelPair:
     """Each model a generation reads first reads the prompt but its last token before the generation's clock starts,
     uncounted (as llama.cpp's own tools time decoding: prefill excluded); the first call of each then reads the
     prompt's last token. False: the prompt is read in the first call of each model, and timed."""
+    on_forward: Callable[[float], None] | None = None
+    """Called with the seconds of each forward a generation runs once its clock has started, synchronised on the
+    device first (the GPU check's split of a run's wall into forwards and the rest); None: no forward is timed
+    apart, and none waits for the device."""
     forced: list[tuple[int, int]] | None = None
     """Trace-forced decoding (``decoding.schedule``): every generation on this pair drafts and keeps exactly these
     rounds, (candidates, kept) each, whatever the models draw; its clock starts after both models read the prompt.
@@ -109,7 +112,7 @@ class ModelPair:
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder {self.decoder!r} is not one of {', '.join(DECODERS)}")
-        if self.decoder != "eager" and any(isinstance(m, LlamaCppModel) for m in (self.draft, self.target)):
+        if self.decoder != "eager" and any(keeps_own_cache(m) for m in (self.draft, self.target)):
             raise ValueError(f"decoder {self.decoder} runs transformers models: a llama.cpp model keeps its own cache "
                              "(decoder: eager)")
         if self.decoder == "graphs" and self.device.type != "cuda":
@@ -127,11 +130,6 @@ class ModelPair:
 
 DECODERS = ("eager", "static", "graphs", "compiled")
 """``ModelPair.decoder``'s values."""
-
-
-def model_device(model) -> torch.device:
-    """Where a model's forwards run: its parameters' device (a llama.cpp model runs on the CPU)."""
-    return model.device if isinstance(model, LlamaCppModel) else next(model.parameters()).device
 
 
 def decoder_runner(model, decoder: str, positions: int, layers: tuple[int, ...] = ()) -> StaticLM | None:
@@ -169,27 +167,21 @@ class CachedLM:
 
     ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
     (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
-    The model is read through ``core.adapter.HFCausalLM`` (base model -> hidden state, output head -> logits), over
-    transformers' ``DynamicCache``, or over ``static`` (``decoding.static.StaticLM``): there cropping only moves
-    the position the next forward writes at. A ``core.llama_cpp.LlamaCppModel`` keeps its own cache and is read in
-    llama.cpp (``LlamaCppModel.read``); it returns the hidden states of the ``rows`` positions asked only.
+    The model is read through its backend's reader (``decoding.backends``: transformers' dynamic cache, our static
+    cache ``static``, or llama.cpp's own cache), which this class never tells apart.
     """
 
     def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = (), static: StaticLM | None = None):
-        self.llama = model if isinstance(model, LlamaCppModel) else None
-        if self.llama is not None:
-            if layers or static is not None:
-                raise ValueError("a llama.cpp model has no tapped layers and no static cache of ours")
-            self.llama.claim(self)
-        self.lm = HFCausalLM(model) if self.llama is None else None
-        self.static = static
+        self.model = model
+        self.reader = open_reader(model, self, layers, static)
+        self.on_forward: Callable[[float], None] | None = None
+        """Called with each forward's seconds (``ModelPair.on_forward``)."""
         self.sampling = sampling
         self.layers = tuple(layers)
         """Layers whose outputs each forward also keeps (``last_taps``; none: a plain forward)."""
         self.last_taps: torch.Tensor | None = None
         """The tapped layers' outputs (T, len(layers)·d) of the tokens the last forward read (``core.adapter.tap``)."""
-        self.cache = self.lm.new_cache() if static is None and self.llama is None else None
-        self.device = model_device(model)
+        self.device = self.reader.device
         self.ids: list[int] = []
         self.calls = 0
         self.beyond_one = 0
@@ -199,14 +191,8 @@ class CachedLM:
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
 
     def _crop(self, n: int) -> None:
-        if n < len(self.ids) and self.llama is not None:
-            self.llama.crop(n)
-            del self.ids[n:]
-            self._last = self.last_logits = None
-        elif n < len(self.ids):
-            remove = 0 if self.static is not None else self.cache.get_seq_length() - n
-            if remove > 0:
-                self.cache.crop(-remove)
+        if n < len(self.ids):
+            self.reader.crop(n, len(self.ids))
             del self.ids[n:]
             self._last = self.last_logits = None
 
@@ -229,25 +215,13 @@ class CachedLM:
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
         start = len(self.ids)
-        logits = None
-        if self.llama is not None:
-            if self.llama.owner is not self:
-                raise RuntimeError(f"{self.llama.name}: another reader has taken this llama.cpp model's cache")
-            hidden, logits = self.llama.read(seq, rows, reader=self)
-        elif self.static is not None:
-            hidden, self.last_taps = self.static.forward(new, start)
-        else:
-            x = torch.tensor([new], dtype=torch.long, device=self.device)
-            positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
-            if self.layers:
-                hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
-                self.last_taps = taps[0]
-                hidden = hidden[0]
-            else:
-                hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
+        t = time.perf_counter()
+        hidden, logits, self.last_taps = self.reader.read(seq, start, rows)
+        if self.on_forward is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.on_forward(time.perf_counter() - t)
         s = self.sampling
-        if logits is None:
-            logits = self.lm.logits(hidden[-rows:])
         logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
         self.ids.extend(new)
         self.calls += 1
@@ -349,6 +323,7 @@ class Decoding:
                 lm.advance(self.seq[:-1])
                 lm.calls = 0  # (a read from the start is no catch-up: ``beyond_one`` stays 0)
         self._sync()
+        self.draft.on_forward = self.target.on_forward = pair.on_forward  # the generation's forwards, from here
         self._t0 = time.perf_counter()
 
     # -- state ------------------------------------------------------------------------------------------------

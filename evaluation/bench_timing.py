@@ -190,7 +190,8 @@ def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: in
     ``decoder``, with the logits and warp of every row, as a verification reads them; of the last ``rows`` rows
     where given, as a draft step reads them) of m new tokens after ``prefix`` cached ones, for each m of
     ``lengths``, timed in turns (other tokens each time: a real forward)."""
-    from decoding.state import CachedLM, decoder_runner, model_device
+    from decoding.backends import model_device
+    from decoding.state import CachedLM, decoder_runner
 
     device = model_device(model)
     vocab = model.config.vocab_size

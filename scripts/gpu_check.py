@@ -36,7 +36,7 @@ from core.sampling import Sampling
 from decoding.costs import CostModel, catch_up_s, timing_entry
 from decoding.policies import build_policy
 from decoding.schedule import catch_up, read_schedule
-from decoding.state import HEAD_FEATURES, CachedLM, ModelPair, decoder_runner
+from decoding.state import HEAD_FEATURES, ModelPair, decoder_runner
 from decoding.static import RUNNERS
 from evaluation.bench_timing import build, decoder_forward_times, model_config
 from heads.exported import ExportedHead
@@ -171,41 +171,17 @@ def schedule_policy(entry: dict, c: float):
 
 
 class TimedForwards:
-    """While active, every ``CachedLM.advance`` of a generation (after its prompt is read, when its clock starts) is
-    timed to its end on the device: how much of a forced run's wall the forwards take, against the rest (draws,
-    acceptance tests, stop rules, the host's own work). The decoder synchronizes right after each forward anyway (its
-    sampled token, its acceptance chances), so the wall it adds is small; it runs as its own pass all the same."""
+    """The forwards of generations (``ModelPair.on_forward``: each timed to its end on the device, once the
+    generation's clock has started): how much of a forced run's wall they take, against the rest (draws, acceptance
+    tests, stop rules, the host's own work). The decoder synchronizes right after each forward anyway (its sampled
+    token, its acceptance chances), so the wall it adds is small; it runs as its own pass all the same."""
 
     def __init__(self):
-        self.seconds, self.calls, self.counting = 0.0, 0, False
+        self.seconds, self.calls = 0.0, 0
 
-    def __enter__(self):
-        from decoding.state import Decoding
-
-        self.advance, self.init = CachedLM.advance, Decoding.__init__
-        timer = self
-
-        def advance(lm, *args, **kwargs):
-            t, calls = time.perf_counter(), lm.calls
-            out = timer.advance(lm, *args, **kwargs)
-            if timer.counting:
-                sync()
-                timer.seconds += time.perf_counter() - t
-                timer.calls += lm.calls - calls  # a cached return runs no forward
-            return out
-
-        def init(decoding, *args, **kwargs):
-            timer.counting = False  # the prompt's reading is before the generation's clock
-            timer.init(decoding, *args, **kwargs)
-            timer.counting = True
-
-        CachedLM.advance, Decoding.__init__ = advance, init
-        return self
-
-    def __exit__(self, *exc):
-        from decoding.state import Decoding
-
-        CachedLM.advance, Decoding.__init__ = self.advance, self.init
+    def record(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.calls += 1
 
 
 def forced_decoding(draft, target, schedule: dict, costs: CostModel, prompt_tokens: int,
@@ -237,12 +213,12 @@ def forced_decoding(draft, target, schedule: dict, costs: CostModel, prompt_toke
             runs.append(result.stats.wall_s)
         split_row = {}
         if split:
-            with TimedForwards() as timer:
-                walls = [policy.generate(ModelPair(draft, target, eos_token_ids=[], decoder=decoder,
-                                                   forced=[tuple(r) for r in rounds],
-                                                   sampling=Sampling(temperature=1.0, max_new_tokens=n)),
-                                         prompt, torch.Generator().manual_seed(i)).stats.wall_s
-                         for i, (rounds, prompt, n) in enumerate(zip(forced, prompts, lengths))]
+            timer = TimedForwards()
+            walls = [policy.generate(ModelPair(draft, target, eos_token_ids=[], decoder=decoder,
+                                               forced=[tuple(r) for r in rounds], on_forward=timer.record,
+                                               sampling=Sampling(temperature=1.0, max_new_tokens=n)),
+                                     prompt, torch.Generator().manual_seed(i)).stats.wall_s
+                     for i, (rounds, prompt, n) in enumerate(zip(forced, prompts, lengths))]
             split_row = {"split_wall_s": sum(walls), "forward_s": timer.seconds, "forwards": timer.calls,
                          "outside_forwards_s": sum(walls) - timer.seconds}
         rounds_of = [[tuple(r) for r in rounds] if rounds else [(0, 0)] * n for rounds, n in zip(forced, lengths)]

@@ -478,7 +478,7 @@ def test_a_goodput_stop_that_cannot_pay_never_runs_the_draft(models, monkeypatch
 
     read = []
     advance = CachedLM.advance
-    monkeypatch.setattr(CachedLM, "advance", lambda self, seq, rows=1: read.append(self.lm.model) or advance(self, seq, rows))
+    monkeypatch.setattr(CachedLM, "advance", lambda self, seq, rows=1: read.append(self.model) or advance(self, seq, rows))
     kwargs = dict(CALIBRATED_GOODPUT, costs=CostModel.by_length(draft=2.0, verify=lambda m: 1.0), lam=None)
     policy = build_policy("goodput", **kwargs)
     assert not policy.drafts

@@ -329,7 +329,7 @@ def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeyp
     advance = CachedLM.advance
 
     def counting(self, seq, rows=1):
-        if self.lm is not None and self.lm.model is models[0]:
+        if self.model is models[0]:
             common = next((i for i, (x, y) in enumerate(zip(self.ids, seq)) if x != y), min(len(self.ids), len(seq)))
             extra.append(max(0, len(seq) - common - 1))
         return advance(self, seq, rows)

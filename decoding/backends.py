@@ -1,0 +1,117 @@
+"""The models the decoder reads, one class per backend behind one interface (``ModelReader``), so that the decoder
+(``decoding.state.CachedLM``) never asks which backend it holds:
+
+- ``EagerReader``: a transformers model over its dynamic cache (``core.adapter.HFCausalLM``), with tapped layers;
+- ``StaticReader``: a transformers model over our static cache (``decoding.static.StaticLM``: static, CUDA graphs,
+  compiled layers);
+- ``LlamaReader``: a GGUF file run by llama.cpp (``core.llama_cpp.LlamaCppModel``), which keeps its own cache and
+  returns the rows asked for only.
+
+``open_reader`` picks the class for a model; ``model_device`` and ``keeps_own_cache`` answer the two questions the
+decoder's pair asks of a model.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from core.adapter import HFCausalLM
+from core.llama_cpp import LlamaCppModel
+from decoding.static import StaticLM
+
+
+class ModelReader(Protocol):
+    device: torch.device
+
+    def crop(self, kept: int, held: int) -> None:
+        """Keep the cache of the first ``kept`` of the ``held`` tokens read."""
+
+    def read(self, seq: list[int], start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Read ``seq[start:]`` after the ``start`` tokens cached: the hidden states of the tokens read (T, d), the
+        raw logits (rows, V) after each of the last ``rows`` prefixes of ``seq``, and the tapped layers' outputs
+        (T, len(layers)·d) where the reader taps any (else None)."""
+
+
+class EagerReader:
+    """A transformers model over transformers' dynamic cache; ``layers``: those whose outputs each read keeps."""
+
+    def __init__(self, model, layers: tuple[int, ...] = ()):
+        self.lm = HFCausalLM(model)
+        self.layers = tuple(layers)
+        self.cache = self.lm.new_cache()
+        self.device = model_device(model)
+
+    def crop(self, kept: int, held: int) -> None:
+        remove = self.cache.get_seq_length() - kept
+        if remove > 0:
+            self.cache.crop(-remove)
+
+    def read(self, seq: list[int], start: int, rows: int):
+        new = seq[start:]
+        x = torch.tensor([new], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(new), device=self.device).unsqueeze(0)
+        taps = None
+        if self.layers:
+            hidden, taps, _ = self.lm.forward_tapped(x, None, positions, self.cache, self.layers)
+            taps, hidden = taps[0], hidden[0]
+        else:
+            hidden = self.lm.forward(x, None, positions, self.cache)[0][0]
+        return hidden, self.lm.logits(hidden[-rows:]), taps
+
+
+class StaticReader:
+    """A transformers model over ``static`` (``decoding.static.StaticLM``): cropping only moves the position the
+    next forward writes at."""
+
+    def __init__(self, model, static: StaticLM):
+        self.lm = HFCausalLM(model)
+        self.static = static
+        self.device = model_device(model)
+
+    def crop(self, kept: int, held: int) -> None:
+        pass
+
+    def read(self, seq: list[int], start: int, rows: int):
+        hidden, taps = self.static.forward(seq[start:], start)
+        return hidden, self.lm.logits(hidden[-rows:]), taps
+
+
+class LlamaReader:
+    """A llama.cpp model, claimed by ``owner`` (one reader of its cache at a time)."""
+
+    def __init__(self, model: LlamaCppModel, owner: object):
+        self.model = model
+        self.owner = owner
+        self.device = model.device
+        model.claim(owner)
+
+    def crop(self, kept: int, held: int) -> None:
+        self.model.crop(kept)
+
+    def read(self, seq: list[int], start: int, rows: int):
+        if self.model.owner is not self.owner:
+            raise RuntimeError(f"{self.model.name}: another reader has taken this llama.cpp model's cache")
+        hidden, logits = self.model.read(seq, rows, reader=self.owner)
+        return hidden, logits, None
+
+
+def open_reader(model, owner: object, layers: tuple[int, ...] = (), static: StaticLM | None = None) -> ModelReader:
+    """The reader of ``model`` for ``owner`` (a ``CachedLM``): over ``static`` where given, tapping ``layers``."""
+    if keeps_own_cache(model):
+        if layers or static is not None:
+            raise ValueError("a llama.cpp model has no tapped layers and no static cache of ours")
+        return LlamaReader(model, owner)
+    return EagerReader(model, layers) if static is None else StaticReader(model, static)
+
+
+def keeps_own_cache(model) -> bool:
+    """Whether ``model`` is run by a runtime that keeps its own cache (llama.cpp), which none of our decoders but
+    the eager one can drive."""
+    return isinstance(model, LlamaCppModel)
+
+
+def model_device(model) -> torch.device:
+    """Where a model's forwards run: its parameters' device (a llama.cpp model runs on the CPU)."""
+    return model.device if keeps_own_cache(model) else next(model.parameters()).device
