@@ -3,7 +3,7 @@
 Layout of an output folder (see data_gen/SCHEMA.md for the columns)::
 
     run.json                     the settings of the run and the digests of its inputs (a resume must match them)
-    pair.json                    the pair as the run loaded it (``data_gen.run.PAIR_FILE``)
+    pair.json                    the pair as the run loaded it (``data_gen.record.PAIR_FILE``)
     train/<batch key>.arrow      one shard per labeled batch
     train/<batch key>.arrow.json its row count and sha256, written after the shard: a shard without it, or whose
                                  bytes no longer match it, is redone by a resumed run

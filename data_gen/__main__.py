@@ -12,7 +12,7 @@ from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 def parser():
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from data_gen.run import LabelConfig
+    from data_gen.config import LabelConfig
 
     p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair (--out FOLDER: --output_dir).",
                        exit_on_error=False)
@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the imports too: Ctrl-C while torch and Lightning load is one line as well
         with ctrl_c:
             with ctrl_c.deferred():
-                from data_gen.run import LabelConfig, LabelingInterrupted, run_labels
+                from data_gen.config import LabelConfig
+                from data_gen.errors import LabelingInterrupted
+                from data_gen.run import run_labels
 
             p = parser()
             ns = p.instantiate(parse_settings(p, argv))

@@ -33,8 +33,8 @@ from core.runfolder import read_json
 from core.sampling import Sampling, prompt_generator
 from core.shards import (FLOAT_COLUMNS, SPLITS, load_sequences, load_split, read_manifest, shard_paths,
                          vector_sizes)
+from data_gen.config import recorded_model
 from data_gen.labeler import MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y
-from data_gen.run import recorded_model
 
 VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
 """The vector columns, compared by the norm of the difference relative to the recomputed vector's norm: a head's

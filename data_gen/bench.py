@@ -27,8 +27,11 @@ from core.errors import UserError
 from core.llama_cpp import BACKENDS
 from core.models import context_window, eos_token_ids
 from data_gen.__main__ import parser as label_parser
-from data_gen.run import (LabelConfig, build_records, is_llama, labeler_settings, load_pair, make_batches,
-                          new_labeler)
+from data_gen.batches import build_records, make_batches
+from data_gen.config import LabelConfig
+from data_gen.llama_labeler import is_llama
+from data_gen.loop import labeler_settings, new_labeler
+from data_gen.run import load_pair
 
 
 def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:

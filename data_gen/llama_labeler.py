@@ -311,3 +311,7 @@ class LlamaLabeler:
             extra = {"read_margin_draft": lm.top2_margin(logq_z), **self._stale(z_states, a, lens, u[:, U_STALE, :n])}
             rows.append(make_rows(prompts, "interleaved", stats, c, feats_c, h_prev_z, valid, valid, a, extra))
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z)}
+
+
+def is_llama(model) -> bool:
+    return getattr(model, "backend", None) == "llama_cpp"

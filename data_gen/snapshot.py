@@ -1,7 +1,7 @@
 """``python -m data_gen.snapshot RUN OUT``: the batches a labeling run has finished so far, as a dataset of their own.
 
 A large labeling run takes hours. Its folder is a dataset only once every batch is written (the manifest comes
-last), but a run labels its batches spread over the splits and the lengths (``data_gen.run.labeling_order``), so
+last), but a run labels its batches spread over the splits and the lengths (``data_gen.batches.labeling_order``), so
 the batches finished at any time are a sample of the whole run. This copies them into a new folder ``OUT`` with a
 manifest of their own, to train and evaluate on while the run goes on:
 
@@ -11,7 +11,7 @@ The run's folder is only read (the run may be labeling into it meanwhile); shard
 system allows, else copies. The snapshot's manifest is the one the run itself would write for these batches, with
 ``snapshot`` saying which run, how much of each split, and whether the batches are the first of the run's order (a
 run started before that order, or resumed with other batches done, holds others: then they are not a sample).
-Its models' identity is the one the run recorded when it loaded them (``data_gen.run.PAIR_FILE``; a run started
+Its models' identity is the one the run recorded when it loaded them (``data_gen.record.PAIR_FILE``; a run started
 before that record was kept has its models loaded again), and the prompts and models must still be the ones the
 run recorded. Every split the run labels needs a finished batch (training reads train and val).
 """
@@ -52,7 +52,7 @@ def snapshot_folder(out: Path) -> RunFolder:
 def coverage(batches: list[dict], done: list[dict]) -> dict:
     """How much of the run ``done`` holds: batches and prompts, each split's batches, and whether they are the first
     of the run's labeling order (only then a sample of the whole run)."""
-    from data_gen.run import labeling_order
+    from data_gen.batches import labeling_order
 
     keys = {b["key"] for b in done}
     order = [b["key"] for b in labeling_order(batches)]
@@ -70,8 +70,10 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
     """Copy the finished batches of the labeling run in ``run_dir`` into the new folder ``out`` with their manifest;
     return it."""
     from core.prompts import input_digests, load_prompt_table
-    from data_gen.run import (RUN_FILE, LabelConfig, build_records, finished, make_batches, previous_run,
-                              print_summary, run_differences, run_record, write_run_manifest)
+    from data_gen.batches import build_records, finished, make_batches
+    from data_gen.config import LabelConfig
+    from data_gen.record import RUN_FILE, previous_run, run_differences, run_record
+    from data_gen.run import print_summary, write_run_manifest
 
     t_start = time.perf_counter()
     run_dir, out = Path(run_dir), Path(out)
@@ -132,10 +134,11 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
 
 
 def _pair(cfg, run_dir: Path, record: dict) -> tuple:
-    """(the target's tokenizer, the pair as the run loaded it: ``data_gen.run.PAIR_FILE``'s fields). From the run's
+    """(the target's tokenizer, the pair as the run loaded it: ``data_gen.record.PAIR_FILE``'s fields). From the run's
     record when it wrote one; else (a run started before that record was kept) by loading both models, as it did."""
     from core.models import llama_tokenizer, load_tokenizer
-    from data_gen.run import load_pair, pair_fields, read_pair_record
+    from data_gen.record import pair_fields, read_pair_record
+    from data_gen.run import load_pair
 
     pair = read_pair_record(run_dir, record)
     if pair is not None:

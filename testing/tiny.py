@@ -88,7 +88,7 @@ def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12
     from core.models import ModelSpec
     from core.prompts import PromptConfig
     from core.sampling import Sampling
-    from data_gen.run import LabelConfig
+    from data_gen.config import LabelConfig
 
     kw = dict(
         draft=ModelSpec(path=str(draft), name="tiny-draft"),

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 import torch
 
-from data_gen.run import LabelConfig
+from data_gen.config import LabelConfig
 from testing import tiny
 from testing.tiny import make_pair, write_prompts
 

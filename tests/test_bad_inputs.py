@@ -104,7 +104,7 @@ def test_an_eval_on_a_gpu_the_machine_lacks_is_one_line(monkeypatch, tmp_path):
                                               ({"num_nodes": 0}, "num_nodes must be at least 1")])
 def test_labeling_lightning_settings_are_checked_before_anything_is_written(label_config, monkeypatch, tmp_path,
                                                                            overrides, words):
-    from data_gen.run import LabelingError
+    from data_gen.errors import LabelingError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(LabelingError, match=words):
@@ -622,7 +622,8 @@ def test_a_ctrl_c_while_labeling_is_said_once_by_the_command_not_first_by_lightn
 
     import pytorch_lightning as pl
 
-    from data_gen.run import LabelingInterrupted, run_labels
+    from data_gen.errors import LabelingInterrupted
+    from data_gen.run import run_labels
 
     class CtrlC(pl.Callback):
         def on_predict_batch_end(self, trainer, *args, **kwargs):

@@ -141,7 +141,8 @@ KILL_AFTER = textwrap.dedent(
     from core.sampling import Sampling
     from core.models import ModelSpec
     from core.prompts import PromptConfig
-    from data_gen.run import LabelConfig, run_labels
+    from data_gen.config import LabelConfig
+    from data_gen.run import run_labels
 
     class Die(pl.Callback):
         def on_predict_batch_end(self, trainer, *args, **kwargs):
@@ -185,7 +186,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(label_config, tmp_path):
             if trainer.predict_loop.batch_progress.current.completed >= 3:
                 raise KeyboardInterrupt
 
-    from data_gen.run import LabelingInterrupted
+    from data_gen.errors import LabelingInterrupted
 
     with pytest.raises(LabelingInterrupted, match="run the same command again"):
         run_labels(label_config(), callbacks=[CtrlC()], quiet=True)
@@ -198,7 +199,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(label_config, tmp_path):
 
 def test_resume_with_other_settings_is_refused(label_config):
     run_labels(label_config(), quiet=True)
-    from data_gen.run import LabelingError
+    from data_gen.errors import LabelingError
 
     with pytest.raises(LabelingError, match="other settings.*seed"):
         run_labels(label_config(seed=5), quiet=True)
@@ -264,7 +265,7 @@ def test_unwritable_output_folder(label_config, capsys, tmp_path):
 
 
 def test_categories_in_equal_shares_per_split(label_config):
-    from data_gen.run import build_records
+    from data_gen.batches import build_records
 
     cfg = label_config()
     records = build_records(cfg, make_tokenizer(), context=512)
@@ -285,7 +286,7 @@ def test_chat_template_wraps_the_prompt():
 @pytest.mark.parametrize("path", sorted(__import__("pathlib").Path("configs/labels").glob("*.yaml")), ids=str)
 def test_every_label_config_parses_through_the_cli(path):
     from data_gen.__main__ import parser
-    from data_gen.run import LabelConfig
+    from data_gen.config import LabelConfig
 
     p = parser()
     ns = p.instantiate(p.parse_args(["--config", str(path)]))

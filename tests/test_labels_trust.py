@@ -14,7 +14,8 @@ import pytest
 
 from core import shards
 from core.shards import ShardError, read_manifest
-from data_gen.run import LabelingError, run_labels
+from data_gen.errors import LabelingError
+from data_gen.run import run_labels
 from testing import tiny
 
 
@@ -257,7 +258,8 @@ def test_an_orphaned_rank_stops_before_its_next_batch(monkeypatch, tmp_path):
     import os
     from types import SimpleNamespace
 
-    from data_gen.run import LabelingInterrupted, ShardWriter
+    from data_gen.errors import LabelingInterrupted
+    from data_gen.loop import ShardWriter
 
     writer = ShardWriter(tmp_path, {"hidden": 4})
     launcher = os.getppid()

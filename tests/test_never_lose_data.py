@@ -26,7 +26,8 @@ from core.interrupt import CtrlCGuard
 from core.folder_lock import LOCK_FILE, FolderInUse, folder_lock
 from core.runfolder import LEDGER
 from core.prompts import PromptConfig
-from data_gen.run import LabelingError, run_labels
+from data_gen.errors import LabelingError
+from data_gen.run import run_labels
 from decoding.policies import build_policy
 from evaluation.config import EvalError, HFPeer, Mode, Sweep
 from evaluation.results import ResultStore
@@ -365,7 +366,7 @@ def test_a_manifest_without_a_shard_list_is_an_older_versions(label_config, tmp_
 def test_an_unlisted_shard_in_an_unfinished_run_is_refused(label_config, tmp_path):
     import pytorch_lightning as pl
 
-    from data_gen.run import LabelingInterrupted
+    from data_gen.errors import LabelingInterrupted
 
     class CtrlC(pl.Callback):
         def on_predict_batch_end(self, trainer, *args, **kwargs):

@@ -30,7 +30,8 @@ def tiny_labels(tmp_path_factory):
     from core.models import ModelSpec
     from core.prompts import PromptConfig
     from core.sampling import Sampling
-    from data_gen.run import LabelConfig, run_labels
+    from data_gen.config import LabelConfig
+    from data_gen.run import run_labels
     from testing.tiny import make_pair, write_prompts
 
     root = tmp_path_factory.mktemp("pipeline_labels")

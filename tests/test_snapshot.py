@@ -5,7 +5,10 @@ import pytest
 
 from core import shards
 from data_gen import snapshot as snap_module
-from data_gen.run import LabelingInterrupted, labeling_order, run_labels
+from data_gen.batches import labeling_order
+from data_gen.errors import LabelingInterrupted
+from data_gen.record import PAIR_FILE
+from data_gen.run import run_labels
 from data_gen.snapshot import main as snapshot_main
 
 # what a snapshot's manifest may hold that the finished run's does not
@@ -90,7 +93,7 @@ def test_snapshot_reads_the_pair_the_run_loaded_and_loads_it_only_for_a_run_with
     monkeypatch.setattr(data_gen.run, "load_pair", no_loading)
     first = snap_module.snapshot(run, tmp_path / "a", quiet=True)
     # a run begun before pair.json was written, or one whose pair.json is another run's: the models are loaded
-    pair = run / data_gen.run.PAIR_FILE
+    pair = run / PAIR_FILE
     pair.write_text(pair.read_text().replace('"run": {', '"run": {"other": 1, ', 1))
     with pytest.raises(AssertionError, match="loaded the models"):
         snap_module.snapshot(run, tmp_path / "b", quiet=True)
