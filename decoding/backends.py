@@ -1,5 +1,5 @@
-"""The models the decoder reads, one class per backend behind one interface (``ModelReader``), so that the decoder
-(``decoding.state.CachedLM``) never asks which backend it holds:
+"""The models the decoder reads: ``CachedLM``, one model and its KV cache, read through one class per backend behind
+one interface (``ModelReader``), so that the decoder never asks which backend it holds:
 
 - ``EagerReader``: a transformers model over its dynamic cache (``core.adapter.HFCausalLM``), with tapped layers;
 - ``StaticReader``: a transformers model over our static cache (``decoding.static.StaticLM``: static, CUDA graphs,
@@ -13,12 +13,16 @@ decoder's pair asks of a model.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from core.adapter import HFCausalLM
+from core.label_math import warp_logits
 from core.llama_cpp import LlamaCppModel
+from core.sampling import Sampling
 from decoding.static import StaticLM
 
 
@@ -115,3 +119,74 @@ def keeps_own_cache(model) -> bool:
 def model_device(model) -> torch.device:
     """Where a model's forwards run: its parameters' device (a llama.cpp model runs on the CPU)."""
     return model.device if keeps_own_cache(model) else next(model.parameters()).device
+
+
+class CachedLM:
+    """A causal LM and its KV cache over ``ids`` (the tokens it has read so far).
+
+    ``advance(seq)`` brings the cache to cover ``seq``: it keeps the longest common prefix of ``ids`` and ``seq``
+    (cropping the rest, which is how rejected candidates leave the cache) and reads what is missing in one forward.
+    The model is read through its backend's reader (``decoding.backends``: transformers' dynamic cache, our static
+    cache ``static``, or llama.cpp's own cache), which this class never tells apart.
+    """
+
+    def __init__(self, model, sampling: Sampling, layers: tuple[int, ...] = (), static: StaticLM | None = None):
+        self.model = model
+        self.reader = open_reader(model, self, layers, static)
+        self.on_forward: Callable[[float], None] | None = None
+        """Called with each forward's seconds (``ModelPair.on_forward``)."""
+        self.sampling = sampling
+        self.layers = tuple(layers)
+        """Layers whose outputs each forward also keeps (``last_taps``; none: a plain forward)."""
+        self.last_taps: torch.Tensor | None = None
+        """The tapped layers' outputs (T, len(layers)·d) of the tokens the last forward read (``core.adapter.tap``)."""
+        self.device = self.reader.device
+        self.ids: list[int] = []
+        self.calls = 0
+        self.beyond_one = 0
+        """Tokens the counted forwards read beyond one each, forwards from the sequence's start (a prompt) aside."""
+        self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
+        self.last_logits: torch.Tensor | None = None
+        """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
+
+    def _crop(self, n: int) -> None:
+        if n < len(self.ids):
+            self.reader.crop(n, len(self.ids))
+            del self.ids[n:]
+            self._last = self.last_logits = None
+
+    @torch.no_grad()
+    def advance(self, seq: list[int], rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read ``seq``; return hidden states of the tokens read now (T, d) and the warped log-probs (rows, V)
+        of the next token after each of the last ``rows`` prefixes of ``seq`` (the last row: after all of it).
+
+        With ``rows == 1`` and ``seq`` already read, the last forward's outputs come back without a new call.
+        """
+        common = 0
+        for a, b in zip(self.ids, seq):
+            if a != b:
+                break
+            common += 1
+        if rows == 1 and common == len(seq) == len(self.ids) and self._last is not None:
+            hidden, logprobs, self.last_logits, taps = self._last
+            self.last_taps = taps
+            return hidden, logprobs
+        self._crop(min(common, len(seq) - rows))
+        new = seq[len(self.ids):]
+        start = len(self.ids)
+        t = time.perf_counter()
+        hidden, logits, self.last_taps = self.reader.read(seq, start, rows)
+        if self.on_forward is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.on_forward(time.perf_counter() - t)
+        s = self.sampling
+        logprobs = warp_logits(logits, s.temperature, s.top_k, s.top_p)
+        self.ids.extend(new)
+        self.calls += 1
+        if start > 0:
+            self.beyond_one += len(new) - 1
+        self.last_logits = logits[-1]
+        self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
+                      self.last_taps[-1:] if self.layers else None)
+        return hidden, logprobs

@@ -19,7 +19,7 @@ CUDA graph. Here:
   model compiles about four times (one token and any length; layer 0 apart), not once per layer and length.
 
 Off the GPU the same static cache runs eagerly (``graphs=False``): that is what the CPU tests compare with the
-dynamic cache of ``decoding.state.CachedLM``.
+dynamic cache of ``decoding.backends.CachedLM``.
 """
 
 from __future__ import annotations

@@ -186,12 +186,12 @@ less than 3, 6 and 11): an interpolation between a few lengths would miss that."
 @torch.no_grad()
 def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: int,
                           rows: int | None = None) -> dict[int, float]:
-    """Median seconds of the decoder's own forward (``decoding.state.CachedLM.advance``: the model under
+    """Median seconds of the decoder's own forward (``decoding.backends.CachedLM.advance``: the model under
     ``decoder``, with the logits and warp of every row, as a verification reads them; of the last ``rows`` rows
     where given, as a draft step reads them) of m new tokens after ``prefix`` cached ones, for each m of
     ``lengths``, timed in turns (other tokens each time: a real forward)."""
-    from decoding.backends import model_device
-    from decoding.state import CachedLM, decoder_runner
+    from decoding.backends import CachedLM, model_device
+    from decoding.state import decoder_runner
 
     device = model_device(model)
     vocab = model.config.vocab_size

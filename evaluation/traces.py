@@ -37,7 +37,7 @@ def record_trace(draft, target, prompt_ids: list[int], tokens: list[int], genera
     position; the draft reads the response one token per forward through the decoder's ``CachedLM``, draws a
     candidate from each q (temperature 1, as the labels), and reads the candidate too (its own state), then
     returns to the response token: 2 draft forwards per position."""
-    from decoding.state import CachedLM
+    from decoding.backends import CachedLM
 
     if not tokens:
         raise ValueError("no tokens to trace")

@@ -474,7 +474,7 @@ def test_an_untimed_prefill_changes_no_token_and_no_count(models, heads, name):
 def test_a_goodput_stop_that_cannot_pay_never_runs_the_draft(models, monkeypatch):
     """Where no round beats target-only (a draft step dearer than the target's), the goodput stop decodes as
     target-only does: the draft reads nothing, not even the prompt before the clock starts."""
-    from decoding.state import CachedLM
+    from decoding.backends import CachedLM
 
     read = []
     advance = CachedLM.advance

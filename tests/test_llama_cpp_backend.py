@@ -160,7 +160,7 @@ def test_no_forward_is_unaccounted_on_the_backend(llama_models, llama_head, name
 
 
 def test_a_reader_whose_cache_was_taken_is_refused(llama_models):
-    from decoding.state import CachedLM
+    from decoding.backends import CachedLM
 
     target = llama_models[0][1]
     lm = CachedLM(target, Sampling())

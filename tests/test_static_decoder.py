@@ -65,7 +65,7 @@ def test_every_policy_gives_the_same_tokens_on_the_static_cache(models, heads, t
 
 
 def test_hidden_states_agree_between_the_caches(models):
-    from decoding.state import CachedLM
+    from decoding.backends import CachedLM
 
     dynamic, static = (CachedLM(models[1], Sampling(), static=None if kind == "eager" else StaticLM(models[1], 64))
                        for kind in ("eager", "static"))
@@ -320,7 +320,7 @@ def test_the_draft_reads_the_catch_up_the_replay_counts(models, decoder, monkeyp
     the draft's forwards read, and the count the run records, equal ``expected_counts``' catch-up (the last
     candidate and the bonus token after each fully accepted round), the count the simulator prices."""
     from decoding.replay import expected_counts
-    from decoding.state import CachedLM
+    from decoding.backends import CachedLM
 
     acceptance = np.array([1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1], dtype=float)
     lengths = sd_round_lengths(len(acceptance), 3)
