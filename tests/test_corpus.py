@@ -11,8 +11,9 @@ import pytest
 
 from core.errors import UserError
 from core.prompts import PromptConfig, load_prompt_table
-from data_gen import corpus
-from data_gen.corpus import CorpusConfig, CorpusError, build_corpus
+from data_gen import corpus, corpus_dedupe, corpus_sources
+from data_gen.corpus import build_corpus
+from data_gen.corpus_config import CorpusConfig, CorpusError
 
 GOOD = '''
 def running_total(values, start=0):
@@ -171,8 +172,9 @@ def test_deterministic_digest(tmp_path):
 
 def test_refuses_the_standard_library(tmp_path):
     stdlib_pkg = Path(json.__file__).parent
-    assert corpus.is_stdlib(stdlib_pkg / "decoder.py")
-    assert not corpus.is_stdlib(Path(pytest.__file__))  # site-packages, even when it sits below the stdlib folder
+    assert corpus_sources.is_stdlib(stdlib_pkg / "decoder.py")
+    # site-packages, even when it sits below the stdlib folder
+    assert not corpus_sources.is_stdlib(Path(pytest.__file__))
     with pytest.raises(CorpusError, match="standard library"):
         build_corpus(CorpusConfig(out=str(tmp_path / "o"), packages=[], paths=[str(stdlib_pkg)], min_prompts=0))
     with pytest.raises(CorpusError, match="standard-library"):
@@ -196,8 +198,8 @@ def test_prompt_folder_without_parquet(tmp_path):
 
 
 def test_humaneval_overlap_scores():
-    he = corpus.HumanEvalOverlap(10)
-    first = corpus.humaneval_problems()[0]
+    he = corpus_dedupe.HumanEvalOverlap(10)
+    first = corpus_dedupe.humaneval_problems()[0]
     assert he.score(first["canonical_solution"]) == 1.0
     assert he.score(textwrap.dedent(GOOD)) == 0.0
 

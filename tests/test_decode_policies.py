@@ -390,7 +390,7 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
     forwards: the stale target state where the last call sampled, the round and response index, the tapped
     layers at the previous position and the draft's top-2 margin."""
     from core.adapter import tap_layers
-    from data_gen import audit
+    from data_gen import audit_recompute
     from heads.features import scores_from_logprobs
 
     pair = pair_with(models, temperature=1.0, max_new_tokens=12)
@@ -399,7 +399,7 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
     dec.verify(*dec.draft_round(3))  # a first round: the target samples the round's last token
     assert dec.stale is not None and dec.stale[0] == len(dec.seq) - 1
     candidates, _ = dec.draft_round(3)
-    readers = (audit.Reader(pair.draft, layers=layers), audit.Reader(pair.target))
+    readers = (audit_recompute.Reader(pair.draft, layers=layers), audit_recompute.Reader(pair.target))
     for j in range(1, len(candidates) + 1):
         step = dec.draft_step(candidates[: j - 1])
         context = dec.head_context(candidates[:j], step.layers)
@@ -407,7 +407,7 @@ def test_the_decoders_head_features_are_the_label_columns_for_the_same_prefix(mo
                "round_index": int(context["round_index"])}
         seq = {"prompt_ids": PROMPTS[0], "response_ids": dec.seq[len(PROMPTS[0]):] + candidates[: j - 1],
                "mixed_ids": []}
-        label = audit.recompute(row, seq, *readers, pair.sampling)
+        label = audit_recompute.recompute(row, seq, *readers, pair.sampling)
         assert row["round_index"] == j and int(context["response_index"]) == label["response_index"]
         for column in ("stale_entropy_target", "stale_top1_target"):
             assert context[column].item() == pytest.approx(label[column], abs=1e-4)

@@ -133,7 +133,7 @@ def test_a_shard_without_its_record_counts_as_not_done(labeled):
 
 
 def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix(labeled, monkeypatch):
-    from data_gen import audit
+    from data_gen import audit, audit_recompute
 
     _, out, _ = labeled
     result = audit.audit(out, rows=40, quiet=True)
@@ -143,18 +143,18 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
     assert result["columns"]["loss_mask"]["rows"] == result["rows_placed"] > result["rows"]  # every row is placed
     assert result["columns"]["token_id"]["rows"] > 0
     # a broken reading of the sequences is caught: token_mixed rows labeled at Z<i instead of the clean X<i
-    right = audit.contexts
+    right = audit_recompute.contexts
 
     def label_at_the_mixed_prefix(row, seq):
         c = right(row, seq)
         return dataclasses.replace(c, label=c.features)
 
-    monkeypatch.setattr(audit, "contexts", label_at_the_mixed_prefix)
+    monkeypatch.setattr(audit_recompute, "contexts", label_at_the_mixed_prefix)
     broken = audit.audit(out, rows=40, quiet=True)
     assert not broken["ok"] and not broken["columns"]["logp_target"]["ok"]
     assert "token_mixed" in broken["columns"]["logp_target"]["worst_row"]
     assert 0 < broken["columns"]["logp_target"]["rows_past"] < broken["rows"]  # only the token_mixed rows
-    monkeypatch.setattr(audit, "contexts", right)
+    monkeypatch.setattr(audit_recompute, "contexts", right)
     assert audit.main([str(out), "--rows", "5"]) == 0
     # read as the decoder reads (one token per forward after the prefix): float weights give the same rows
     assert audit.audit(out, rows=10, access="decoder", quiet=True)["ok"]
@@ -163,15 +163,15 @@ def test_the_audit_recomputes_rows_from_the_sequences_and_catches_a_wrong_prefix
 def test_the_audit_fails_a_reader_one_position_off(labeled, monkeypatch):
     """Every row read one token later than it sits (its draws unchanged): the statistics of nearly every row move
     past rounding, so the audit fails, by the median and not by a few rows."""
-    from data_gen import audit
+    from data_gen import audit, audit_recompute
 
     _, out, _ = labeled
-    right = audit.contexts
+    right = audit_recompute.contexts
 
     def one_position_late(row, seq):
         return dataclasses.replace(right({**row, "position": int(row["position"]) + 1}, seq), draw=right(row, seq).draw)
 
-    monkeypatch.setattr(audit, "contexts", one_position_late)
+    monkeypatch.setattr(audit_recompute, "contexts", one_position_late)
     result = audit.audit(out, rows=20, quiet=True)
     assert not result["ok"]
     for col in ("logp_draft", "logp_target", "entropy_target", "hidden_prev"):
@@ -218,19 +218,19 @@ def test_the_audit_catches_a_damaged_stored_value(labeled, column, edit, categor
 
 def test_the_audit_refuses_too_few_rows_to_judge_rounding(labeled, capsys):
     """Below ``MIN_ROWS`` recomputed rows even a reader that moves every row cannot fail the rule: one line."""
-    from data_gen import audit
+    from data_gen import audit, audit_compare
 
     _, out, _ = labeled
     assert audit.main([str(out), "--rows", "1"]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and f"at least {audit.MIN_ROWS} are needed" in lines[0] and "Traceback" not in err
+    assert len(lines) == 1 and f"at least {audit_compare.MIN_ROWS} are needed" in lines[0] and "Traceback" not in err
 
 
 def test_the_rounding_rule_fails_most_rows_past_the_tolerance_and_a_far_tail():
     """A minority of rows past τ is rounding; most rows past it, or more than a few past 32τ, is not, at any
     sample size from ``MIN_ROWS`` on."""
-    from data_gen.audit import FAR, MIN_ROWS, judge
+    from data_gen.audit_compare import FAR, MIN_ROWS, judge
 
     def rows(n_past, n_far, n=60, tol=0.01):
         d = np.full(n, tol / 10)
