@@ -121,9 +121,9 @@ def folder_lock(folder: str | Path, what: str, flag: str = "--out") -> Iterator[
             raise UserError(f"{flag} {folder} is not writable: {e.strerror}") from None
         try:
             if not created:
+                _take(fd, path, folder, flag)  # a held lock is in use, whatever it reads as while its owner writes it
                 if _lock_record(fd) is None:
                     raise not_ours
-                _take(fd, path, folder, flag)
         except BaseException:
             os.close(fd)
             raise

@@ -19,6 +19,7 @@ Resuming is each command's own (what its inputs are and when they changed); thes
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
 import json
 import os
@@ -168,15 +169,25 @@ class Ledger:
         new = [n for n in dict.fromkeys(names) if (command, n) not in have]
         if not new:
             return
+        odd = next((n for n in new if any(ch in n for ch in "\t\n\r")), None)
+        if odd is not None:
+            raise SettingError(f"{self.root / odd!r}: a file name with a tab or a line break cannot be recorded; "
+                               "choose another name")
         lines = "".join(f"{command}\t{n}\n" for n in new)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            try:
-                with open(self.path, "x") as f:
-                    f.write(LEDGER_HEADER + lines)
-            except FileExistsError:
-                with open(self.path, "a") as f:  # one append a call: concurrent writers' lines do not interleave
-                    f.write(lines)
+            if not self.path.exists():  # created whole, under its own name only once written
+                tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
+                write_with(tmp, lambda t: t.write_text(LEDGER_HEADER + lines))
+                try:
+                    os.link(tmp, self.path)
+                    return
+                except FileExistsError:  # another run made it meanwhile: append to it
+                    pass
+                finally:
+                    tmp.unlink(missing_ok=True)
+            with open(self.path, "a") as f:  # one append a call: concurrent writers' lines do not interleave
+                f.write(lines)
         except OSError as e:
             raise UserError(f"cannot write {self.path}: {e.strerror or e}") from None
 
@@ -200,11 +211,14 @@ class RunFolder:
     ``flag``. ``names``: glob patterns (relative to the folder) of every file the command writes into it; a file under
     them that the ledger does not list for the command is a stray, refused."""
 
-    def __init__(self, root: str | Path, command: str, flag: str = "--out", names: Iterable[str] = ()):
+    def __init__(self, root: str | Path, command: str, flag: str = "--out", names: Iterable[str] = (),
+                 whole: bool = False):
         self.root = Path(root)
         self.command = command
         self.flag = flag
         self.names = tuple(names)
+        self.whole = whole
+        """The folder is replaced whole (``replace_folder``): anything in it that no run claimed is a stray."""
         self.ledger = Ledger(self.root)
 
     def __repr__(self) -> str:
@@ -257,14 +271,36 @@ class RunFolder:
 
     def strays(self) -> list[Path]:
         claimed = self.ledger.claimed(self.command)
+        if self.whole:
+            return self._unclaimed(claimed)
         return [p for p in self.named() if _relative(self.root, p) not in claimed]
 
+    def _unclaimed(self, claimed: set[str]) -> list[Path]:
+        """Everything in a folder replaced whole that no run claimed: a file, a link, a folder holding no claimed
+        file (the swap would delete it)."""
+        holding = {parent.as_posix() for name in claimed for parent in Path(name).parents}
+        found = []
+        for top, dirs, files in os.walk(self.root):
+            for name in [*dirs, *files]:
+                path = Path(top) / name
+                rel = _relative(self.root, path)
+                if name in OURS and Path(top) == self.root:
+                    continue
+                if rel in claimed or (rel in holding and path.is_dir() and not path.is_symlink()):
+                    continue
+                found.append(path)
+        return sorted(found)
+
     def files(self) -> list[Path]:
-        """Every file the command wrote here that is there: what ``clear`` deletes (a folder is never deleted whole,
-        whatever a ledger line names: a user's file may be in it)."""
+        """Every file the command wrote here, under its names (all it claimed where it names none), that is there:
+        what ``clear`` deletes. A folder is never deleted whole, whatever a ledger line names (a user's file may be in
+        it), and a command that writes here in several roles (a training run's outputs, heads, checkpoints) clears
+        only the files of the role it clears."""
         root = self.root.resolve()
+        named = [n for n in self.ledger.claimed(self.command)
+                 if not self.names or any(fnmatch.fnmatchcase(n, pattern) for pattern in self.names)]
         # through a folder linked from elsewhere a claimed name would reach another's files: not ours
-        return sorted(p for p in (self.root / n for n in self.ledger.claimed(self.command))
+        return sorted(p for p in (self.root / n for n in named)
                       if (p.is_file() or p.is_symlink()) and not p.is_dir()
                       and p.parent.resolve().is_relative_to(root))
 
@@ -276,11 +312,16 @@ class RunFolder:
         created = not self.root.exists()
         try:
             with folder_lock(self.root, what, self.flag):
-                yield self
+                try:
+                    yield self
+                finally:  # still held: another run's ledger cannot be here unless it is this command's own
+                    if created and not contents(self.root) and not self.files() \
+                            and {c for c, _ in self.ledger.entries()} <= {self.command}:
+                        with contextlib.suppress(OSError):
+                            self.ledger.path.unlink(missing_ok=True)
         finally:
-            if created and self.root.is_dir() and not contents(self.root) and not self.files():
-                with contextlib.suppress(OSError):
-                    self.ledger.path.unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):  # only when nothing is left in it, another run's lock included
                     self.root.rmdir()
 
     def start(self, names: Iterable[str] = ()) -> None:
@@ -303,8 +344,10 @@ class RunFolder:
         files (``.<name>.tmp<pid>``), nothing else."""
         for name in self.ledger.claimed(self.command):
             path = self.root / name
-            for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp[0-9]*"):
-                _no_temporary(tmp)
+            prefix = f".{path.name}.tmp"
+            for tmp in path.parent.glob(f"{glob.escape(prefix)}[0-9]*"):
+                if tmp.name[len(prefix):].isdigit() and not tmp.is_dir():  # a pid: ``write_with``'s, nothing else
+                    tmp.unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Delete the files the command wrote here, and the folders under it that this emptied; nothing else."""

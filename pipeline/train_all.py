@@ -35,6 +35,7 @@ from core.cache import file_sha256
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval, grouped_interval
+from core.folder_lock import launching_process
 from core.runfolder import RunFolder, write_figure, write_text
 from core.shards import prompt_digests, read_manifest
 from decoding.costs import CostModel, read_timing
@@ -395,12 +396,13 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             read_manifest(labels, verify=False)
         if heads_dir is not None:
             check_heads_folder(heads_dir, a.labels)
-        folders[0].start(TRAIN_FILES)
-        if heads_dir is not None:
-            folders[1].start(f"{n}.safetensors" for _, n, _ in runs)
-        for folder in checkpoints:
-            folder.clear()
-            folder.start(["best.ckpt"])
+        if launching_process():  # the ranks a distributed launcher starts write into the folders it prepared
+            folders[0].start(TRAIN_FILES)
+            if heads_dir is not None:
+                folders[1].start(f"{n}.safetensors" for _, n, _ in runs)
+            for folder in checkpoints:
+                folder.clear()
+                folder.start(["best.ckpt"])
         results = [train_one(c, a.labels, out, ckpt, heads_dir, [*extra, *x], quiet=a.quiet, name=n,
                              stop_c=a.stop_c, timing=a.timing) for c, n, x in runs]
         if any(r is None for r in results):  # a DDP rank other than 0: rank 0 reports

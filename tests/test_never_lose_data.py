@@ -953,3 +953,50 @@ def test_an_eval_refuses_another_drafts_calibration_before_it_times_or_writes_an
                                         "timing": str(tmp_path / "timing.json")}}])
     assert main(["--config", config]) == 2
     assert not (tmp_path / "eval").exists()  # no settings.json, forward_timing.json or ledger left behind
+
+
+def test_a_commands_folder_of_one_role_is_cleared_of_that_roles_files_only(tmp_path):
+    """A training run writes heads, checkpoints and metrics; clearing its checkpoints in a folder that also holds heads
+    it exported deletes the checkpoints alone."""
+    from core.runfolder import RunFolder
+
+    folder = tmp_path / "checkpoints"
+    heads = RunFolder(folder, "train", "--heads_dir", ("*.safetensors",))
+    heads.start(["head.safetensors"])
+    (folder / "head.safetensors").write_text("an exported head")
+    ckpts = RunFolder(folder, "train", "--checkpoints", ("*.ckpt",))
+    ckpts.start(["best.ckpt"])
+    (folder / "best.ckpt").write_text("a checkpoint")
+    ckpts.clear()
+    assert (folder / "head.safetensors").read_text() == "an exported head" and not (folder / "best.ckpt").exists()
+
+
+def test_a_run_refused_by_another_runs_lock_leaves_its_ledger_alone(tmp_path):
+    from core.runfolder import RunFolder
+
+    folder = RunFolder(tmp_path / "new", "eval", "--output_dir")
+    with folder_lock(folder.root, "the first run"):
+        folder.start(["results.jsonl"])
+        with pytest.raises(FolderInUse):
+            with RunFolder(folder.root, "eval", "--output_dir").hold("the second run"):
+                pass
+        assert folder.ledger.owner() == "eval"
+
+
+def test_a_ledger_refuses_a_name_that_would_write_a_line_of_its_own(tmp_path):
+    from core.runfolder import OutputFile
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="tab or a line break"):
+        OutputFile(tmp_path / "cal.json\neval\tnotes.txt", "calibrate", "calibration file").claim()
+    assert not (tmp_path / LEDGER).exists()
+
+
+def test_an_export_holding_a_users_folder_or_link_is_refused_not_swapped_away(tmp_path):
+    from decoding.runtimes.hf_export import write_folder
+
+    out = write_folder(_tiny_head(tmp_path / "stop.safetensors"), tmp_path / "export")
+    (out / "my_notes").mkdir()
+    with pytest.raises(UserError, match="my_notes, which no `specheads export-hf` wrote"):
+        write_folder(_tiny_head(tmp_path / "other.safetensors"), out)
+    assert (out / "my_notes").is_dir()

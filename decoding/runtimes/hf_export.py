@@ -109,7 +109,7 @@ def flatten(source: str) -> str:
 
 def export_folder(out: Path) -> RunFolder:
     """An export's folder: every file in it is the export's, so that a new export can replace it whole."""
-    return RunFolder(out, "export-hf", "--out", ("**/*",))
+    return RunFolder(out, "export-hf", "--out", whole=True)
 
 
 def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = None,
