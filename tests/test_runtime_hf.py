@@ -313,7 +313,7 @@ def test_export_hf_folder(models, heads, tmp_path):
     code = out / "custom_generate"
     assert (out / "stop_scores.safetensors").read_bytes() == heads["stop_scores"].read_bytes()
     readme = (out / "README.md").read_text()
-    assert 'custom_generate="stop_folder", trust_remote_code=True' in readme and "test/head/auroc | 0.75" in readme
+    assert f'custom_generate="{out}", trust_remote_code=True' in readme and "test/head/auroc | 0.75" in readme
     assert "SpecDec++" in readme and "h = 0.6" in readme
     files = {p.name for p in code.iterdir()}
     assert {"generate.py", "bundled_head.py", "rules.py", "resnet.py", "exported.py", "label_math.py"} <= files

@@ -161,7 +161,8 @@ def write_folder(head: str | Path, out: str | Path, timing: str | Path | None = 
     files = {f"custom_generate/{name}": flatten(text)
              for name, text in {**{n: p.read_text() for n, p in modules.items()}, **generated}.items()}
     files["custom_generate/requirements.txt"] = f"torch\ntransformers>={transformers.__version__}\nsafetensors\n"
-    files["README.md"] = readme(meta, head.name, out.name, None if costs is None else {
+    # the folder as the user named it: run from where they exported, generate() finds it there
+    files["README.md"] = readme(meta, head.name, str(out), None if costs is None else {
         "timing": Path(timing).name, "device": timing_device(timing) or "an unnamed device", "rate": rate,
         "calibration": None if calibration is None else Path(calibration).name})
     files = {head.name: data, **{name: text.encode() for name, text in files.items()}}
