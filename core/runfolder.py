@@ -134,9 +134,6 @@ class Ledger:
         self.root = Path(root)
         self.path = self.root / LEDGER
 
-    def exists(self) -> bool:
-        return self.path.is_file()
-
     def check(self) -> None:
         """Refuse a ledger that is a link (writing it would write wherever it points) or not a file."""
         if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):

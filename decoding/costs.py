@@ -231,11 +231,6 @@ class CostModel:
                    round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"))
 
-    @classmethod
-    def load(cls, path: str | Path, draft: str = "draft", target: str = "target") -> "CostModel":
-        """``from_timing`` of the ``bench_timing`` JSON file at ``path``, or one clear error."""
-        return read_timing(path, draft, target)
-
 
 SCHEMA_VERSION = 1
 """Of a cost model saved as JSON (``CostModel.to_dict``)."""
