@@ -22,7 +22,7 @@ from core.quantization import NONE, DecodeScaledLinear, quantization_of
 
 IDENTITY_FILE = "identity.json"
 TRANSFORMERS = "transformers"
-"""The default backend (``core.llama_cpp.BACKENDS``)."""
+"""The default backend (``core.backends.BACKENDS``)."""
 """Written beside a checkpoint converted from a GGUF file (``core.models``): the GGUF's sha256."""
 
 DIGEST_KEYS = ("weights", "sha256", "fingerprint", "revision")
@@ -123,7 +123,7 @@ def model_identity(model) -> dict:
     from its modules, so also one a user quantized by hand). Nothing but the name for an object that is not a
     ``torch.nn.Module``. A llama.cpp model (``core.llama_cpp``) tells the identity it was loaded with.
     """
-    if getattr(model, "backend", None) == "llama_cpp":
+    if isinstance(getattr(model, "identity", None), dict):  # a runtime's model that tells its own
         return dict(model.identity)
     where = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
     identity = {"name": where} if where else {}
@@ -135,7 +135,7 @@ def model_identity(model) -> dict:
 def record_identity(entry: dict) -> dict:
     """The identity in a record of a model (a manifest's ``models.draft``, a head file's ``draft``, a
     ``model_identity``): name, source, its digests, its quantization (``none`` for records written before
-    quantization existed) and the backend that runs it (``core.llama_cpp.BACKENDS``; ``transformers`` for records
+    quantization existed) and the backend that runs it (``core.backends.BACKENDS``; ``transformers`` for records
     written before there was another)."""
     identity = {k: entry[k] for k in ("name", "source", *DIGEST_KEYS) if entry.get(k) is not None}
     return {**identity, "quantization": entry.get("quantization", NONE), "backend": entry.get("backend", TRANSFORMERS)}

@@ -25,9 +25,6 @@ import torch
 
 from core.errors import UserError
 
-BACKENDS = ("transformers", "llama_cpp")
-"""A model pair's runtime (``backend:`` in a pair file): part of the pair's identity (``core.identity``)."""
-
 MAX_SEQUENCES = 256
 """llama.cpp's limit on the sequences of one context (``LLAMA_MAX_SEQ``)."""
 
@@ -125,6 +122,12 @@ class LlamaCppModel:
         buf = ctypes.create_string_buffer(256)
         self._lib.llama_model_desc(self._model, buf, len(buf))
         return buf.value.decode()
+
+    def to(self, device) -> "LlamaCppModel":
+        """On the CPU, where llama.cpp runs it; any other device is refused."""
+        if torch.device(device).type != "cpu":
+            raise UserError(f"{self.name}: llama.cpp runs on the CPU, not on {device}")
+        return self
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (None when the file has no such key)."""

@@ -23,6 +23,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -35,12 +36,16 @@ LEDGER_HEADER = "# the files specheads commands wrote here, one `<command>\\t<fi
 FOLDER = "."
 """The ledger's name for the folder itself: its line makes the folder that command's output folder."""
 OURS = (LOCK_FILE, LEDGER)
+OUR_NAME = re.compile(rf"\.?({'|'.join(map(re.escape, OURS))})(\.tmp\d+)*")
+"""The lock, the ledger, and the temporary names they are written under (``core.folder_lock``, ``write_with``)."""
 
 
 # ---------------------------------------------------------------------- whole writes
 def contents(folder: Path) -> list[str]:
-    """The names in ``folder`` (none where it is missing), the project's lock and ledger left out."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in OURS) if folder.is_dir() else []
+    """The names in ``folder`` (none where it is missing), the project's lock and ledger left out, and the
+    temporaries another run writes them under for a moment (``.specheads.lock.tmp<pid>``): a run starting beside one
+    that is taking the folder finds the folder in use, not holding a stranger's file."""
+    return sorted(p.name for p in folder.iterdir() if not OUR_NAME.fullmatch(p.name)) if folder.is_dir() else []
 
 
 def listing(names: list[str], at_most: int = 3) -> str:
@@ -264,7 +269,7 @@ class RunFolder:
         if not self.root.is_dir():
             return []
         return sorted({p for pattern in self.names for p in self.root.glob(pattern)
-                       if p.is_file() and p.name not in OURS})
+                       if p.is_file() and not OUR_NAME.fullmatch(p.name)})
 
     def strays(self) -> list[Path]:
         claimed = self.ledger.claimed(self.command)
@@ -281,7 +286,7 @@ class RunFolder:
             for name in [*dirs, *files]:
                 path = Path(top) / name
                 rel = _relative(self.root, path)
-                if name in OURS and Path(top) == self.root:
+                if OUR_NAME.fullmatch(name) and Path(top) == self.root:
                     continue
                 if rel in claimed or (rel in holding and path.is_dir() and not path.is_symlink()):
                     continue

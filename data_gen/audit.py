@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.arguments import CommandParser, path_argument, resolve_paths
+from core.backends import backend_of
 from core.errors import UserError
 from core.models import load_model
 from core.runfolder import read_json
@@ -39,8 +40,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"--seed must be 0 or more (it seeds the choice of rows), got {seed}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
-    if manifest["models"]["draft"].get("backend") == "llama_cpp":
-        raise UserError(f"{folder} was labeled on llama.cpp; the audit recomputes rows with transformers forwards "
+    if backend_of(manifest["models"]["draft"]).keeps_own_cache:
+        raise UserError(f"{folder} was labeled on {manifest['models']['draft']['backend']}; the audit recomputes rows with transformers forwards "
                         "(the llama.cpp labeler is checked against the transformers one row by row in "
                         "tests/test_llama_cpp_backend.py)")
     if not (folder / "run.json").is_file():

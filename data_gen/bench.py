@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser
 
 from core.arguments import parse_settings
 from core.errors import UserError
-from core.llama_cpp import BACKENDS
+from core.backends import BACKENDS
 from core.models import context_window, eos_token_ids
 from data_gen.__main__ import parser as label_parser
 from data_gen.batches import build_records, make_batches

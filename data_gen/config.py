@@ -12,7 +12,7 @@ import torch
 
 from core import label_math as lm
 from core import shards
-from core.llama_cpp import BACKENDS, MAX_SEQUENCES
+from core.backends import BACKENDS, backend
 from core.models import DTYPES, ModelSpec, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
@@ -52,7 +52,7 @@ class LabelConfig:
     (``core.models.resolve_dtype``: bfloat16 on CUDA and on CPUs with native bf16, else float32), so that labels,
     heads and decoding read features of one precision."""
     backend: str = "transformers"
-    """The runtime of both models (``core.llama_cpp.BACKENDS``; the pair file sets it): labels of one backend serve
+    """The runtime of both models (``core.backends.BACKENDS``; the pair file sets it): labels of one backend serve
     the heads and calibrations of that backend only (``data_gen.llama_labeler`` labels on llama.cpp)."""
     threads: int | None = None
     """CPU threads of a llama.cpp model (the pair file sets it; unused by transformers; all cores when unset)."""
@@ -77,14 +77,16 @@ class LabelConfig:
             raise LabelingError(f"unknown dtype {self.dtype!r}; choose auto or one of {sorted(DTYPES)}")
         if self.backend not in BACKENDS:
             raise LabelingError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.backend == "llama_cpp":
-            if self.accelerator in ("gpu", "cuda") or self.devices not in ("auto", 1) or self.num_nodes != 1:
-                raise LabelingError("backend llama_cpp labels in one process on the CPU: use accelerator auto or "
-                                    "cpu, devices 1 and num_nodes 1")
-            if self.sampling.max_new_tokens + 1 > MAX_SEQUENCES or self.batch_size > MAX_SEQUENCES:
-                raise LabelingError(f"backend llama_cpp labels at most {MAX_SEQUENCES - 1} new tokens a prompt (a "
-                                    f"sequence per candidate) and {MAX_SEQUENCES} prompts a batch, got max_new_tokens "
-                                    f"{self.sampling.max_new_tokens} and batch_size {self.batch_size}")
+        runtime = backend(self.backend)
+        if runtime.cpu_only and (self.accelerator in ("gpu", "cuda") or self.devices not in ("auto", 1)
+                                 or self.num_nodes != 1):
+            raise LabelingError(f"backend {self.backend} labels in one process on the CPU: use accelerator auto or "
+                                "cpu, devices 1 and num_nodes 1")
+        most = runtime.max_sequences
+        if most is not None and (self.sampling.max_new_tokens + 1 > most or self.batch_size > most):
+            raise LabelingError(f"backend {self.backend} labels at most {most - 1} new tokens a prompt (a "
+                                f"sequence per candidate) and {most} prompts a batch, got max_new_tokens "
+                                f"{self.sampling.max_new_tokens} and batch_size {self.batch_size}")
         if self.threads is not None and self.threads < 1:
             raise LabelingError(f"threads must be at least 1, got {self.threads}")
         # Lightning's own checks of these come after the run's record is written, as a traceback
@@ -119,7 +121,7 @@ class LabelConfig:
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
         d.pop("threads")  # how fast, not what: the rows do not depend on it
-        if self.backend == "transformers":  # named only where it is another, as runs before it was a setting
+        if not backend(self.backend).named_in_records:
             d.pop("backend")
         for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)
             model.pop("gguf_sha256")

@@ -26,6 +26,7 @@ import time
 import torch
 
 from core import label_math as lm
+from core.backends import runtime_of
 from core.llama_cpp import LlamaCppModel
 from core.sampling import Sampling
 from data_gen.labeler import (MAX_ROUND_INDEX, SEQUENCES, U_C, U_MIX, U_STALE, U_X, U_Y, Prompt, batch_category,
@@ -314,4 +315,5 @@ class LlamaLabeler:
 
 
 def is_llama(model) -> bool:
-    return getattr(model, "backend", None) == "llama_cpp"
+    """Whether ``model`` runs on llama.cpp, which this labeler drives (the transformers one drives the rest)."""
+    return runtime_of(model).keeps_own_cache

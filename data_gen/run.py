@@ -21,11 +21,11 @@ from pathlib import Path
 
 from core import shards
 from core.adapter import tap_layers
+from core.backends import Context, backend
 from core.errors import UserError
 from core.folder_lock import launching_process
-from core.models import check_vocabularies, context_window, load_llama_model, load_model
+from core.models import context_window
 from core.prompts import input_digests, load_prompt_table
-from core.quantization import decode_numerics
 from core.runfolder import RunFolder, write_json
 from data_gen.batches import build_records, make_batches
 from data_gen.config import LabelConfig
@@ -160,26 +160,17 @@ contexts hold a batch of such sequences. The transformers labeler reads up to th
 
 def load_pair(cfg: LabelConfig):
     """(draft, target, the target's tokenizer, {"draft": identity, "target": identity}), one vocabulary checked.
-    An int8 model computes each token as the decoder's steps do (``core.quantization.decode_numerics``), so that a
-    row does not depend on the batch it is labeled in. On llama.cpp each model's context holds a batch of
+    Every token is computed as the decoder's steps compute it (``core.backends.Transformers.load``), so that a row
+    does not depend on the batch it is labeled in. On llama.cpp each model's context holds a batch of
     ``LLAMA_WINDOW``-token sequences, and the draft's one sequence per candidate of a prompt besides."""
-    if cfg.backend == "llama_cpp":
-        threads = cfg.threads or os.cpu_count() or 1
-        n_ctx = cfg.batch_size * LLAMA_WINDOW
-        # the draft holds a prompt's candidates beside its context, in cells its sequences share
-        draft, d_tok, d_id = load_llama_model(cfg.draft, threads, n_ctx + cfg.sampling.max_new_tokens,
-                                              sequences=max(cfg.batch_size, cfg.sampling.max_new_tokens + 1),
-                                              shared_cells=True)
-        target, t_tok, t_id = load_llama_model(cfg.target, threads, n_ctx, sequences=cfg.batch_size)
-        for model in (draft, target):
-            model.config.max_position_embeddings = min(model.config.max_position_embeddings, LLAMA_WINDOW)
-        check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
-        return draft, target, t_tok, {"draft": d_id, "target": t_id}
-    draft, d_tok, d_id = load_model(cfg.draft, cfg.model_dtype)
-    target, t_tok, t_id = load_model(cfg.target, cfg.model_dtype)
-    draft, target = decode_numerics(draft), decode_numerics(target)
-    check_vocabularies(d_id, t_id, same_tokens=d_tok.get_vocab() == t_tok.get_vocab())
-    return draft, target, t_tok, {"draft": d_id, "target": t_id}
+    n_ctx = cfg.batch_size * LLAMA_WINDOW
+    # the draft holds a prompt's candidates beside its context, in cells its sequences share
+    draft = Context(n_ctx + cfg.sampling.max_new_tokens, max(cfg.batch_size, cfg.sampling.max_new_tokens + 1),
+                    shared_cells=True, window=LLAMA_WINDOW)
+    target = Context(n_ctx, cfg.batch_size, window=LLAMA_WINDOW)
+    pair = backend(cfg.backend).load_pair(cfg.draft, cfg.target, cfg.model_dtype, cfg.threads or os.cpu_count(),
+                                          draft, target, step_numerics=True)
+    return pair.draft, pair.target, pair.tokenizer, pair.models
 
 
 def _check_complete(out: Path, batches: list[dict]) -> None:

@@ -136,13 +136,13 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
 def _pair(cfg, run_dir: Path, record: dict) -> tuple:
     """(the target's tokenizer, the pair as the run loaded it: ``data_gen.record.PAIR_FILE``'s fields). From the run's
     record when it wrote one; else (a run started before that record was kept) by loading both models, as it did."""
-    from core.models import llama_tokenizer, load_tokenizer
+    from core.backends import backend
     from data_gen.record import pair_fields, read_pair_record
     from data_gen.run import load_pair
 
     pair = read_pair_record(run_dir, record)
     if pair is not None:
-        return (llama_tokenizer if cfg.backend == "llama_cpp" else load_tokenizer)(cfg.target), pair
+        return backend(cfg.backend).tokenizer(cfg.target), pair
     draft, target, tok, models = load_pair(cfg)
     return tok, pair_fields(models, draft, target)
 

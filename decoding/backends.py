@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from core.adapter import HFCausalLM
+from core.backends import runtime_of
 from core.label_math import warp_logits
 from core.llama_cpp import LlamaCppModel
 from core.sampling import Sampling
@@ -113,7 +114,7 @@ def open_reader(model, owner: object, layers: tuple[int, ...] = (), static: Stat
 def keeps_own_cache(model) -> bool:
     """Whether ``model`` is run by a runtime that keeps its own cache (llama.cpp), which none of our decoders but
     the eager one can drive."""
-    return isinstance(model, LlamaCppModel)
+    return runtime_of(model).keeps_own_cache
 
 
 def model_device(model) -> torch.device:

@@ -93,6 +93,12 @@ class CostModel:
     """How the model prices a round, for tables: ``by length``, ``per call``, ``c=…``."""
     device: str | None = None
     """The device the costs were timed on (``core.device.describe_device``), where they were."""
+    backend: str | None = None
+    """The runtime that ran the forwards timed (``core.backends``), where they were timed."""
+    threads: int | None = None
+    """The threads a backend with threads of its own ran them on; None where they were torch's."""
+    decoder: str | None = None
+    """The decoder whose forwards were timed (eager, static, graphs, compiled: ``decoding.state.DECODERS``)."""
 
     @classmethod
     def eq51(cls, c: float) -> "CostModel":
@@ -229,7 +235,9 @@ class CostModel:
                    draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step),
                    verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_step),
                    round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
-                   name="by length" if table else "per call", device=timing.get("device"))
+                   name="by length" if table else "per call", device=timing.get("device"),
+                   backend=timing.get("backend", "transformers"), threads=timing.get("threads"),
+                   decoder=timing.get("decoder", "eager"))
 
 
 SCHEMA_VERSION = 1
@@ -259,10 +267,8 @@ def timing_entry(name: str, precision: str, prefill: tuple[int, float], cache: i
 
 def catch_up_s(entry: dict, step: float) -> float:
     """Seconds a forward adds per token read beyond one, from an entry's ``catch_up`` (a forward of several new
-    tokens with one row out); 0 where the entry has none (files timed before it was)."""
-    timed = entry.get("catch_up")
-    if not timed:
-        return 0.0
+    tokens with one row out)."""
+    timed = entry["catch_up"]
     return max(0.0, (float(timed["median_s"]) - step) / (int(timed["tokens"]) - 1))
 
 
@@ -342,6 +348,10 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
         missing = str(e.args[0]) if e.args else ""
         if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
             raise TimingFileError(f"{path}: {missing}") from None
+        if missing == "catch_up":  # the last field the layout gained
+            raise TimingFileError(f"timing file {path}: of an older layout, without the draft's catch-up read; "
+                                  f"time the device again with `specheads bench-timing` (--backend "
+                                  f"{timing.get('backend', 'transformers')})") from None
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file (no {missing!r})") from None
     except (TypeError, AttributeError, ValueError, IndexError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e!r})") from None

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from core.arguments import CommandParser, check_counts
+from core.backends import BACKENDS, backend
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.device import describe_device
@@ -47,6 +48,7 @@ from core.models import resolve_device, resolve_dtype
 from core.runfolder import OutputFile, write_text
 from core.sampling import Sampling
 from core.quantization import QUANTIZATIONS, quantize
+from decoding.backends import keeps_own_cache
 from decoding.costs import find_entry, step_s, timing_entry, verify_table
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
@@ -219,7 +221,10 @@ def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_token
     steps and 3- and ``verify``-token forwards halfway through ``new_tokens``; the target's verifications of each of
     ``PAIR_VERIFY_LENGTHS`` tokens too), in this module's JSON layout. Under another ``decoder`` than eager (a
     static cache, CUDA graphs), the steps and verifications are the decoder's own forwards under it, since those are
-    what its runs pay."""
+    what its runs pay. A pair whose runtime keeps its own cache (llama.cpp's) is timed as ``time_llama_pair``
+    times it."""
+    if keeps_own_cache(draft):
+        return time_llama_pair(draft, target, prompt_tokens, new_tokens, verify, repeats)
     cache = prompt_tokens + new_tokens // 2
     result = {"device": str(device), "device_type": device.type, "prefill": prompt_tokens, "verify": verify,
               "decoder": decoder, "models": []}
@@ -290,7 +295,7 @@ def llama_main(a: argparse.Namespace) -> list[dict]:
         for m, (role, spec) in zip(result["models"], specs.items()):
             m["shape"] = spec.display_name
         print(llama_table(result))
-        write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-llama_cpp-{threads}t.json"))
+        write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-{a.backend}-{threads}t.json"))
         results.append(result)
         del models
     return results
@@ -334,7 +339,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="JSON output (default runs/bench/timing-<device>.json; with "
                                                    "--backend llama_cpp a folder, default runs/bench, one file per "
                                                    "thread count)")
-    p.add_argument("--backend", default="transformers", choices=["transformers", "llama_cpp"],
+    p.add_argument("--backend", default="transformers", choices=list(BACKENDS),
                    help="llama_cpp: time the --pair file's GGUF files as llama.cpp runs them (the decoder's own "
                         "forwards), at each --threads")
     p.add_argument("--pair", default="configs/models/qwen2.5-coder-0.5b-1.5b.yaml",
@@ -353,10 +358,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            f"{a.verify_short}")
     if any(t < 1 for t in a.threads):
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
-    if a.backend == "llama_cpp" and a.out is not None and Path(a.out).is_file():
-        raise SettingError(f"--out {a.out} is a file: with --backend llama_cpp give the folder to write into")
-    outs = ([Path(a.out or "runs/bench") / f"timing-llama_cpp-{t}t.json" for t in a.threads]
-            if a.backend == "llama_cpp" else [Path(a.out)] if a.out is not None else [])
+    per_threads = backend(a.backend).own_threads  # one file per thread count, into a folder
+    if per_threads and a.out is not None and Path(a.out).is_file():
+        raise SettingError(f"--out {a.out} is a file: with --backend {a.backend} give the folder to write into")
+    outs = ([Path(a.out or "runs/bench") / f"timing-{a.backend}-{t}t.json" for t in a.threads]
+            if per_threads else [Path(a.out)] if a.out is not None else [])
     for out in outs:
         timing_file(out).check()
     return a
@@ -392,7 +398,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict | list[dict]:
     a = parse_args(argv)
-    if a.backend == "llama_cpp":
+    if backend(a.backend).own_threads:
         return llama_main(a)
     device = resolve_device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -14,7 +14,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from core.cache import file_sha256
 from core.arguments import parse_settings
 from core.errors import UserError
-from core.llama_cpp import BACKENDS
+from core.backends import BACKENDS, backend
 from evaluation.llama_peer import FAMILIES as LLAMA_FAMILIES
 from evaluation.llama_peer import LlamaPeer
 from core.models import ModelSpec, resolve_device, resolve_dtype
@@ -273,7 +273,7 @@ class EvalConfig:
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
     backend: str = "transformers"
-    """The runtime of both models (``core.llama_cpp.BACKENDS``): ``transformers``, or ``llama_cpp`` (the GGUF files
+    """The runtime of both models (``core.backends.BACKENDS``): ``transformers``, or ``llama_cpp`` (the GGUF files
     as llama.cpp runs them, on ``threads`` CPU threads; the pair file sets it)."""
     threads: int | None = None
     """CPU threads of each llama.cpp model (None: torch's thread count, as the transformers backend runs)."""
@@ -319,16 +319,16 @@ class EvalConfig:
             raise EvalError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.threads is not None and self.threads < 1:
             raise EvalError(f"threads must be at least 1, got {self.threads}")
-        if self.backend == "llama_cpp":
-            if self.device != "auto" and device.type != "cpu":
-                raise EvalError(f"backend llama_cpp runs on the CPU; set device: cpu or auto (got {self.device})")
-            if self.decoder not in ("auto", "eager"):
-                raise EvalError(f"decoder {self.decoder} runs transformers models; backend llama_cpp keeps its own "
-                                "cache (decoder: auto or eager)")
-            if self.hf_peer.enabled:
-                raise EvalError("hf_peer runs transformers' generate() on transformers models; with backend llama_cpp "
-                                "set hf_peer.enabled: false")
-        if self.llama_peer.enabled and self.backend != "llama_cpp":
+        runtime = backend(self.backend)
+        if runtime.cpu_only and self.device != "auto" and device.type != "cpu":
+            raise EvalError(f"backend {self.backend} runs on the CPU; set device: cpu or auto (got {self.device})")
+        if runtime.keeps_own_cache and self.decoder not in ("auto", "eager"):
+            raise EvalError(f"decoder {self.decoder} runs transformers models; backend {self.backend} keeps its own "
+                            "cache (decoder: auto or eager)")
+        if runtime.keeps_own_cache and self.hf_peer.enabled:
+            raise EvalError(f"hf_peer runs transformers' generate() on transformers models; with backend "
+                            f"{self.backend} set hf_peer.enabled: false")
+        if self.llama_peer.enabled and not runtime.keeps_own_cache:
             raise EvalError("llama_peer runs llama.cpp's own binaries beside our decoder on the same GGUF files: it "
                             "needs backend: llama_cpp")
         if self.llama_peer.enabled and not self.untimed_prefill:
@@ -363,7 +363,8 @@ class EvalConfig:
             "seed": self.seed, "dtype": resolve_dtype(self.dtype, resolve_device(self.device)),
             # the decoder changes every timing; named only where it is not the eager one runs were made with before
             **({"decoder": decoder} if (decoder := self.resolved_decoder()) != "eager" else {}),
-            **({"backend": self.backend, "threads": self.llama_threads()} if self.backend != "transformers" else {}),
+            **({"backend": self.backend, "threads": self.model_threads()}
+               if backend(self.backend).named_in_records else {}),
             **({"untimed_prefill": True} if self.untimed_prefill else {}),
             **({"timing_repeats": self.timing_repeats} if self.timing_repeats > 1 else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
@@ -379,11 +380,14 @@ class EvalConfig:
         if self.decoder == "graphs" and device.type != "cuda":
             raise EvalError(f"decoder: graphs replays CUDA graphs, and this eval runs on {device}; set decoder: "
                             "eager or static, or device: cuda")
+        if backend(self.backend).keeps_own_cache:  # only the eager decoder reads a cache the runtime keeps
+            return "eager"
         return default_decoder(device) if self.decoder == "auto" else self.decoder
 
-    def llama_threads(self) -> int:
-        """The threads each llama.cpp model runs on."""
-        return self.threads or torch.get_num_threads()
+    def model_threads(self) -> int | None:
+        """The threads each model runs on where its backend has threads of its own (llama.cpp's); None where they
+        are torch's."""
+        return backend(self.backend).threads(self.threads)
 
     def goodput_timing_files(self) -> set[str]:
         """The timing files goodput stops price rounds with (a policy's ``timing``, ``hf_peer.timing``): their

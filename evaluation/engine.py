@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 from core.models import resolve_device, resolve_dtype
 from core.sampling import Sampling
 from evaluation.config import EvalConfig, EvalError
@@ -48,43 +50,38 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: EvalConfig) -> "Engine":
-        if cfg.backend == "llama_cpp":
-            return cls.load_llama_cpp(cfg)
+        """The pair ``cfg`` names on its backend (``core.backends``), with the peer the config enables: transformers'
+        ``generate()`` (``hf_peer``) or llama.cpp's own binaries (``llama_peer``)."""
+        from core.backends import Context, backend
         from core.identity import check_labels_pair
-        from core.models import check_vocabularies, eos_token_ids, load_model
+        from core.models import eos_token_ids
         from core.shards import read_manifest
-        from evaluation.hf_peer import hf_generate
+        from evaluation.bench_timing import time_pair
 
-        device = resolve_device(cfg.device)
+        runtime = backend(cfg.backend)
+        device = torch.device("cpu") if runtime.cpu_only else resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
         quantized = [f"{role}.quantization: {spec.quantization}" for role, spec in (("draft", cfg.draft),
                      ("target", cfg.target)) if spec.quantization != "none"]
         if quantized and device.type != "cpu":
             raise EvalError(f"{', '.join(quantized)} runs on the CPU only; set device: cpu or quantization: none")
-        draft, tok, d_id = load_model(cfg.draft, dtype)
-        target, t_tok, t_id = load_model(cfg.target, dtype)
-        check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
+        context = Context(LLAMA_CONTEXT)
+        pair = runtime.load_pair(cfg.draft, cfg.target, dtype, cfg.model_threads(), context, context)
+        draft, target, tok = pair.draft, pair.target, pair.tokenizer
         if cfg.select_by == "simulated":  # the label traces stand for this pair's decoding
-            pair = {"draft": d_id, "target": t_id}
-            check_labels_pair(read_manifest(cfg.labels_dir)["models"], pair, cfg.labels_dir)
-        draft.to(device)
-        target.to(device)
-        eos = eos_token_ids(target, t_tok)
-        decodings = {}  # run label → its decoding method: a head loaded and checked once, not per prompt
-
-        def peer(ids, sampling, seed, run):
-            key = run_label(run.family, run.params)
-            if key not in decodings:
-                decodings[key] = run.decoding(draft)
-            return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
-                               custom_generate=decodings[key])
-
-        from evaluation.bench_timing import time_pair
-
-        return cls.of_pair(cfg, draft, target, t_tok, eos, cfg.resolved_decoder(),
-                           lambda prompt, new: time_pair(draft, target, device, prompt, new,
-                                                         decoder=cfg.resolved_decoder()),
-                           hf_generate=peer)
+            check_labels_pair(read_manifest(cfg.labels_dir)["models"], pair.models, cfg.labels_dir)
+        for model in (draft, target):
+            model.to(device)
+        eos = eos_token_ids(target, tok)
+        peers = {}
+        if cfg.hf_peer.enabled:
+            peers["hf_generate"] = hf_peer(draft, target, eos)
+        if cfg.llama_peer.enabled:
+            peers["llama_generate"] = llama_peer(cfg, draft, target, tok)
+        decoder = cfg.resolved_decoder()
+        return cls.of_pair(cfg, draft, target, tok, eos, decoder,
+                           lambda prompt, new: time_pair(draft, target, device, prompt, new, decoder=decoder),
+                           **peers)
 
     @classmethod
     def of_pair(cls, cfg: EvalConfig, draft, target, tokenizer, eos: list[int], decoder: str,
@@ -115,31 +112,37 @@ class Engine:
         )
 
 
-    @classmethod
-    def load_llama_cpp(cls, cfg: EvalConfig) -> "Engine":
-        """The pair's GGUF files run by llama.cpp (``core.llama_cpp``) on ``cfg.llama_threads()`` threads each."""
-        from core.identity import check_labels_pair
-        from core.models import check_vocabularies, eos_token_ids, load_llama_model
-        from core.shards import read_manifest
-        from evaluation.bench_timing import time_llama_pair
+LLAMA_CONTEXT = 4096
+"""The cells of a llama.cpp model's context in an eval: a prompt and its response."""
 
-        n_ctx = 4096
-        draft, tok, d_id = load_llama_model(cfg.draft, cfg.llama_threads(), n_ctx)
-        target, t_tok, t_id = load_llama_model(cfg.target, cfg.llama_threads(), n_ctx)
-        check_vocabularies(d_id, t_id, same_tokens=tok.get_vocab() == t_tok.get_vocab())
-        if cfg.select_by == "simulated":
-            check_labels_pair(read_manifest(cfg.labels_dir)["models"], {"draft": d_id, "target": t_id},
-                              cfg.labels_dir)
-        eos = eos_token_ids(target, t_tok)
 
-        def llama_generate(ids, sampling, seed, family, params):
-            from evaluation import llama_peer
+def hf_peer(draft, target, eos: list[int]):
+    """Transformers' ``generate()`` on the pair (``evaluation.hf_peer``), each run's decoding method (a head loaded
+    and checked) made once, not per prompt."""
+    from evaluation.hf_peer import hf_generate
 
-            text, stats = llama_peer.run(cfg.llama_peer, family, params, target.path, draft.path,
-                                         t_tok.decode(ids, skip_special_tokens=False), sampling, seed,
-                                         cfg.llama_threads(), n_ctx)
-            return t_tok.encode(text, add_special_tokens=False), stats
+    decodings = {}
 
-        return cls.of_pair(cfg, draft, target, t_tok, eos, "eager",
-                           lambda prompt, new: time_llama_pair(draft, target, prompt, new),
-                           llama_generate=llama_generate)
+    def peer(ids, sampling, seed, run):
+        key = run_label(run.family, run.params)
+        if key not in decodings:
+            decodings[key] = run.decoding(draft)
+        return hf_generate(draft, target, ids, sampling, eos, seed, run.settings, assisted=run.assisted,
+                           custom_generate=decodings[key])
+
+    return peer
+
+
+def llama_peer(cfg: EvalConfig, draft, target, tok):
+    """llama.cpp's own binaries on the pair's GGUF files (``evaluation.llama_peer``): its tokens (our tokenizer's
+    reading of its text) and stats."""
+
+    def llama_generate(ids, sampling, seed, family, params):
+        from evaluation import llama_peer
+
+        text, stats = llama_peer.run(cfg.llama_peer, family, params, target.path, draft.path,
+                                     tok.decode(ids, skip_special_tokens=False), sampling, seed,
+                                     cfg.model_threads(), LLAMA_CONTEXT)
+        return tok.encode(text, add_special_tokens=False), stats
+
+    return llama_generate

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from decoding.backends import keeps_own_cache
 from evaluation.results import ResultStore, record_key
 from evaluation.rundir import RunDir
 
@@ -31,7 +32,7 @@ def mean_loglik(model, prompt_ids: list[int], tokens: list[int]) -> float:
     """Mean over ``tokens`` of log p(token | prompt, earlier tokens) under ``model`` (one forward)."""
     if not tokens:
         raise ValueError("no tokens to score")
-    if getattr(model, "backend", None) == "llama_cpp":  # its rows after each prefix of prompt + tokens[:-1]
+    if keeps_own_cache(model):  # its rows after each prefix of prompt + tokens[:-1]
         model.reset()
         logits = model.read(list(prompt_ids) + list(tokens[:-1]), rows=len(tokens))[1]
         return float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).mean())

@@ -85,7 +85,7 @@ def flag_other_devices(cfg: EvalConfig) -> None:
     from core.device import describe_device
     from decoding.costs import other_device
 
-    here = describe_device(resolve_device(cfg.device), cfg.threads if cfg.backend == "llama_cpp" else None)
+    here = describe_device(resolve_device(cfg.device), cfg.model_threads())
     for path in sorted(cfg.goodput_timing_files()):
         note = other_device(path, here)
         if note:

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from core import label_math as lm
+from core.backends import backend_of
 from core.errors import SettingError
 from core.identity import identity_mismatch
 from core.shards import load_split, read_manifest
@@ -256,7 +257,7 @@ class LabelDataModule(pl.LightningDataModule):
         missing = [c for c in self.vector_columns if c not in sizes]
         if missing:
             why = ("they were labeled on llama.cpp, which gives no layer but the last: train without the vector "
-                   "'layers'" if self.draft.get("backend") == "llama_cpp"
+                   "'layers'" if not backend_of(self.draft).taps_layers
                    else "label again with this version (data_gen/SCHEMA.md)")
             raise SettingError(f"{self.labels}: the labels hold no columns {missing} (vectors {self.vectors}); {why}")
         return sum(int(sizes[c]) for c in self.vector_columns)

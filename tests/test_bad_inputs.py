@@ -37,6 +37,14 @@ def test_a_timing_file_that_cannot_price_a_round_is_refused_naming_the_field(tmp
     assert read_timing(write(tmp_path / "good.json", timing_file()))  # the same file with sound numbers reads
 
 
+def test_a_timing_file_of_an_older_layout_is_refused_saying_how_to_time_it_again(tmp_path):
+    """A file timed before the draft's catch-up read was is not read as if that read were free."""
+    older = timing_file()
+    del older["models"][0]["catch_up"]
+    with pytest.raises(TimingFileError, match="older layout.*specheads bench-timing"):
+        read_timing(write(tmp_path / "older.json", older))
+
+
 @pytest.mark.parametrize("q, acceptance, words", [
     ([0.1, NAN], [0.2, 0.5], "q must hold probabilities"), ([0.1, 5.0], [0.2, 0.5], "q must hold probabilities"),
     ([0.1, 0.5], [0.2, 1.5], "acceptance must hold"), ([0.9, 0.1], [0.2, 0.5], "non-decreasing"),

@@ -70,6 +70,8 @@ def timing_file(d_step=0.05, d_prefill=0.5, t_step=0.5, t_verify=1.3, verify_tok
                "decode": {"128": {"median_s": step}}, "verify": {"tokens": verify_tokens, "median_s": verify}}
         if short is not None:
             out["verify_short"] = {"tokens": 3, "median_s": short}
+        if name == "draft":  # a catch-up read that costs a step: nothing beyond it
+            out["catch_up"] = {"tokens": 2, "cache": 128, "median_s": step}
         return out
     return {"models": [entry("draft", d_step, d_prefill, d_step * 2),
                        entry("target", t_step, t_prefill, t_verify, t_verify_short)]}

@@ -138,3 +138,36 @@ def test_checks_can_fail():
     assert "evaluation.d imports private _private from data_gen.e" in found
     assert not any(p.startswith("data_gen.e") for p in found)
     assert "decoding.f imports evaluation.d: only evaluation, scripts may" in found
+
+
+BACKEND_MODULES = {"core.backends", "decoding.backends", "core.llama_cpp"}
+"""Where a backend is told apart from another; everywhere else asks a backend what it can do."""
+
+
+def backend_tests(sources: dict[str, str]) -> list[str]:
+    """Each place outside ``BACKEND_MODULES`` that tests which backend it holds: a comparison with a backend's
+    name, or an ``isinstance`` check against llama.cpp's model class."""
+    from core.backends import BACKENDS
+
+    found = []
+    for name, source in sources.items():
+        if name in BACKEND_MODULES:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Constant) and s.value in BACKENDS for s in sides):
+                    found.append(f"{name}:{node.lineno} compares with a backend's name")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" \
+                    and "LlamaCppModel" in ast.unparse(node.args[1]):
+                found.append(f"{name}:{node.lineno} tests for llama.cpp's model class")
+    return found
+
+
+def test_no_stage_tests_which_backend_it_holds():
+    modules = project_modules()
+    assert backend_tests({name: path.read_text() for name, path in modules.items()}) == []
+    broken = {"evaluation.x": 'if cfg.backend == "llama_cpp":\n    pass\n',
+              "data_gen.y": "ok = isinstance(model, LlamaCppModel)\n", "core.backends": 'b == "llama_cpp"\n'}
+    assert backend_tests(broken) == ["evaluation.x:1 compares with a backend's name",
+                                     "data_gen.y:1 tests for llama.cpp's model class"]

@@ -1000,3 +1000,17 @@ def test_an_export_holding_a_users_folder_or_link_is_refused_not_swapped_away(tm
     with pytest.raises(UserError, match="my_notes, which no `specheads export-hf` wrote"):
         write_folder(_tiny_head(tmp_path / "other.safetensors"), out)
     assert (out / "my_notes").is_dir()
+
+
+def test_a_run_starting_while_another_takes_the_folder_finds_it_in_use_not_holding_a_strangers_file(tmp_path):
+    """The lock is written under a temporary name and linked: caught in between, the folder holds only that
+    temporary, which is the other run's, not a user's file."""
+    from core.runfolder import RunFolder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / f"{LOCK_FILE}.tmp{os.getpid() + 1}").write_text("pid\n")
+    RunFolder(folder, "labels", "--output_dir", ["*.arrow"]).check(beside=False)  # nothing of a stranger's
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not empty"):
+        RunFolder(folder, "labels", "--output_dir", ["*.arrow"]).check(beside=False)
