@@ -49,6 +49,13 @@ def _lib():
     return llama_cpp
 
 
+def repacks_safely() -> bool:
+    """Whether llama.cpp may repack a model's weights into the CPU's extra buffer types. Not on a CPU with AMX:
+    there its AMX matrix multiply crashes on Q4_K weights (a segfault in ``ggml_backend_amx_mul_mat``, an open
+    llama.cpp bug), so the weights keep the file's layout, as llama.cpp's own ``--no-repack`` keeps them."""
+    return "AMX_INT8 = 1" not in _lib().llama_print_system_info().decode()
+
+
 @dataclass
 class LlamaConfig:
     """What the decoder and the heads read of a model's config (as of a transformers config)."""
@@ -81,6 +88,7 @@ class LlamaCppModel:
         self._lib = lib
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = repacks_safely()
         self._model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise UserError(f"llama.cpp cannot load {path}: not a GGUF model it reads (LLAMA_CPP_LOG=1 shows why)")

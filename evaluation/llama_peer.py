@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import UserError
+from core.llama_cpp import repacks_safely
 from core.sampling import Sampling
 
 TARGET_ONLY = "llama_target_only"
@@ -84,7 +85,8 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
     (``wall_s``: decoding seconds, prefill excluded; ``new_tokens``, and for the speculative run the tokens it
     drafted and kept). The prompt goes on the command line: llama.cpp drops the last newline of a prompt file."""
     common = ["-m", str(target), "-p", prompt_text, "-n", str(sampling.max_new_tokens), "-t", str(threads),
-              "-c", str(n_ctx), "-s", str(seed), *sampling_flags(sampling)]
+              "-c", str(n_ctx), "-s", str(seed), *sampling_flags(sampling),
+              *([] if repacks_safely() else ["--no-repack"])]  # as our binding loads them (core.llama_cpp)
     if family == TARGET_ONLY:
         cmd = [str(peer.binary("llama-completion")), *common, "-no-cnv", "--no-display-prompt", "-tb", str(threads)]
     else:

@@ -360,3 +360,21 @@ def test_the_labeling_bench_times_both_backends_on_the_same_batches(gguf_pair, t
                  "llama_cpp: labeled target positions, batch 4", "llama_cpp labeling time: target generation",
                  "x transformers labeling"):
         assert line in out, out
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_on_a_cpu_where_repacking_crashes_both_our_binding_and_llama_cpps_binaries_keep_the_files_layout(
+        stub_tools, monkeypatch, tmp_path, safe):
+    """llama.cpp's AMX kernels crash on Q4_K weights: where the CPU has them, the peer's binaries get
+    ``--no-repack``, as our binding loads its models without extra buffer types."""
+    import json
+
+    from core import llama_cpp
+    from evaluation import llama_peer
+
+    monkeypatch.setattr(llama_peer, "repacks_safely", lambda: safe)
+    llama_peer.run(llama_peer.LlamaPeer(enabled=True, tools=str(stub_tools)), llama_peer.TARGET_ONLY, {},
+                   tmp_path / "t.gguf", tmp_path / "d.gguf", "def f():", Sampling(temperature=0.0, max_new_tokens=4), 0, 1)
+    call = json.loads((stub_tools / "llama-completion.calls").read_text().splitlines()[-1])
+    assert ("--no-repack" in call) is not safe
+    assert isinstance(llama_cpp.repacks_safely(), bool)
