@@ -33,11 +33,11 @@ def write_pair_record(out: Path, record: dict, models: dict, draft, target) -> N
 
 
 def read_pair_record(out: Path, record: dict) -> dict | None:
-    """The pair the run of ``record`` (its ``run.json``) loaded; None when the run wrote none (it started before the
-    record was kept), wrote it for another ``run.json``, or it is damaged."""
+    """The pair the run of ``record`` (its ``run.json``) loaded; None when the run wrote none, wrote it for another
+    ``run.json``, or it is damaged."""
     try:
         pair = json.loads((out / PAIR_FILE).read_text())
-    except (OSError, ValueError):  # none, or damaged: what it records is read from the models again
+    except (OSError, ValueError):
         return None
     return pair if isinstance(pair, dict) and pair.get("run") == record else None
 
