@@ -251,10 +251,6 @@ class LlamaCppModel:
         if seq in (0, -1):
             del self.ids[start:]
 
-    def set_threads(self, threads: int) -> None:
-        self.threads = threads
-        self._lib.llama_set_n_threads(self._ctx, threads, threads)
-
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             self._lib.llama_batch_free(self._batch)

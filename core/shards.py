@@ -204,9 +204,7 @@ def verify_shards(out_dir: Path, manifest: dict) -> list[str]:
     """What is wrong with the shards against the manifest: each listed shard present with its sha256, no shard
     that it does not list, each split's row count the sum of its shards'. Empty when all is well."""
     out_dir = Path(out_dir)
-    listed = manifest.get("shards")
-    if listed is None:
-        return ["the manifest lists no shard digests (written by an older version of data_gen)"]
+    listed = manifest["shards"]
     problems = []
     for name, record in listed.items():
         path = out_dir / name
@@ -256,8 +254,10 @@ def read_manifest(out_dir: str | Path, verify: bool = True) -> dict:
             f"{path}: labels of schema version {version}, this code reads version "
             f"{SCHEMA_VERSION} (see data_gen/SCHEMA.md); label again with `make labels ARGS=\"--overwrite true\"`"
         )
-    # a manifest without a "shards" list (an older version's) lists no shard: verify_shards says so
-    if verify and "shards" in manifest and (stray := unlisted_shards(Path(out_dir), manifest["shards"] or {})):
+    if not isinstance(manifest.get("shards"), dict):
+        raise ShardError(f"{path} lists no shard digests (written by an older version of data_gen); label again with "
+                         "`make labels ARGS=\"--overwrite true\"`")
+    if verify and (stray := unlisted_shards(Path(out_dir), manifest["shards"])):
         more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
         raise ShardError(f"{stray[0]}{more}: not listed in the manifest, so no labeling run of this dataset wrote it; "
                          "move it out of the dataset's folders")

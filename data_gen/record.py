@@ -33,11 +33,11 @@ def write_pair_record(out: Path, record: dict, models: dict, draft, target) -> N
 
 
 def read_pair_record(out: Path, record: dict) -> dict | None:
-    """The pair the run of ``record`` (its ``run.json``) loaded; None when the run wrote none (it started before the
-    record was kept), wrote it for another ``run.json``, or it is damaged."""
+    """The pair the run of ``record`` (its ``run.json``) loaded; None when the run wrote none, wrote it for another
+    ``run.json``, or it is damaged."""
     try:
         pair = json.loads((out / PAIR_FILE).read_text())
-    except (OSError, ValueError):  # none, or damaged: what it records is read from the models again
+    except (OSError, ValueError):
         return None
     return pair if isinstance(pair, dict) and pair.get("run") == record else None
 
@@ -45,11 +45,8 @@ def read_pair_record(out: Path, record: dict) -> dict | None:
 def run_differences(previous: dict, record: dict) -> list[str]:
     """The settings, and the inputs, in which ``previous`` (a ``run.json``) differs from ``record``."""
     changed = sorted(k for k in record if k not in ("inputs", MODEL_FILES) and previous.get(k) != record[k])
-    old = previous.get("inputs") or {}
-    changed += [f"inputs.{k} (content changed)" for k in record["inputs"] if old and old.get(k) != record["inputs"][k]]
-    if not old:
-        changed.append("inputs (not recorded: labeled before input digests were kept)")
-    return changed
+    old = previous["inputs"]  # previous_run refuses a record without it
+    return changed + [f"inputs.{k} (content changed)" for k in record["inputs"] if old.get(k) != record["inputs"][k]]
 
 
 def run_record(cfg: LabelConfig, inputs: dict) -> dict:

@@ -142,8 +142,7 @@ def _finished_run(out: Path, cfg: LabelConfig, inputs: dict, quiet: bool) -> dic
     except UserError as e:  # not JSON: written again from the shards
         problems = [str(e)]
     else:
-        if "shards" in manifest:  # (a manifest from before shards were listed is written again)
-            _refuse_unlisted(out, manifest["shards"], manifest=True)
+        _refuse_unlisted(out, manifest["shards"], manifest=True)
         problems = shards.verify_shards(out, manifest)
         if not problems:
             return manifest

@@ -11,9 +11,8 @@ The run's folder is only read (the run may be labeling into it meanwhile); shard
 system allows, else copies. The snapshot's manifest is the one the run itself would write for these batches, with
 ``snapshot`` saying which run, how much of each split, and whether the batches are the first of the run's order (a
 run started before that order, or resumed with other batches done, holds others: then they are not a sample).
-Its models' identity is the one the run recorded when it loaded them (``data_gen.record.PAIR_FILE``; a run started
-before that record was kept has its models loaded again), and the prompts and models must still be the ones the
-run recorded. Every split the run labels needs a finished batch (training reads train and val).
+Its models' identity is the one the run recorded when it loaded them (``data_gen.record.PAIR_FILE``), and the
+prompts and models must still be the ones the run recorded. Every split the run labels needs a finished batch (training reads train and val).
 """
 
 from __future__ import annotations
@@ -134,17 +133,15 @@ def snapshot(run_dir: str | Path, out: str | Path, quiet: bool = False) -> dict:
 
 
 def _pair(cfg, run_dir: Path, record: dict) -> tuple:
-    """(the target's tokenizer, the pair as the run loaded it: ``data_gen.record.PAIR_FILE``'s fields). From the run's
-    record when it wrote one; else (a run started before that record was kept) by loading both models, as it did."""
+    """(the target's tokenizer, the pair as the run loaded it: ``data_gen.record.PAIR_FILE``'s fields)."""
     from core.backends import backend
-    from data_gen.record import pair_fields, read_pair_record
-    from data_gen.run import load_pair
+    from data_gen.record import PAIR_FILE, read_pair_record
 
     pair = read_pair_record(run_dir, record)
-    if pair is not None:
-        return backend(cfg.backend).tokenizer(cfg.target), pair
-    draft, target, tok, models = load_pair(cfg)
-    return tok, pair_fields(models, draft, target)
+    if pair is None:
+        raise SnapshotError(f"{run_dir} holds no {PAIR_FILE} of its run (started by an older version); label it "
+                            "again to snapshot it")
+    return backend(cfg.backend).tokenizer(cfg.target), pair
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

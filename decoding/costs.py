@@ -13,17 +13,11 @@ step's fast path, on a GPU v1 is near 0. Each candidate is verified once, so Σ 
 model stays linear: t_draft = draft step + v1, t_target = v0 + v1 per call of a run that drafts, the one-token step
 per call of a run that does not (target-only), and each model's prefill (beyond one step) once per run.
 
-A line through two lengths does not describe every device: on a CPU the cost is not linear in the length, and a line
-through 3 and 10 tokens overcharges a two-token verification, so a rule whose rounds often stop after one candidate
-looks slower than it is (docs/results.md has the figures). When the timing holds a verification of several lengths
-(``verify_by_tokens``), the model keeps that table, and a prediction that knows how many verifications had each
-length (the trace simulator's) charges each its own cost, interpolated between the lengths timed:
-Σ_m calls(m)·T(m) + draft step·N_draft.
-
-A draft forward does not always read one token: after a fully accepted round it reads the last candidate and the
-bonus token (``decoding.replay.Counts.catch_up``). On a GPU that costs a step; on a CPU nearly two. A timing file
-with the draft's ``catch_up`` (a forward of two new tokens with one row out, as the decoder reads them) charges
-each token beyond one its share (``CostModel.draft_catch_up``).
+On a CPU the cost is not linear in the length (``evaluation/DESIGN.md``), so where the timing holds a verification
+of several lengths (``verify_by_tokens``) the model keeps that table, and a prediction that knows how many
+verifications had each length charges each its own cost: Σ_m calls(m)·T(m) + draft step·N_draft. After a fully
+accepted round the draft reads two tokens (``decoding.replay.Counts.catch_up``); each token beyond one is charged
+``CostModel.draft_catch_up``.
 """
 
 from __future__ import annotations

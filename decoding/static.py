@@ -1,25 +1,13 @@
-"""One model over a static KV cache, its short forwards replayed as CUDA graphs: the decoder's GPU path.
+"""One model over a static KV cache, its short forwards replayed as CUDA graphs: the decoder's GPU path
+(``decoding/DESIGN.md``, "The GPU path", says why and how).
 
-Eagerly, a 0.5B or 1.5B model at batch 1 on a GPU is bound by kernel launches: a forward costs about the same
-whichever the model or length (docs/results.md has the H100's figures), so the cost ratio c is about 1 and no policy
-can beat the target alone. GPU runtimes (vLLM, TensorRT-LLM, SGLang, gpt-fast) preallocate the cache and replay each forward shape as one
-CUDA graph. Here:
-
-- the cache is allocated once, ``capacity`` positions per layer (``PositionedLayer``); a forward writes its keys and
-  values at the positions it is given and attends through a mask built from them on the device, so a forward of
-  n tokens is one fixed sequence of kernels on fixed buffers;
-- that sequence is captured once per n up to ``max_graph_tokens`` (the draft's one- and two-token steps, the target's
-  verification of every length up to max_k + 1) and replayed after one host-to-device copy of its tokens and
-  positions; longer forwards (a prompt's prefill) run eagerly through the same cache;
-- rejected positions are dropped by moving where the next forward writes: nothing is copied or cleared, since a
-  position past the sequence is masked until a forward writes it again;
-- with ``compiled``, each decoder layer runs through ``torch.compile`` (inductor) before capture, so a graph holds
-  fused kernels (norms, rotary, activations) instead of the eager forward's thousand a step. Compiled per layer, not
-  per model: the layers share one compiled code (the cache is indexed by the layer's number as a symbolic int), so a
-  model compiles about four times (one token and any length; layer 0 apart), not once per layer and length.
-
-Off the GPU the same static cache runs eagerly (``graphs=False``): that is what the CPU tests compare with the
-dynamic cache of ``decoding.backends.CachedLM``.
+The cache is allocated once, ``capacity`` positions per layer (``PositionedLayer``); a forward writes its keys and
+values at the positions it is given and attends through a mask built from them, so a forward of n tokens is one
+fixed sequence of kernels, captured once per n up to ``max_graph_tokens`` and replayed; longer forwards run eagerly
+through the same cache, and rejected positions are dropped by moving where the next forward writes. With
+``compiled`` each decoder layer runs through ``torch.compile`` before capture, one compiled code for all layers.
+Off the GPU the same cache runs eagerly (``graphs=False``), which the CPU tests compare with
+``decoding.backends.CachedLM``.
 """
 
 from __future__ import annotations

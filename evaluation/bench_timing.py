@@ -11,11 +11,9 @@ Weights are random (timing does not depend on their values), so only a shape is 
 - ``decode``: one forward of one token after a cache of each ``--cache`` length (the draft step, and the target's
   cost per call in Eq. 5.1);
 - ``verify``: one forward of ``--verify`` tokens after the first cache length (an SD verification call), and
-  ``verify_short``, one of ``--verify_short`` tokens: on a CPU a forward of a few tokens leaves the one-token
-  step's fast path, so a verification costs a fixed part plus a per-token part, which the two lengths separate;
+  ``verify_short``, one of ``--verify_short`` tokens, which separate a verification's fixed and per-token parts;
 - ``verify_by_tokens`` (with ``--verify_lengths``): one forward of each of those lengths, where a line through two
-  lengths does not describe the cost (on a CPU, two tokens can cost twice one while ten cost less than four times
-  one; docs/results.md has the figures).
+  lengths does not describe the cost (``decoding.costs``).
 
 The verification lengths are timed in turns, one forward of each per round, so the machine's drift during the timing
 does not bend the table.

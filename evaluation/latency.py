@@ -1,11 +1,5 @@
-"""Fitting the latency model of SpecDec++ Eq. 5.1 (``decoding.costs``: T_total ≈ t_draft·N_draft +
-t_target·N_target, with a verification's cost by length) to an evaluation's runs, and the costs an evaluation
-knows.
-
-SpecDec++ §5.2 fits the two per-forward times by linear regression over measured runs and reports R²; with
-them (or with per-forward times measured on another device by ``bench_timing``, ``decoding.costs.read_timing``)
-the latency of any run can be predicted from its counts alone.
-"""
+"""Fitting the latency model of SpecDec++ Eq. 5.1 (``decoding.costs``, whose docstring says what SpecDec++ §5.2
+fits and why) to an evaluation's runs, and the costs an evaluation knows."""
 
 from __future__ import annotations
 

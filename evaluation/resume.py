@@ -42,15 +42,13 @@ def check_output(cfg: EvalConfig, out: Path, inputs: dict) -> dict:
 def settings_differences(old: dict, settings: dict) -> list[str]:
     """The settings (and, where ``settings`` has them, the inputs) in which an eval folder's recorded ``old``
     differs from ``settings``; modes only where both have them (a folder gathers modes run apart)."""
-    old = {**old}
-    old.setdefault("heads", settings.get("heads"))  # a folder written before head digests were recorded
-    old.setdefault("inputs", settings.get("inputs", {}))  # … and before prompt and model digests were
     diff = [k for k in settings if k not in ("modes", "inputs") and old.get(k) != settings[k]]
     diff += [f"modes.{m}" for m in sorted(set(old["modes"]) & set(settings["modes"]))
              if old["modes"][m] != settings["modes"][m]]
     if "inputs" in settings:
-        diff += [f"inputs.{k} (content changed)" for k in sorted(set(old["inputs"]) | set(settings["inputs"]))
-                 if old["inputs"].get(k) != settings["inputs"].get(k)]
+        recorded = old.get("inputs", {})
+        diff += [f"inputs.{k} (content changed)" for k in sorted(set(recorded) | set(settings["inputs"]))
+                 if recorded.get(k) != settings["inputs"].get(k)]
     return diff
 
 

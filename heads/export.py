@@ -136,8 +136,7 @@ def read_metadata(path: str | Path) -> dict:
         raise HeadFileError(f"{path}: not a readable safetensors file ({e})") from e
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
-        why = " (exported before its metadata had a digest: export it again)" if version == "1" else ""
-        raise HeadFileError(f"{path}: head schema version {version!r}, expected {SCHEMA_VERSION!r}{why}")
+        raise HeadFileError(f"{path}: head schema version {version!r}, expected {SCHEMA_VERSION!r}: export it again")
     if raw.get(META_DIGEST_KEY) != metadata_digest(raw):
         raise HeadFileError(f"{path}: the metadata does not match the digest recorded at export (the file was "
                             "modified)")

@@ -1,9 +1,8 @@
 """Draft-side scores a head may read beside the hidden state.
 
 The hidden state after reading a token Y_i does not carry q(Y_i), the probability the draft gave that token (it
-was computed one position earlier). Probes on the real pair put a hidden-state-only head 0.15 AUROC below the
-plain confidence rule for exactly this reason (``pipeline/DESIGN.md``), so a head can also take a few scalars
-the draft has anyway when it samples Y_i. Each is defined here once, from the two quantities both the labeling
+was computed one position earlier; ``pipeline/DESIGN.md`` has what that costs a head), so a head can also take a
+few scalars the draft has anyway when it samples Y_i. Each is defined here once, from the two quantities both the labeling
 stage (columns ``logp_draft``, ``entropy_draft``) and the decoder (the draft's distribution at Y_i's position,
 q as the candidate was drawn from it, top-k and top-p applied; softmax of the raw logits under greedy decoding) know:
 

@@ -106,16 +106,11 @@ def tiny_exactness(device: torch.device) -> dict:
 # (b) the decoder's forwards, eager and under graphs
 
 
-def runner(model, decoder: str, positions: int):
-    """The model's ``StaticLM`` for ``decoder``, as ``Decoding`` asks for it."""
-    return decoder_runner(model, decoder, positions)
-
-
 def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
     """The decoder's forward of m new tokens after ``PREFIX`` cached ones, each m of ``lengths``, under ``decoder``
     (``evaluation.bench_timing.decoder_forward_times``), on the runner the forced runs use."""
     if decoder != "eager":  # the one runner, sized for every length, that the forced runs reuse
-        runner(model, decoder, PREFIX + max(LENGTHS) + 1)
+        decoder_runner(model, decoder, PREFIX + max(LENGTHS) + 1)
     return decoder_forward_times(model, decoder, PREFIX, lengths, repeats)
 
 
@@ -195,7 +190,7 @@ def forced_decoding(draft, target, schedule: dict, costs: CostModel, prompt_toke
     prompts = [torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist() for _ in lengths]
     positions = prompt_tokens + max(lengths) + 1
     for model in (draft, target):  # every graph captured before any clock runs
-        runner(model, decoder, positions).capture(LENGTHS)
+        decoder_runner(model, decoder, positions).capture(LENGTHS)
     out = {}
     for entry in schedule["policies"]:
         policy = schedule_policy(entry, schedule["c"])

@@ -81,8 +81,7 @@ def test_a_forged_draft_identity_or_an_added_entry_is_a_modified_file(tmp_path):
         load_head(tmp_path / "added.safetensors")
     old = {k: v for k, v in raw.items() if k != META_DIGEST_KEY}
     save_file(tensors, str(tmp_path / "v1.safetensors"), metadata={**old, "schema_version": "1"})
-    with pytest.raises(HeadFileError, match="expected '2' \\(exported before its metadata had a digest: export it "
-                                            "again\\)"):
+    with pytest.raises(HeadFileError, match="expected '2': export it again"):
         load_head(tmp_path / "v1.safetensors")
     assert raw[META_DIGEST_KEY] == metadata_digest(raw)
 

@@ -12,29 +12,10 @@ evaluation tell the two apart by whether the settings name a ``head``.
 λ is the long-run tokens per second the decoding achieves: given (``lam``, e.g. ``decoding.replay.goodput_rate``
 over traces), or followed online, the tokens this generation produced over the seconds it has taken so far.
 
-Where no round beats λ even with every candidate accepted (llama.cpp on a 2-core CPU, where a draft step costs
-0.6–0.7 of a target step and a verification nearly its length), the policy drafts nothing: each round is one
-target step, and it decodes as target-only does.
-
-What the stop assumes, each where the code makes it:
-
-- certainty-equivalent (``GoodputStop.__call__``): each estimate â_i stands for its candidate's acceptance
-  probability, and the candidates not yet drafted are taken as accepted at one fixed rate (``future``, or the last
-  â_k); the stop weighs expected tokens alone, not their spread, nor what drafting one more would teach it;
-- λ: it stops when no longer round gains more expected tokens than λ × its extra seconds, which maximises tokens
-  per second only where λ is the rate the decoding then achieves (a fixed point, ``decoding.replay.goodput_rate``).
-  λ is ``lam`` (by default target-only's 1 / verify(1)); with ``online`` that is the first round's, and after each
-  round λ is this generation's tokens over its wall-clock seconds so far, measured here while the costs it is
-  weighed against are the timing file's;
-- calibrated, independent estimates: a round of k candidates survives with s_k = ∏ â_i. Given the candidates, the
-  acceptance tests are independent draws of min(1, p/q), so the product is exact when each â_i is its candidate's
-  min(1, p/q); a calibration (or a head) is right on average over label rows of the decoding's sampling, and errors
-  that run together within a round make the product wrong;
-- costs timed at one cache length: a draft step and a verification of m tokens cost what the timing file measured
-  (the decode step at its shortest ``--cache`` length, the verifications after its first), at every position of a
-  generation, however long the cache has grown;
-- the catch-up enters ``drafting_pays`` only: whether to draft at all charges a fully accepted round the draft's
-  catch-up read of its last candidate (``GoodputStop``); the stop after each candidate leaves it out.
+Where no round beats λ even with every candidate accepted, the policy drafts nothing: each round is one target step,
+and it decodes as target-only does. What the stop assumes (certainty-equivalent estimates, one λ, calibrated
+independent estimates, costs timed at one cache length) is ``GoodputStop``'s docstring and ``decoding/DESIGN.md``,
+"Assumptions and departures from the paper".
 """
 
 from __future__ import annotations

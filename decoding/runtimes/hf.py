@@ -7,23 +7,12 @@ or, from a folder written by ``make export-hf`` (this file becomes its ``custom_
 
     target.generate(**inputs, assistant_model=draft, custom_generate=folder, trust_remote_code=True, …)
 
-The head's role picks the algorithm. A stop head runs SpecDec++ (Algorithm 1) in transformers' own assisted
-decoding loop (``_assisted_decoding``: its verification is transformers' exact speculative sampling, greedy
-matching under greedy decoding); only the candidate generator is ours, an ``AssistedCandidateGenerator`` whose
-draft ``generate()`` also stops when the head says so. A verifier runs SPRINTER (Algorithm 2): the same candidate
-generator drafts until the verifier rejects a token, and the target runs once on the pending tokens and checks
-that last token with min(1, p/q). The head reads what the draft's LM head reads, taken by a forward hook on it.
-With costs and no head, a calibration of the draft's confidence (``decoding.estimates.CalibratedConfidence``) gives
-the goodput stop its estimates in the same loop, from the logits the same hook takes:
-
-    target.generate(**inputs, custom_generate=HeadDecoding(None, draft, calibration=file, costs=costs), …)
-
-Each decision (the stop, the verifier's acceptance, the check of the rejected token) is ``decoding.rules``', as in
-the decoder and the trace replay. This file imports nothing of this project but ``decoding``, ``heads`` and ``core``
-modules, whose import closure ``decoding.runtimes.hf_export`` copies beside it, so an exported folder works with
-torch, transformers and safetensors alone. Its own draws (SPRINTER's check of the rejected token) are float64
-(``core.sampling``); the draft's candidates and SpecDec++'s verification are transformers' sampling. Design:
-``decoding/runtimes/DESIGN.md``.
+The head's role picks the algorithm: a stop head runs SpecDec++ (Algorithm 1) in transformers' own assisted decoding
+loop with our candidate generator, a verifier SPRINTER (Algorithm 2); with costs and no head, a calibrated confidence
+(``decoding.estimates.CalibratedConfidence``) gives the goodput stop its estimates in the same loop. Each decision is
+``decoding.rules``', as in the decoder and the trace replay. This file imports nothing of this project but
+``decoding``, ``heads`` and ``core`` modules, whose import closure ``decoding.runtimes.hf_export`` copies beside it,
+so an exported folder works with torch, transformers and safetensors alone. Design: ``decoding/runtimes/DESIGN.md``.
 """
 
 from __future__ import annotations
