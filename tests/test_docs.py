@@ -75,6 +75,33 @@ def test_the_front_page_fits_a_screenful_of_sections():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 
 
+FIRST_COMMANDS = ("make smoke", "make labels && make train")
+"""What a cold reader runs first: the tiny pair, then the real one."""
+
+
+def first_screen_problems(text: str) -> list[str]:
+    """What keeps a page's first screen from telling a newcomer what to run: either first command missing from its
+    first 30 lines, or a line outside code blocks over 120 characters (tables included) anywhere on it."""
+    lines = text.splitlines()
+    found = [f"no `{c}` in the first 30 lines" for c in FIRST_COMMANDS if not any(c in line for line in lines[:30])]
+    in_code = False
+    for number, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and len(line) > 120:
+            found.append(f"line {number} is {len(line)} characters")
+    return found
+
+
+def test_the_front_page_says_what_to_run_first_in_lines_that_fit():
+    assert first_screen_problems((ROOT / "README.md").read_text()) == []
+    late = "\n".join(["# x"] + ["text"] * 30 + ["make smoke", "make labels && make train"])
+    assert first_screen_problems(late) == ["no `make smoke` in the first 30 lines",
+                                           "no `make labels && make train` in the first 30 lines"]
+    wide = "make smoke\nmake labels && make train\n" + "| " + "x" * 130 + " |\n```\n" + "y" * 130 + "\n```\n"
+    assert first_screen_problems(wide) == ["line 3 is 134 characters"]
+
+
 def test_make_help_lists_every_target_in_pipeline_order_within_100_columns():
     text = (ROOT / "Makefile").read_text()
     described = dict(re.findall(r"^([a-z][a-z-]*):.*## (.*)$", text, re.M))
