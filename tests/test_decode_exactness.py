@@ -318,13 +318,14 @@ GOODPUT_CALIBRATION = CalibratedConfidence(q=np.array([0.3, 0.9]), acceptance=np
 it."""
 
 
-def enumerate_policy(paths: Paths, name: str, kwargs: dict, sampling: str, eos: tuple[int, ...] = ()) -> dict:
+def enumerate_policy(paths: Paths, name: str, kwargs: dict, sampling: str, eos: tuple[int, ...] = (),
+                     prompt: list[int] = PROMPT3) -> dict:
     """{(tokens, accepted_lengths, discarded, draft forwards): probability} of a policy on the three-token stubs."""
     policy = build_policy(name, **kwargs)
     pair = markov_pair(DRAFT3, TARGET3, SAMPLINGS3[sampling], eos=eos)
 
     def run():
-        r = policy.generate(pair, PROMPT3, None)
+        r = policy.generate(pair, prompt, None)
         return tuple(r.tokens), tuple(r.stats.accepted_lengths), r.stats.discarded, r.stats.draft_calls
 
     return paths.distribution(run)
@@ -367,6 +368,30 @@ def test_exact_policies_output_the_targets_distribution(paths, stop_head3, name,
         drafts = marginal(dist, 3)
         for k in range(1, kwargs["max_k"] + 1):
             assert tv(drafts, marginal(enumerate_policy(paths, "sd", {"k": k}, sampling, eos), 3)) > 0.03
+
+
+LOOKUP_PROMPT = [1, 2, 0, 2, 1, 0]
+"""Ends in PROMPT3's last token, so the target's chain starts where ``target_output``'s does; long enough that
+prompt lookup (n = 1, m = 2) proposes from the first round."""
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS3)
+@pytest.mark.parametrize("broken", [False, True])
+def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, broken):
+    """Proposals copied from the prompt and the text so far, each a point mass q = 1[y], verified exactly: the
+    response is the target's, with proposals rejected and rounds that keep two, and no draft forward. A decoder
+    that keeps every proposal is rejected."""
+    if broken:
+        monkeypatch.setattr(Decoding, "verify", partialmethod(Decoding.verify, accept=lambda *args: True))
+    dist = enumerate_policy(paths, "prompt_lookup", {"n": 1, "m": 2}, sampling, prompt=LOOKUP_PROMPT)
+    distance = tv(marginal(dist), target_output(sampling))
+    if broken:
+        assert distance > 0.01
+        return
+    assert distance < TOL
+    assert sum(p for d, p in marginal(dist, 2).items() if d) > 0.1
+    assert sum(p for r, p in marginal(dist, 1).items() if any(k >= 2 for k in r)) > 0.05
+    assert set(marginal(dist, 3)) == {0}
 
 
 # Subtle decoders, each a few lines from the real one. The bonus mutants replace the last row of the target's

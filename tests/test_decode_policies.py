@@ -80,6 +80,7 @@ def example_kwargs(heads) -> dict[str, dict]:
         "svip": {"h": 0.5}, "specdecpp": {"head": heads["stop"]}, "fuzzy": {"T": 0.5},
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
         "goodput": {"head": heads["stop"], "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
+        "prompt_lookup": {"n": 1, "m": 4},
     }
 
 
@@ -90,7 +91,7 @@ def generate(policy, pair, prompt, seed=0):
 @pytest.mark.parametrize("name, kwargs", [("sd", {"k": 1}), ("sd", {"k": 4}), ("sd", {"k": 9}), ("hf_heuristic", {}),
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
                                           ("goodput", None), ("goodput", CALIBRATED_GOODPUT), ("fuzzy", {"T": 0.5}),
-                                          ("sprinter", None)])
+                                          ("sprinter", None), ("prompt_lookup", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs

@@ -1,7 +1,8 @@
 """Every decoding policy, one small class each; importing this package registers them all."""
 
 # goodput imports specdecpp, so specdecpp registers first: the first family of a head role runs an exported head of it
-from decoding.policies import baselines, fuzzy, goodput, specdecpp, speculative, sprinter, training_free  # noqa: F401
+from decoding.policies import (baselines, fuzzy, goodput, prompt_lookup, specdecpp, speculative, sprinter,  # noqa: F401
+                               training_free)
 from decoding.policies.registry import POLICIES
 
 
