@@ -56,14 +56,14 @@ LABELS ?= runs/labels/corpus$(SUFFIX)
 audit: $(MODELS) ## recompute random label rows with plain forwards (LABELS=<folder>)
 	$(SPECHEADS) audit --labels $(LABELS) $(ARGS)
 
-smoke: $(STAMP) ## every stage on tiny random-init models (< 2 min): runs/smoke
-	$(SPECHEADS) smoke
+smoke: $(STAMP) ## every stage on tiny models, each call shown (< 2 min): runs/smoke
+	$(SPECHEADS) smoke $(ARGS)
 
 # each test runs on one thread (tests/conftest.py): one pytest worker per core of a 2-core machine
 TEST_WORKERS ?= 2
-test: $(STAMP) ## unit and integration tests (CPU, no downloads), then the smoke run
+test: $(STAMP) ## tests (CPU, no downloads), then the smoke run in a folder it removes
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
-	$(MAKE) smoke
+	out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && $(SPECHEADS) smoke --out "$$out"
 
 bench-labels: $(MODELS) ## labeled target positions/s against plain target.generate (real pair)
 	$(SPECHEADS) bench-labels --config $(LABELS_CONFIG) $(ARGS)

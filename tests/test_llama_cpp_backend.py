@@ -280,6 +280,12 @@ def test_the_entry_point_decodes_two_gguf_files_with_a_policy(gguf_pair, tiny_pa
     reference = generate(build_policy("target_only"), same, [1, 10, 11]).tokens
     assert text == llm.tokenizer.decode(reference, skip_special_tokens=True)
     assert stats.new_tokens == len(reference) and stats.draft_calls > 0
+    # the command: --tokenizer where transformers cannot read the GGUF files' vocabulary (the tiny files')
+    from decoding.runtimes.llama_cpp import main
+
+    text, stats = main(["--target", str(gguf_pair[1]), "--draft", str(gguf_pair[0]), "--tokenizer", str(tiny_pair[1]),
+                        "--policy", "sd", "--k", "2", "--prompt", "def f", "--max_new_tokens", "4", "--threads", "1"])
+    assert stats.new_tokens > 0 and stats.draft_calls > 0
     with pytest.raises(UserError, match="policy sd: k must be at least 1"):
         SpeculativeLlama(gguf_pair[1], gguf_pair[0], threads=1, n_ctx=256, tokenizer=str(tiny_pair[1]), policy="sd",
                          k=0)

@@ -63,10 +63,13 @@ class SpeculativeLlama:
         return self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.stats
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> tuple[str, DecodeStats]:
     p = CommandParser(prog="python -m decoding.runtimes.llama_cpp", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="the target's GGUF file")
     p.add_argument("--draft", required=True, help="the draft's GGUF file")
+    p.add_argument("--tokenizer", default=None,
+                   help="a tokenizer folder or Hub id for both files, where transformers cannot read a GGUF file's own "
+                        "vocabulary (default: the target file's)")
     p.add_argument("--prompt", required=True, help="the prompt's text (the chat template is applied)")
     p.add_argument("--policy", default="goodput", help="a policy of decoding.policies (default goodput)")
     p.add_argument("--timing", help="a llama.cpp timing file (make bench-timing ARGS='--backend llama_cpp')")
@@ -80,11 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     kwargs = {k: v for k, v in (("timing", a.timing), ("calibration", a.calibration), ("head", a.head),
                                 ("k", a.k)) if v is not None}
-    llm = SpeculativeLlama(a.target, a.draft, threads=a.threads, policy=a.policy, **kwargs)
+    llm = SpeculativeLlama(a.target, a.draft, threads=a.threads, policy=a.policy, tokenizer=a.tokenizer, **kwargs)
     text, stats = llm.generate(a.prompt, a.max_new_tokens, a.temperature, seed=a.seed)
     print(text)
     print(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.2f} tokens/s, prefill excluded); "
           f"{stats.target_calls} target and {stats.draft_calls} draft forwards", file=sys.stderr)
+    return text, stats
 
 
 if __name__ == "__main__":
