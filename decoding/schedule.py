@@ -65,6 +65,64 @@ def tokens(rounds: list[tuple[int, int]]) -> int:
     return sum(kept + 1 for _, kept in rounds)
 
 
+class ForcedRounds:
+    """The rounds of a forced run (``ModelPair.forced``): each drafts and keeps exactly its schedule's counts,
+    whatever the models draw, while every forward, draw, stop rule and acceptance test still runs where it would
+    (their cost is what the run times). ``decoding.state.Decoding`` asks it, at each round, for the stop rule to
+    draft under (``stop``) and for the candidates to keep (``keeps``)."""
+
+    def __init__(self, rounds: list[tuple[int, int]]):
+        self.left = [tuple(r) for r in rounds]
+
+    def stop(self, rule, cap: int) -> "ForcedStop":
+        return ForcedStop(rule, self.left[0][0], cap)
+
+    def keeps(self, drafted: int) -> int:
+        n, kept = self.left.pop(0)
+        if n != drafted:
+            raise RuntimeError(f"a forced round drafted {drafted} candidates, not its {n}")
+        return kept
+
+    def check_done(self) -> None:
+        if self.left:
+            raise RuntimeError(f"{len(self.left)} forced rounds were never run: this policy does not decode in "
+                               "rounds of draft_round and verify")
+
+
+class ForcedStop:
+    """A round's stop ``rule`` asked where it would be (its cost is timed) and its answer replaced: the round stops
+    at its ``n``-th candidate. As in a free round, the rule is not asked about the last candidate where the round
+    ends there anyway (at ``cap``) or where it would read that candidate's own forward."""
+
+    reads_candidate = False
+
+    def __init__(self, rule, n: int, cap: int):
+        self.rule, self.n, self.cap = rule, n, cap
+
+    def reset(self) -> None:
+        if self.rule is not None:
+            self.rule.reset()
+
+    def __call__(self, dec, candidates: list[int], step) -> bool:
+        last = len(candidates) == self.n
+        if self.rule is not None and not (last and (self.rule.reads_candidate or len(candidates) == self.cap)):
+            self.rule(dec, candidates, step)
+        return last
+
+
+class FreeRounds:
+    """The rounds of a run that decodes: as the policy's stop rule and the draws make them."""
+
+    def stop(self, rule, cap: int):
+        return rule
+
+    def keeps(self, drafted: int) -> None:
+        return None
+
+    def check_done(self) -> None:
+        pass
+
+
 def write_schedule(path: str | Path, schedule: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_json(Path(path), {"kind": SCHEDULE_KIND, **schedule})

@@ -26,6 +26,7 @@ from core.models import check_vocabularies, vocab_size
 from core.sampling import Sampling, sample_token, uniform
 from decoding import rules
 from decoding.backends import CachedLM, keeps_own_cache, model_device
+from decoding.schedule import ForcedRounds, FreeRounds
 from decoding.static import StaticLM, static_lm
 from heads.features import SCORES, VECTORS
 
@@ -182,8 +183,8 @@ class DraftStep:
 class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
-    ``step`` is the draft forward the candidate was sampled from; ``confidence`` the draft's confidence distribution
-    there: q itself, the distribution the candidate was drawn from (temperature, top-k and top-p applied), which is
+    ``step`` is the draft forward the candidate was sampled from; ``dec.draft_confidence(step)``, which a rule
+    computes where it reads it, the draft's confidence distribution there: q itself, the distribution the candidate was drawn from (temperature, top-k and top-p applied), which is
     what the labels hold and so what a calibration and a head's draft scores were fitted on (``data_gen/SCHEMA.md``);
     under greedy decoding, where q is a one-hot and would make confidence and entropy rules vacuous, softmax of the
     raw logits (temperature 1).
@@ -197,7 +198,7 @@ class StopRule(Protocol):
 
     def reset(self) -> None: ...
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool: ...
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep) -> bool: ...
 
 
 AcceptRule = Callable[["Decoding", torch.Tensor, torch.Tensor, int], bool]
@@ -230,8 +231,9 @@ class Decoding:
                       for role in reads}
         self.draft = CachedLM(pair.draft, pair.sampling, draft_layers, static.get("draft"))
         self.target = CachedLM(pair.target, pair.sampling, static=static.get("target"))
-        self.schedule = list(pair.forced) if pair.forced else None
-        """The forced rounds still to run (``ModelPair.forced``)."""
+        self.rounds = ForcedRounds(pair.forced) if pair.forced else FreeRounds()
+        """What decides a round's length and the candidates it keeps: the policy's rule and the draws, or the
+        schedule of a forced run (``ModelPair.forced``)."""
         self.stale: tuple[int, torch.Tensor, torch.Tensor] | None = None
         """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
         target's hidden state that produced that token's distribution, and that distribution (log-probs)."""
@@ -348,28 +350,21 @@ class Decoding:
 
         Every draft forward of the round has its q sampled and submitted: a rule that read the last candidate's
         own forward (``StopRule.reads_candidate``) gets one more candidate drawn from it after it stops."""
+        cap = min(max_k, self.remaining - 1)
+        stop = self.rounds.stop(stop, cap)
         if stop is not None:
             stop.reset()
         candidates: list[int] = []
         logqs: list[torch.Tensor] = []
-        cap = min(max_k, self.remaining - 1)
-        forced = None if self.schedule is None else self.schedule[0][0]
         stopping = False
         while len(candidates) < cap:
             step = self.draft_step(candidates)
             y = self.sample(step.logq)
             candidates.append(y)
             logqs.append(step.logq)
-            if forced is not None:  # the rule still decides where it would (its cost is timed); the schedule stops
-                last = len(candidates) == forced
-                if stop is not None and not (last and (stop.reads_candidate or len(candidates) == cap)):
-                    stop(self, candidates, step, self.draft_confidence(step))
-                if last:
-                    break
-                continue
             if stopping or y in self.eos or len(candidates) == cap:
                 break
-            if stop is not None and stop(self, candidates, step, self.draft_confidence(step)):
+            if stop is not None and stop(self, candidates, step):
                 if not stop.reads_candidate:
                     break
                 stopping = True  # the rule's forward gave q for the next candidate: draw it, then verify
@@ -384,13 +379,7 @@ class Decoding:
         logps = self.target_dist(candidates, rows=len(candidates) + 1)
         # exact speculative sampling: min(1, p/q) of every candidate read in one transfer, one draw per candidate tested
         chances = rules.acceptance_chances(candidates, logqs, logps) if accept is None else None
-        kept = None
-        if self.schedule is not None:
-            drafted, kept = self.schedule.pop(0)
-            if drafted != len(candidates):
-                raise RuntimeError(f"a forced round drafted {len(candidates)} candidates, not its {drafted}")
-            if not self.schedule:
-                self.schedule = None
+        kept = self.rounds.keeps(len(candidates))
         n = 0
         while n < len(candidates):
             if chances is not None:
@@ -422,9 +411,7 @@ class Decoding:
             torch.cuda.synchronize(self.pair.device)
 
     def result(self) -> DecodeResult:
-        if self.schedule:
-            raise RuntimeError(f"{len(self.schedule)} forced rounds were never run: this policy does not decode in "
-                               "rounds of draft_round and verify")
+        self.rounds.check_done()
         self._sync()
         stats = DecodeStats(
             wall_s=time.perf_counter() - self._t0,

@@ -239,10 +239,11 @@ def test_the_count_test_catches_a_stop_that_discards_the_heads_forward(models, h
 
     original = specdecpp.HeadStop.__call__
 
-    def discarding(self, dec, candidates, step, scores):
+    def discarding(self, dec, candidates, step):
         self.reads_candidate = False  # so the round ends at y_k, while the head still reads y_k's own forward
+        scores = dec.draft_confidence(step)
         return self.head.logit(dec.draft_feature(candidates), scores, candidates[-1]) < -1e9 or original(
-            self, dec, candidates, step, scores)
+            self, dec, candidates, step)
 
     monkeypatch.setattr(specdecpp.HeadStop, "__call__", discarding)
     worst, _ = unused_forwards(models, heads, "specdecpp", {"head": "stop", "h": 0.4}, [])

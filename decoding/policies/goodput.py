@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from decoding.costs import CostModel, read_timing
 from decoding.estimates import CalibratedConfidence, EstimateFileError, load_calibration
@@ -50,7 +49,8 @@ class CalibratedStop:
     def reset(self) -> None:
         self.rule.reset()
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep) -> bool:
+        confidence = dec.draft_confidence(step)
         return self.rule(float(self.calibration.log_accept(confidence[candidates[-1]].item())))
 
 

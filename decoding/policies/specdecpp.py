@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from decoding import rules
 from decoding.policies.registry import register
@@ -41,7 +40,8 @@ class HeadStop:
     def reset(self) -> None:
         self.rule.reset()
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep) -> bool:
+        confidence = dec.draft_confidence(step)
         hidden = dec.draft_feature(candidates) if self.reads_candidate else step.hidden
         context = None
         if self.head.needs_context:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from core.label_math import entropy
 from decoding import rules
@@ -32,7 +31,8 @@ class ConfidenceStop(StatelessStop):
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep) -> bool:
+        confidence = dec.draft_confidence(step)
         return bool(rules.confidence_stops(confidence[candidates[-1]].exp().item(), self.threshold))
 
 
@@ -42,8 +42,8 @@ class EntropyStop(StatelessStop):
     def __init__(self, h: float):
         self.h = h
 
-    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep, confidence: torch.Tensor) -> bool:
-        return bool(rules.entropy_stops(entropy(confidence).item(), self.h))
+    def __call__(self, dec: Decoding, candidates: list[int], step: DraftStep) -> bool:
+        return bool(rules.entropy_stops(entropy(dec.draft_confidence(step)).item(), self.h))
 
 
 @register("confidence", setting="threshold", simulable=True)
