@@ -1,8 +1,8 @@
 """``make bench-timing``: per-forward times of model shapes on this device, for Eq. 5.1 latency predictions.
 
-    python -m evaluation.bench_timing                                  # Qwen2.5 0.5B draft + 1.5B target shapes
-    python -m evaluation.bench_timing --model draft=~/.cache/specheads/converted/<id> --model tiny=qwen2.5-0.5b
-    python -m evaluation.bench_timing --out runs/bench/timing-h100.json
+    specheads bench-timing                                  # Qwen2.5 0.5B draft + 1.5B target shapes
+    specheads bench-timing --model draft=~/.cache/specheads/converted/<id> --model tiny=qwen2.5-0.5b
+    specheads bench-timing --out runs/bench/timing-h100.json
 
 Weights are random (timing does not depend on their values), so only a shape is needed: a built-in name, a
 ``config.json`` or a checkpoint folder holding one. For each model it times, with a KV cache:
@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.arguments import CommandParser, check_counts
+from core.arguments import CommandParser, check_counts, description
 from core.backends import BACKENDS, backend
 from core.errors import SettingError
 from core.interrupt import run_main
@@ -318,7 +318,7 @@ def llama_table(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads bench-timing", description=description(__doc__))
     p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",
                    help=f"a model to time (repeatable); SHAPE: {', '.join(BUILTIN)}, a config.json or a checkpoint "
                         f"folder; default: {' '.join(DEFAULT_MODELS)}")

@@ -3,8 +3,8 @@
 Outputs stay under ``runs/smoke/`` (ignored): the tiny models, the prompts, and the labeled dataset with its
 ``manifest.json``, the trained and exported heads, and the evaluation report.
 
-    python -m scripts.smoke                  # on the CPU (what ``make test`` runs)
-    python -m scripts.smoke --device cuda    # labeling, training and decoding on the GPU, then the labels audited
+    specheads smoke                  # on the CPU (what ``make test`` runs)
+    specheads smoke --device cuda    # labeling, training and decoding on the GPU, then the labels audited
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.runfolder import RunFolder
@@ -113,7 +113,7 @@ STAGES = [("labels", stage_labels), ("train", stage_train), ("eval", stage_eval)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m scripts.smoke", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="specheads smoke", description=description(__doc__))
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every stage runs")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
