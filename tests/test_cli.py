@@ -221,3 +221,48 @@ def test_generate_takes_a_registered_policy_its_settings_and_the_sampling(monkey
     with pytest.raises(SystemExit):
         llama_cpp.main([*common, "--param", "h"])
     assert "'h' is not KEY=VALUE" in capsys.readouterr().err
+
+
+def test_the_command_line_hides_the_libraries_noise_and_not_ours(monkeypatch):
+    """``specheads`` hides what ``make``'s ``PYTHONWARNINGS`` hides (deprecations, Lightning's warnings about its
+    own settings), Lightning's info lines ("GPU available", "💡 Tip") and transformers' deprecation messages; a
+    warning of this project's own modules still prints."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.get_logger()
+    handlers = logging.getLogger("transformers").handlers
+    assert handlers
+    for handler in handlers:
+        monkeypatch.setattr(handler, "filters", list(handler.filters))
+    for name in [*cli.LIBRARY_LOGGERS, "pytorch_lightning", "lightning_fabric"]:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli.quiet()
+        cli.quiet()  # once is enough; twice changes nothing
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", DeprecationWarning)
+        warnings.warn("will be removed in version 5.40.0", FutureWarning)
+        warnings.warn_explicit("Checkpoint directory exists and is not empty.", UserWarning, "model_checkpoint.py",
+                               881, module="pytorch_lightning.callbacks.model_checkpoint")
+        warnings.warn_explicit("this folder's costs were timed on another device", UserWarning, "hf.py", 361,
+                               module="decoding.runtimes.hf")
+    assert [str(w.message) for w in seen] == ["this folder's costs were timed on another device"]
+    for name in ("pytorch_lightning", "lightning_fabric"):  # what Lightning does as it loads, maybe after quiet()
+        logging.getLogger(name).setLevel(logging.INFO)
+    for name in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.seed"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO)
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING)
+
+    def passes(message: str) -> bool:
+        record = logging.LogRecord("transformers.generation.utils", logging.WARNING, "", 0, message, None, None)
+        return all(handler.filter(record) for handler in handlers)
+
+    assert not passes("Passing `generation_config` together with generation-related arguments=({'use_cache'}) is "
+                      "deprecated and will be removed in future versions.")
+    assert not passes("`past_key_values`/`cache_params` are deprecated. Use `cache` instead.")
+    assert passes("Setting `pad_token_id` to `eos_token_id`:0 for open-end generation.")
+    assert sum(isinstance(f, cli.NoDeprecations) for h in handlers for f in h.filters) == len(handlers)
