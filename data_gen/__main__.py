@@ -1,24 +1,24 @@
-"""``python -m data_gen --config configs/labels/humaneval.yaml [--sampling.max_new_tokens 64 …]``"""
+"""``specheads labels --config configs/labels/humaneval.yaml [--sampling.max_new_tokens 64 …]``"""
 
 from __future__ import annotations
 
 import sys
 
-from core.arguments import parse_settings
+from core.arguments import parse_settings, settings_parser
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 
 
-def parser():
-    from jsonargparse import ActionConfigFile, ArgumentParser
+CONFIG = "configs/labels/<file>.yaml"
+"""What ``--config`` takes: the settings of a labeling run come from a file (the pair, the prompts)."""
 
+
+def parser():
     from data_gen.config import LabelConfig
 
-    p = ArgumentParser(prog="python -m data_gen", description="Label every draft token of a draft/target pair (--out FOLDER: --output_dir).",
-                       exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
-    p.add_class_arguments(LabelConfig, None, as_group=False)
-    return p
+    return settings_parser(LabelConfig, "specheads labels", "Label every draft token of a draft/target pair "
+                           "(--out FOLDER: --output_dir). The settings come from a file, --config " + CONFIG
+                           + ", and any flag below overrides one of them.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                 from data_gen.run import run_labels
 
             p = parser()
-            ns = p.instantiate(parse_settings(p, argv))
+            ns = p.instantiate(parse_settings(p, argv, CONFIG))
             cfg = LabelConfig(**{k: v for k, v in vars(ns).items() if k != "config"})
             run_labels(cfg)
     except KeyboardInterrupt:

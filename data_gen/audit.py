@@ -1,6 +1,6 @@
 """Recompute label rows from the dataset alone and compare every column.
 
-    python -m data_gen.audit LABEL_DIR [--rows 200] [--seed 0] [--access plain|decoder]   (make audit LABELS=…)
+    specheads audit LABEL_DIR [--rows 200] [--seed 0] [--access plain|decoder]   (make audit LABELS=…)
 
 The labeler reads many prompts at once: left padding, 4D masks that let candidates see only their own prefix, KV
 caches cropped and reused. The audit checks every row's place and the columns its prompt's random draws fix
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from core.arguments import CommandParser, path_argument, resolve_paths
+from core.arguments import CommandParser, description, path_argument, resolve_paths
 from core.backends import backend_of
 from core.errors import UserError
 from core.models import load_model
@@ -123,8 +123,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m data_gen.audit", description=__doc__.split("\n\n")[0])
-    path_argument(p, "labels", "--labels", "a label folder written by `python -m data_gen`")
+    p = CommandParser(prog="specheads audit", description=description(__doc__))
+    path_argument(p, "labels", "--labels", "a label folder written by `specheads labels`")
     p.add_argument("--rows", type=int, default=200, help="rows drawn from each split (at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of rows (0 or more)")
     p.add_argument("--access", choices=ACCESS, default="plain",

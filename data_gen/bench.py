@@ -10,7 +10,7 @@ whole labeling call; its time is split into target generation, draft reading and
 batch 1. ``--generate_batches 1 4 8 16`` also times ``target.generate`` alone at those batch sizes (the
 measurement behind a config's ``batch_size``).
 
-    python -m data_gen.bench --config configs/labels/corpus.yaml --bench_prompts 16
+    specheads bench-labels --config configs/labels/corpus.yaml --bench_prompts 16
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections import defaultdict
 import torch
 from jsonargparse import ArgumentParser
 
-from core.arguments import parse_settings
+from core.arguments import description, parse_settings
 from core.errors import UserError
 from core.backends import BACKENDS
 from core.models import context_window, eos_token_ids
-from data_gen.__main__ import parser as label_parser
+from data_gen.__main__ import CONFIG, parser as label_parser
 from data_gen.batches import build_records, make_batches
 from data_gen.config import LabelConfig
 from data_gen.llama_labeler import is_llama
@@ -72,7 +72,7 @@ def bench_records(records: list[dict], n: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p: ArgumentParser = label_parser()
-    p.prog = "python -m data_gen.bench"
+    p.prog, p.description = "specheads bench-labels", description(__doc__)
     p.add_argument("--bench_prompts", type=int, default=16, help="how many prompts to time (train prompts of about the median length)")
     p.add_argument("--generate_batches", type=list[int], default=[],
                    help="also time target.generate alone at these batch sizes, on the same prompts")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the labelers to time on the same batches, one after the other batch by batch (the first "
                         "is the reference); target.generate runs on transformers")
     try:
-        ns = p.instantiate(parse_settings(p, argv))
+        ns = p.instantiate(parse_settings(p, argv, CONFIG))
         n_prompts, gen_batches, backends = ns.pop("bench_prompts"), ns.pop("generate_batches"), ns.pop("backends")
         if n_prompts < 1 or any(b < 1 for b in gen_batches):
             raise UserError(f"--bench_prompts and --generate_batches must be 1 or more, got {n_prompts} and "

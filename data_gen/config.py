@@ -21,7 +21,7 @@ from data_gen.errors import LabelingError
 
 @dataclass
 class LabelConfig:
-    """Settings of one labeling run (``python -m data_gen --config configs/labels/….yaml``)."""
+    """Settings of one labeling run (``specheads labels --config configs/labels/….yaml``)."""
 
     draft: ModelSpec
     """The draft model (its last hidden state is the heads' input feature)."""

@@ -22,7 +22,7 @@ sample of every package. Same installed packages and settings -> same rows and t
 ``manifest.json`` (sha256 of the rows' canonical JSON, not of the Parquet bytes, which record the writer's
 version).
 
-    python -m data_gen.corpus --out runs/corpus
+    specheads corpus --out runs/corpus
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from core.arguments import parse_settings
+from core.arguments import parse_settings, settings_parser
 from core.errors import UserError
 from core.runfolder import RunFolder, write_json, write_with
 from data_gen.corpus_config import CorpusConfig, CorpusError
@@ -129,13 +129,8 @@ def _build(cfg: CorpusConfig, out: Path, progress: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    p = ArgumentParser(prog="python -m data_gen.corpus",
-                       description="Build a HumanEval-shaped prompt corpus from installed third-party packages.",
-                       exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
-    p.add_class_arguments(CorpusConfig, None, as_group=False)
+    p = settings_parser(CorpusConfig, "specheads corpus",
+                        "Build a HumanEval-shaped prompt corpus from installed third-party packages.")
     try:
         ns = parse_settings(p, argv)
         cfg = CorpusConfig(**{k: v for k, v in vars(ns).items() if k != "config"})

@@ -30,7 +30,7 @@ class CorpusError(UserError):
 
 @dataclass
 class CorpusConfig:
-    """Settings of ``python -m data_gen.corpus``."""
+    """Settings of ``specheads corpus``."""
 
     out: str = "runs/corpus"
     """Folder for ``corpus.parquet`` and ``manifest.json``."""

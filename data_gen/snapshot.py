@@ -1,11 +1,11 @@
-"""``python -m data_gen.snapshot RUN OUT``: the batches a labeling run has finished so far, as a dataset of their own.
+"""``specheads snapshot RUN OUT``: the batches a labeling run has finished so far, as a dataset of their own.
 
 A large labeling run takes hours. Its folder is a dataset only once every batch is written (the manifest comes
 last), but a run labels its batches spread over the splits and the lengths (``data_gen.batches.labeling_order``), so
 the batches finished at any time are a sample of the whole run. This copies them into a new folder ``OUT`` with a
 manifest of their own, to train and evaluate on while the run goes on:
 
-    python -m data_gen.snapshot runs/labels/corpus-1500 runs/labels/corpus-1500-snap
+    specheads snapshot runs/labels/corpus-1500 runs/labels/corpus-1500-snap
 
 The run's folder is only read (the run may be labeling into it meanwhile); shards are hard links where the file
 system allows, else copies. The snapshot's manifest is the one the run itself would write for these batches, with
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from core import shards
-from core.arguments import CommandParser, path_argument, resolve_paths
+from core.arguments import CommandParser, description, path_argument, resolve_paths
 from core.errors import UserError
 from core.interrupt import CtrlCGuard, command_failure, interrupted_line
 from core.runfolder import RunFolder
@@ -163,7 +163,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m data_gen.snapshot", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="specheads snapshot", description=description(__doc__))
     path_argument(p, "run", "--labels", "the folder of a labeling run (finished or not)")
     path_argument(p, "out", "--out", "a new folder for the snapshot")
     a = p.parse_args(argv)

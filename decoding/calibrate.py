@@ -1,7 +1,7 @@
 """``make calibrate``: the draft's confidence q(Y_i) calibrated on label rows, the goodput stop's acceptance estimate
 without a head (``decoding.estimates.CalibratedConfidence``: isotonic regression of min(1, p/q) on q).
 
-    python -m decoding.calibrate --labels runs/labels/corpus --splits train --out checkpoints/calibration.json \\
+    specheads calibrate --labels runs/labels/corpus --splits train --out checkpoints/calibration.json \\
         [--heldout runs/labels/humaneval-heldout --heldout_splits test]
 
 It fits on the traces' rows (the ``target`` rows, ``decoding.traces.trace_rows``) of the label folder's splits, saves
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import UserError
 from core.runfolder import OutputFile
 from core.shards import SPLITS, read_manifest
@@ -38,7 +38,7 @@ def errors(calibration: CalibratedConfidence, rows: dict[str, np.ndarray]) -> di
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m decoding.calibrate", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads calibrate", description=description(__doc__))
     p.add_argument("--labels", required=True, help="a label folder whose traces' rows to fit on")
     p.add_argument("--splits", nargs="+", default=["train"], choices=SPLITS, help="its splits to fit on")
     p.add_argument("--out", required=True, help="the JSON file to write (CalibratedConfidence.save)")

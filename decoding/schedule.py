@@ -137,7 +137,7 @@ def read_schedule(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ScheduleFileError(f"schedule file {path}: not JSON ({e})") from None
     if not isinstance(schedule, dict) or schedule.get("kind") != SCHEDULE_KIND:
-        raise ScheduleFileError(f"{path} is not a trace-forced schedule (make it with python -m evaluation.schedule)")
+        raise ScheduleFileError(f"{path} is not a trace-forced schedule (make it with specheads gpu-schedule)")
     try:
         lengths = [int(t["length"]) for t in schedule["traces"]]
         for policy in schedule["policies"]:

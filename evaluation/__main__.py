@@ -1,4 +1,4 @@
-"""``python -m evaluation --config configs/eval/humaneval.yaml [--max_new_tokens 64 --prompts.limit 10 …]``"""
+"""``specheads eval --config configs/eval/humaneval.yaml [--max_new_tokens 64 --prompts.limit 10 …]``"""
 
 from __future__ import annotations
 

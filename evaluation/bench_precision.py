@@ -1,8 +1,8 @@
 """``make bench-precision``: the real draft at each precision beside the target, on the same prompts: the draft's
 decode step, the cost ratio c = t_draft / t_target, and the mean acceptance 1 − TV(p, q) against the target.
 
-    python -m evaluation.bench_precision                          # the labeling config's pair, 8 HumanEval prompts
-    python -m evaluation.bench_precision --prompts 16 --precision bfloat16 int8-dynamic-per-channel
+    specheads bench-precision                          # the labeling config's pair, 8 HumanEval prompts
+    specheads bench-precision --prompts 16 --precision bfloat16 int8-dynamic-per-channel
 
 1 − TV(p, q) = Σ_v min(p(v), q(v)) is the probability that speculative sampling accepts a draft token at
 temperature 1. It is read along each prompt's reference solution (teacher-forced, the first ``--positions``
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from core.arguments import CommandParser, check_counts
+from core.arguments import CommandParser, check_counts, description
 from core.interrupt import run_main
 from core.label_math import tv_distance, warp_logits
 from core.models import ModelSpec, load_model
@@ -33,11 +33,12 @@ DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m evaluation.bench_precision", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads bench-precision", description=description(__doc__))
     p.add_argument("--config", default="configs/labels/humaneval.yaml", help="a labeling config: its draft and target")
     p.add_argument("--precision", nargs="+", default=list(DEFAULT_PRECISIONS), choices=[*DTYPES, *QUANTIZATIONS],
                    help="the draft's precisions (a dtype, or an int8 quantization of float32 weights)")
-    p.add_argument("--target_precision", default="float32", choices=[*DTYPES, *QUANTIZATIONS])
+    p.add_argument("--target_precision", default="float32", choices=[*DTYPES, *QUANTIZATIONS],
+                   help="the target's one precision, the reference of c and 1 - TV (default float32)")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts, spread over the 164")
     p.add_argument("--positions", type=int, default=48, help="reference tokens read per prompt")
     p.add_argument("--cache", type=int, default=128, help="KV-cache length of the timed decode step")

@@ -1,8 +1,8 @@
 """``make bench-timing``: per-forward times of model shapes on this device, for Eq. 5.1 latency predictions.
 
-    python -m evaluation.bench_timing                                  # Qwen2.5 0.5B draft + 1.5B target shapes
-    python -m evaluation.bench_timing --model draft=~/.cache/specheads/converted/<id> --model tiny=qwen2.5-0.5b
-    python -m evaluation.bench_timing --out runs/bench/timing-h100.json
+    specheads bench-timing                                  # Qwen2.5 0.5B draft + 1.5B target shapes
+    specheads bench-timing --model draft=~/.cache/specheads/converted/<id> --model tiny=qwen2.5-0.5b
+    specheads bench-timing --out runs/bench/timing-h100.json
 
 Weights are random (timing does not depend on their values), so only a shape is needed: a built-in name, a
 ``config.json`` or a checkpoint folder holding one. For each model it times, with a KV cache:
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from tqdm import tqdm
 
-from core.arguments import CommandParser, check_counts
+from core.arguments import CommandParser, check_counts, description
 from core.backends import BACKENDS, backend
 from core.errors import SettingError
 from core.interrupt import run_main
@@ -274,7 +275,8 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
 
 
 def llama_main(a: argparse.Namespace) -> list[dict]:
-    """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``."""
+    """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``, each
+    thread count's file written as soon as it is timed (a Ctrl-C keeps the ones done)."""
     import yaml
 
     from core.models import ModelSpec, load_llama_model
@@ -285,7 +287,7 @@ def llama_main(a: argparse.Namespace) -> list[dict]:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
     results = []
-    for threads in a.threads:
+    for threads in tqdm(a.threads, desc="bench-timing", unit="thread count", file=sys.stderr):
         models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
                   for role, spec in specs.items()}
         result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
@@ -316,7 +318,7 @@ def llama_table(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m evaluation.bench_timing", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads bench-timing", description=description(__doc__))
     p.add_argument("--model", action="append", default=None, metavar="NAME=SHAPE",
                    help=f"a model to time (repeatable); SHAPE: {', '.join(BUILTIN)}, a config.json or a checkpoint "
                         f"folder; default: {' '.join(DEFAULT_MODELS)}")
@@ -408,26 +410,51 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         raise SettingError("the int8 quantizations run on the CPU only (--device cpu)")
     result = {"device": describe_device(device), "device_type": device.type, "precisions": precisions,
               "torch": torch.__version__, "prefill": a.prefill, "verify": a.verify, "models": []}
+    shapes = []
     for spec in a.model or DEFAULT_MODELS:
         label, _, shape = spec.partition("=")
         if not shape:
             label, shape = Path(spec).name, spec
-        config = model_config(shape)
-        params = count_parameters(config)
-        for precision in precisions:
-            model = build(config, device, precision)
-            entry = {"name": label, "precision": precision, "shape": shape, "params": params,
-                     **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short,
-                                  tuple(a.verify_lengths))}
-            entry["catch_up"] = catch_up_entry(model, "eager", a.cache[0], a.repeats)  # priced where it drafts
+        shapes.append((label, shape, model_config(shape)))
+    jobs = [(label, shape, config, precision) for label, shape, config in shapes for precision in precisions]
+    bar = tqdm(jobs, desc="bench-timing", unit="model", file=sys.stderr)
+    try:
+        for label, shape, config, precision in bar:
+            bar.set_postfix_str(f"{label}@{precision}")
+            entry = time_model(label, shape, config, precision, device, a)
             result["models"].append(entry)
-            print(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr, flush=True)
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            bar.write(f"{label}@{precision}: decode step {step_s(entry) * 1e3:.1f} ms", file=sys.stderr)
+    except KeyboardInterrupt:
+        bar.close()
+        keep_interrupted(result, out)
+        raise
+    bar.close()
     print(table(result))
     write_json(result, out)
     return result
+
+
+def time_model(label: str, shape: str, config, precision: str, device: torch.device, a: argparse.Namespace) -> dict:
+    """One model's timing entry (``main``): the shape built at ``precision`` on ``device``, timed, then freed."""
+    model = build(config, device, precision)
+    entry = {"name": label, "precision": precision, "shape": shape, "params": count_parameters(config),
+             **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short,
+                           tuple(a.verify_lengths))}
+    entry["catch_up"] = catch_up_entry(model, "eager", a.cache[0], a.repeats)  # priced where it drafts
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return entry
+
+
+def keep_interrupted(result: dict, out: OutputFile) -> None:
+    """After a Ctrl-C, the entries timed so far written to ``out`` as a finished run writes them (marked
+    ``"interrupted": true``; the model being timed is left out), so minutes of timing are not lost; nothing is
+    written before the first entry is done."""
+    if result["models"]:
+        write_json({**result, "interrupted": True}, out)
+        timed = ", ".join(f"{m['name']}@{m['precision']}" for m in result["models"])
+        print(f"kept what was timed before the interrupt ({timed}) in {out.path}", file=sys.stderr)
 
 
 def write_json(result: dict, out: OutputFile) -> None:

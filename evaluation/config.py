@@ -1,4 +1,4 @@
-"""Settings of one evaluation run (``python -m evaluation --config configs/eval/humaneval.yaml``)."""
+"""Settings of one evaluation run (``specheads eval --config configs/eval/humaneval.yaml``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ArgumentParser
 
 from core.cache import file_sha256
-from core.arguments import parse_settings
+from core.arguments import parse_settings, settings_parser
 from core.errors import UserError
 from core.backends import BACKENDS, backend
 from evaluation.llama_peer import FAMILIES as LLAMA_FAMILIES
@@ -223,7 +223,9 @@ class EvalConfig:
     target: ModelSpec
     """The target model; same entry as the labeling config."""
     policies: list[Sweep]
-    """The policy families and their grids."""
+    """The policy families and their grids, each ``{family: sd, fixed: {…}, grid: {k: [2, 4, 6]}}``
+    (``--policies.help`` lists a family's fields; the families: ``decoding.policies.POLICIES``), usually given in
+    the ``--config`` file."""
     prompts: PromptConfig = field(default_factory=lambda: PromptConfig(limit=20))
     """Where the prompts come from (``humaneval`` enables pass@1; ``limit`` keeps the CPU run short)."""
     modes: list[Mode] = field(default_factory=lambda: [Mode("sample", 1.0)])
@@ -402,21 +404,24 @@ class EvalConfig:
                             (self.timing_draft, self.timing_target))
 
 
+CONFIG = "configs/eval/<file>.yaml"
+"""What ``--config`` takes: an evaluation's settings come from a file (the pair, the policies and their grids)."""
+
+
 def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m evaluation", description="Run every decoding policy and write the report (--out FOLDER: --output_dir).",
-                       exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile, help="YAML file with the settings below")
-    p.add_class_arguments(EvalConfig, None, as_group=False)
+    p = settings_parser(EvalConfig, "specheads eval", "Run every decoding policy and write the report (--out "
+                        "FOLDER: --output_dir). The settings come from a file, --config " + CONFIG + ", and any flag "
+                        "below overrides one of them.")
     p.add_argument("--report_only", type=bool, default=False,
                    help="rewrite the report from output_dir/results.jsonl without running anything")
     return p
 
 
 def parse(argv: list[str] | None = None) -> tuple[EvalConfig, bool]:
-    """The settings ``python -m evaluation`` reads from ``argv`` (a ``--config`` file and overrides), and whether it
+    """The settings ``specheads eval`` reads from ``argv`` (a ``--config`` file and overrides), and whether it
     only rewrites the report."""
     p = parser()
-    ns = p.instantiate(parse_settings(p, argv))
+    ns = p.instantiate(parse_settings(p, argv, CONFIG))
     report_only = ns.pop("report_only") if hasattr(ns, "pop") else False
     kw = {k: v for k, v in vars(ns).items() if k not in ("config", "report_only")}
     return EvalConfig(**kw), bool(report_only)

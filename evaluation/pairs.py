@@ -1,4 +1,4 @@
-"""``python -m evaluation.pairs FOLDER A/B [C/D …]``: the tokens-per-second ratio of one run of a finished eval over
+"""``specheads compare FOLDER A/B [C/D …]``: the tokens-per-second ratio of one run of a finished eval over
 another, with its paired bootstrap 95 % interval over the prompts both decoded (``core.intervals.speedup_interval``,
 the interval the report gives against target-only and SD), for pairs the report's table does not hold (SpecDec++
 over the confidence stop, a goodput run over transformers' defaults).
@@ -13,7 +13,7 @@ import json
 import math
 import sys
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import UserError
 from core.intervals import Interval, speedup_interval
 from evaluation.rundir import RunDir
@@ -72,7 +72,7 @@ def ratio(runs: dict, a: str, b: str) -> tuple[str, str, Interval, int]:
 
 
 def main(argv: list[str] | None = None) -> list[tuple[str, str, Interval, int]]:
-    p = CommandParser(prog="python -m evaluation.pairs", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads compare", description=description(__doc__))
     p.add_argument("folder", help="a finished eval's output_dir")
     p.add_argument("pairs", nargs="+", metavar="A/B", help="run A over run B, by the start of their labels")
     p.add_argument("--mode", default=None, help="the eval's mode (needed when it has several)")

@@ -2,7 +2,7 @@
 (``evaluation.markdown``) and PNGs (``evaluation.plots``).
 
 Computed from ``results.jsonl`` alone (plus training's ROC output), so it can be rewritten at any time:
-``python -m evaluation --config … --report_only true``. See ``evaluation/REPORT.md`` for how to read it.
+``specheads eval --config … --report_only true``. See ``evaluation/REPORT.md`` for how to read it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``python -m evaluation.schedule``: a trace-forced schedule (``decoding.schedule``) from held-out label traces, for
+"""``specheads gpu-schedule``: a trace-forced schedule (``decoding.schedule``) from held-out label traces, for
 timing the decoder's real rounds on a GPU that has no real weights (``scripts/gpu_check.sh``).
 
-    python -m evaluation.schedule --labels runs/labels/heldout-20 --head checkpoints/heads/<stop head>.safetensors \\
+    specheads gpu-schedule --labels runs/labels/heldout-20 --head checkpoints/heads/<stop head>.safetensors \\
         --calibration checkpoints/calibration.json --c 0.7 --out runs/gpu/schedule.json
 
 Each policy's setting (SD's K, the confidence threshold, SpecDec++'s h, the goodput stop's λ) is the one the
@@ -63,15 +63,17 @@ def make_schedule(labels: str, heads: list[str], calibration: str | None, c: flo
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = CommandParser(prog="python -m evaluation.schedule",
-                                description="A trace-forced schedule from held-out label traces, for the GPU check.")
+    p = CommandParser(prog="specheads gpu-schedule",
+                      description="A trace-forced schedule from held-out label traces, for the GPU check "
+                                  "(specheads gpu-check --schedule FILE).")
     p.add_argument("--labels", required=True, help="a label folder with held-out traces (e.g. runs/labels/heldout-20)")
     p.add_argument("--head", nargs="*", default=[], help="exported stop heads (SpecDec++, and goodput on each)")
     p.add_argument("--calibration", default=None, help="a calibration file (make calibrate): goodput on the confidence")
     p.add_argument("--c", type=float, default=0.7, help="cost ratio the settings are chosen at (default 0.7)")
     p.add_argument("--traces", type=int, default=20, help="the first N traces by prompt id (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
-    p.add_argument("--out", default="runs/gpu/schedule.json")
+    p.add_argument("--out", default="runs/gpu/schedule.json",
+                   help="the schedule's JSON file (default runs/gpu/schedule.json)")
     a = p.parse_args(argv)
     check_cost_ratios([a.c], "--c")
     if a.traces < 1 or a.seed < 0:

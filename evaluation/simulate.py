@@ -1,4 +1,4 @@
-"""``python -m evaluation.simulate``: stop and verification policies replayed over label traces, without decoding.
+"""``specheads simulate``: stop and verification policies replayed over label traces, without decoding.
 
 SpecDec++ §5: the verification rate N_target/N and the discard rate N_discarded/N do not depend on the hardware;
 the latency follows from them and the per-forward times (Eq. 5.1), so the speedup over target-only at a cost ratio
@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from core.shards import SPLITS, read_manifest
@@ -319,7 +319,7 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m evaluation.simulate", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads simulate", description=description(__doc__))
     p.add_argument("--labels", default="runs/labels/humaneval-heldout", help="a label folder (its `target` rows are traces)")
     p.add_argument("--splits", nargs="+", default=["val", "test"], choices=SPLITS,
                    help="splits whose prompts are replayed (default: the ones no head trained on)")
@@ -336,8 +336,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also the goodput stop of each stop head (and --calibration) under a flat cost at each --c "
                         "(every verification costs one target forward, a draft step c): SpecDec++'s cost model, "
                         "where the rule is a threshold rule whose h follows from the costs")
-    p.add_argument("--timing_draft", default="draft")
-    p.add_argument("--timing_target", default="target")
+    p.add_argument("--timing_draft", default="draft", help="the draft's entry in --timing (default draft)")
+    p.add_argument("--timing_target", default="target", help="the target's entry in --timing (default target)")
     p.add_argument("--eval", default=None, metavar="CONFIG",
                    help="an eval config whose finished runs to check the predictions against (adds its fitted c)")
     return p.parse_args(argv)

@@ -1,7 +1,7 @@
 """``make bench-train``: one epoch of the SPRINTER verifier over cached fp16 features, through the real data
 module and Trainer, next to a plain in-memory tensor pass over the same rows (the input pipeline's overhead).
 
-    python -m pipeline.bench [--rows 1000000] [--hidden_size 896] [--batch_size 4096]
+    specheads bench-train [--rows 1000000] [--hidden_size 896] [--batch_size 4096]
 
 The random features and labels are written once under ``runs/bench/`` and reused.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core import label_math as lm
-from core.arguments import CommandParser, check_counts
+from core.arguments import CommandParser, check_counts, description
 from core.interrupt import run_main
 from core.runfolder import RunFolder
 from core.shards import FLOAT_COLUMNS, SCHEMA_VERSION, shard_records, write_shard
@@ -118,10 +118,10 @@ def tensor_epoch(folder: Path, batch_size: int) -> tuple[float, float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = CommandParser(prog="python -m pipeline.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--hidden_size", type=int, default=896)
-    p.add_argument("--batch_size", type=int, default=4096)
+    p = CommandParser(prog="specheads bench-train", description=description(__doc__))
+    p.add_argument("--rows", type=int, default=1_000_000, help="random label rows in the epoch (default 1000000)")
+    p.add_argument("--hidden_size", type=int, default=896, help="width of each row's feature (default 896)")
+    p.add_argument("--batch_size", type=int, default=4096, help="rows per training batch (default 4096)")
     p.add_argument("--dir", default="runs/bench", help="where the random shards are cached")
     a = p.parse_args(argv)
     check_counts({"--rows": a.rows, "--hidden_size": a.hidden_size, "--batch_size": a.batch_size})

@@ -1,4 +1,4 @@
-"""``python -m pipeline fit|validate|test|predict --config configs/train/….yaml`` (LightningCLI)."""
+"""``specheads lightning fit|validate|test|predict --config configs/train/….yaml`` (LightningCLI)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,10 @@ class HeadCLI(LightningCLI):
         base = {"default_config_files": [str(BASE_CONFIG)]}
         subcommands = ("fit", "validate", "test", "predict")
         # a setting the parser refuses raises (``parse_arguments``: one line) where jsonargparse prints its usage
-        given = {"exit_on_error": False, **(kwargs.get("parser_kwargs") or {})}
+        given = {"exit_on_error": False, "prog": "specheads lightning",
+                 "description": "One training config through LightningCLI: fit, validate, test or predict "
+                                "(specheads lightning fit --config configs/train/<file>.yaml).",
+                 **(kwargs.get("parser_kwargs") or {})}
         kwargs["parser_kwargs"] = ({**base, **given} if kwargs.get("run") is False
                                    else {**given, **{s: {**base, **given.get(s, {})} for s in subcommands}})
         super().__init__(HeadModule, LabelDataModule, *args, **kwargs)

@@ -189,7 +189,7 @@ class LabelDataModule(pl.LightningDataModule):
     ):
         """
         Args:
-            labels: folder written by ``python -m data_gen`` (shards and ``manifest.json``).
+            labels: folder written by ``specheads labels`` (shards and ``manifest.json``).
             test_labels: a label folder whose ``test`` split is the test set instead of ``labels``' (held-out
                 prompts, e.g. ``runs/labels/humaneval-heldout`` beside corpus labels); labeled with the same draft.
             train_share: train on this share of the train split's prompts (all their rows), the same prompts for

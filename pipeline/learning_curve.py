@@ -1,6 +1,6 @@
 """How the heads' edge over the training-free rules moves with data size, judged on prompts no head saw.
 
-    python -m pipeline.learning_curve --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
+    specheads curve --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
 
 For each share of the training labels' prompts (nested: 1/16 … all) and each head config, train and export the head
 (``pipeline.train_all.train_one``: early stopping and its threshold on the training labels' val split), then on the
@@ -17,7 +17,7 @@ A head that saw a held-out prompt is refused (``heads.export.check_unseen``). Wr
 (with the digests of both label manifests) and ``curve.png`` (data size on the x axis) under ``--out``. Curves run
 apart (other shares, other heads) on the same labels join into one table and plot, training nothing:
 
-    python -m pipeline.learning_curve --merge runs/curve runs/curve-small --out runs/curve-all
+    specheads curve --merge runs/curve runs/curve-small --out runs/curve-all
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.arguments import CommandParser, check_config_file
+from core.arguments import CommandParser, check_config_file, description
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.intervals import Interval
@@ -221,7 +221,7 @@ TRAINING_FLAGS = {"labels": "runs/labels/corpus", "test_labels": "runs/labels/hu
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m pipeline.learning_curve", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads curve", description=description(__doc__))
     d = TRAINING_FLAGS
     p.add_argument("--labels", help=f"training labels (train and val splits; default {d['labels']})")
     p.add_argument("--test_labels", help="held-out labels: their test rows and traces judge every head "

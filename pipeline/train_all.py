@@ -1,7 +1,7 @@
 """``make train``: train the SPRINTER verifier and the SpecDec++ head, pick thresholds, export, report.
 
-    python -m pipeline.train_all --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
-    python -m pipeline.train_all --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
+    specheads train --labels runs/labels/corpus --test_labels runs/labels/humaneval-heldout
+    specheads train --sweep          # SpecDec++ head over D ∈ 0..4 × w_rej ∈ {1, 3, 6, 12}
 
 For each config: fit (early stopping on val/loss) → best checkpoint → threshold on validation (a verifier's τ:
 Youden's J on the per-token label; a stop head's h: the one the trace simulator finds fastest on the validation
@@ -30,7 +30,7 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from sklearn.metrics import roc_auc_score, roc_curve
 from torchmetrics import Metric
 
-from core.arguments import CommandParser, check_config_file
+from core.arguments import CommandParser, check_config_file, description
 from core.cache import file_sha256
 from core.errors import SettingError
 from core.interrupt import run_main
@@ -316,7 +316,7 @@ def check_heads_folder(heads_dir: Path, labels: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(prog="python -m pipeline.train_all", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="specheads train", description=description(__doc__))
     p.add_argument("--labels", default="runs/labels/corpus", help="labeled dataset folder (data_gen output)")
     p.add_argument("--test_labels", default=None,
                    help="test on the test split of this label folder (held-out prompts, e.g. "

@@ -1,2 +1,2 @@
 """Scripts that drive the whole pipeline (labels -> training -> export -> evaluation):
-``python -m scripts.smoke``."""
+``specheads smoke``."""

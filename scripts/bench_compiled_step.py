@@ -1,7 +1,7 @@
 """The pair's decode step and verification on a GPU, eager against CUDA graphs (a static cache and
 ``torch.compile(mode="reduce-overhead")``): what the cost ratio c becomes once kernel launches stop setting it.
 
-    python -m scripts.bench_compiled_step --out runs/bench/compiled-step.json
+    specheads bench-compiled-step --out runs/bench/compiled-step.json
 
 Our decoders run eagerly; this measures what a compiled runtime would give the same shapes (random weights, bf16,
 batch 1), to say which c a GPU stands for. Each compile takes about 30 s on an H100. Every timed call appends to
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import SettingError
 from core.interrupt import run_main
 from evaluation.bench_timing import DEFAULT_MODELS, build, model_config
@@ -51,11 +51,12 @@ def time_forwards(model, prefix: int, lengths: tuple[int, ...], repeats: int, co
 
 @torch.no_grad()
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m scripts.bench_compiled_step", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="specheads bench-compiled-step", description=description(__doc__))
     p.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed forwards")
     p.add_argument("--verify", type=int, default=8, help="tokens of the timed verification")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default="runs/bench/compiled-step.json")
+    p.add_argument("--repeats", type=int, default=20, help="timed repeats of each forward (median reported)")
+    p.add_argument("--out", default="runs/bench/compiled-step.json",
+                   help="the JSON file of the times (default runs/bench/compiled-step.json)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SettingError("this compares CUDA graphs with eager forwards: it needs a CUDA GPU")

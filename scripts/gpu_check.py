@@ -5,12 +5,12 @@
 (b) the decoder's forward (the model, its logits and their warp, as ``CachedLM.advance`` runs it) of the pair's draft
     and target shapes and of a 7B target shape, at every verification length 1 … 21 after 256 cached tokens, eager and
     under both graph decoders, and the bare compiled step of ``scripts.bench_compiled_step`` for the pair's target;
-(c) trace-forced decoding (``ModelPair.forced``) of a schedule's policies (``python -m evaluation.schedule``) with
+(c) trace-forced decoding (``ModelPair.forced``) of a schedule's policies (``specheads gpu-schedule``) with
     random weights of the pair's shapes, under each graph decoder: wall time per token against what (b)'s costs of
     that decoder charge for the same rounds, and how much of the wall the forwards themselves take;
 (d) the same with the 7B target shape and the pair's draft.
 
-    python -m scripts.gpu_check --schedule runs/gpu/schedule.json --out runs/gpu-check
+    specheads gpu-check --schedule runs/gpu/schedule.json --out runs/gpu-check
 
 Writes ``results.json`` (every figure, rewritten after each part, so a run cut short keeps what it measured),
 ``report.md`` (the tables), ``timing-<decoder>-<target>.json`` (each graph decoder's costs in ``bench_timing``'s
@@ -313,9 +313,15 @@ def check_folder(out: Path) -> RunFolder:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = CommandParser(prog="python -m scripts.gpu_check", description=__doc__.splitlines()[0])
-    p.add_argument("--schedule", required=True, help="a trace-forced schedule (python -m evaluation.schedule)")
-    p.add_argument("--out", default="runs/gpu-check")
+    p = CommandParser(prog="specheads gpu-check", description=(
+        "The decoder's graph path checked on one GPU, in one go (scripts/gpu_check.sh runs it on a lent machine): "
+        "(a) the tiny pair, eager against CUDA graphs, token for token; (b) the decoder's forward of the pair's "
+        "shapes and a 7B target's at every verification length, eager and under each graph decoder; (c) and (d) "
+        "trace-forced decoding of a schedule's policies (specheads gpu-schedule), wall time against what (b)'s "
+        "costs charge."))
+    p.add_argument("--schedule", required=True, help="a trace-forced schedule (specheads gpu-schedule)")
+    p.add_argument("--out", default="runs/gpu-check", help="folder for results.json, report.md, the timing files "
+                   "and profile.txt (default runs/gpu-check)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats of each forward (median)")
     p.add_argument("--prompt_tokens", type=int, default=160, help="prompt length of the forced runs")
     p.add_argument("--skip_7b", action="store_true", help="leave out the 7B target shape")

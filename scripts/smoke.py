@@ -7,9 +7,9 @@ rules (``core.runfolder``): the tiny models and GGUF files (``models/``), the pr
 the smoke run writes itself, then ``corpus/``, ``labels/``, ``train/`` (with ``train/heads/``, the exported heads),
 ``calibrate/``, ``bench-timing/``, ``eval/`` and ``export-hf/``.
 
-    python -m scripts.smoke                      # on the CPU, into runs/smoke/ (what ``make smoke`` runs)
-    python -m scripts.smoke --out "$(mktemp -d)" # into a folder of your choice (``make test``: one it removes)
-    python -m scripts.smoke --device cuda        # labeling, training and decoding on the GPU, then the labels audited
+    specheads smoke                      # on the CPU, into runs/smoke/ (what ``make smoke`` runs)
+    specheads smoke --out "$(mktemp -d)" # into a folder of your choice (``make test``: one it removes)
+    specheads smoke --device cuda        # labeling, training and decoding on the GPU, then the labels audited
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from core.arguments import CommandParser
+from core.arguments import CommandParser, description
 from core.errors import SettingError
 from core.interrupt import run_main
 from core.runfolder import RunFolder, write_text
@@ -287,7 +287,7 @@ STAGES = [("corpus", stage_corpus), ("labels", stage_labels), ("train", stage_tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m scripts.smoke", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="specheads smoke", description=description(__doc__))
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every stage runs")
     p.add_argument("--out", default=str(ROOT), help="the folder every stage writes under (default runs/smoke)")
     args = p.parse_args(argv)

@@ -6,8 +6,11 @@ exit status), so both spellings stay equivalent; ``specheads`` alone, or ``--hel
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import runpy
 import sys
+import warnings
 from pathlib import Path
 
 COMMANDS = {
@@ -55,7 +58,7 @@ def checkout() -> Path | None:
 def preload(name: str) -> None:
     """Import the native libraries a command's module imports as it loads (torch, and Lightning where it uses it)
     before running it, with a Ctrl-C held until they are in (``core.interrupt.CtrlCGuard.deferred``): raised inside
-    torch's import, it aborts the process or ends in a traceback."""
+    torch's import, it aborts the process or ends in a traceback. Then the libraries' noise is hidden (``quiet``)."""
     from core.interrupt import CtrlCGuard
 
     guard = CtrlCGuard()
@@ -64,6 +67,49 @@ def preload(name: str) -> None:
 
         if name in LIGHTNING:
             import pytorch_lightning  # noqa: F401
+        quiet()  # transformers' logging is imported for it
+
+
+OURS = r"(core|heads|decoding|data_gen|pipeline|evaluation|scripts|testing|specheads)(\.|$)"
+"""The modules whose warnings are the project's own (``quiet`` never hides them)."""
+
+LIBRARY_LOGGERS = tuple(f"{package}.utilities.{module}" for package in ("pytorch_lightning", "lightning_fabric",
+                                                                       "lightning.pytorch", "lightning.fabric")
+                        for module in ("rank_zero", "seed"))
+"""Lightning's info loggers: at INFO they print the user's hardware ("GPU available: False"), "💡 Tip: …" adverts and
+"Seed set to 0" on every run. Named one by one: Lightning sets its packages' loggers to INFO as it loads, after
+``quiet``, where a command imports it late."""
+
+
+class NoDeprecations(logging.Filter):
+    """Drops a library's log records about its own deprecations (transformers' "`past_key_values` … are deprecated",
+    "Passing `generation_config` together with generation-related arguments … is deprecated", which its own assisted
+    generation triggers inside ``AssistedCandidateGenerator``): nothing a user of this project can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "deprecated" not in record.getMessage()
+
+
+def quiet() -> None:
+    """What the libraries print that is not for this project's users, hidden before a command runs, as the Makefile's
+    ``PYTHONWARNINGS`` hides it: deprecation warnings, Lightning's warnings about its own settings (a run's batch count
+    under ``log_every_n_steps``, a checkpoint folder a rerun finds full) and its info lines, transformers' deprecation
+    messages. Errors, and the warnings of this project's own modules (``OURS``), still print. A ``-W`` option or
+    ``PYTHONWARNINGS`` of the user's own decides the warnings instead; ``python -m <module>`` shows everything."""
+    if not sys.warnoptions:
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("ignore", module=r"(pytorch_lightning|lightning_fabric|lightning)(\.|$)")
+        warnings.filterwarnings("default", category=UserWarning, module=OURS)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.get_logger()  # its handler, made once on the library's root logger
+        for handler in logging.getLogger("transformers").handlers:
+            if not any(isinstance(f, NoDeprecations) for f in handler.filters):
+                handler.addFilter(NoDeprecations())
 
 
 def usage() -> str:

@@ -106,7 +106,7 @@ def label_config(draft, target, prompts, output_dir, *, max_new_tokens: int = 12
 
 def write_eval_config(path: str | Path, draft, target, prompts, output_dir, *, limit: int | None = None,
                       **overrides) -> Path:
-    """An eval config file (``python -m evaluation --config PATH``) for a tiny pair on the CPU and a prompt file from
+    """An eval config file (``specheads eval --config PATH``) for a tiny pair on the CPU and a prompt file from
     ``write_prompts`` (its first ``limit`` prompts), with no training or label folder unless ``overrides`` name one."""
     import yaml
 

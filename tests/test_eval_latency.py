@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import UserError
-from decoding.costs import CostModel
+from decoding.costs import CostModel, TimingFileError, read_timing
 from evaluation import bench_timing
 from evaluation.latency import fit_latency, fit_records
 
@@ -50,16 +50,61 @@ def test_bench_timing_input_errors_are_user_errors(tmp_path):
         bench_timing.model_config(str(tmp_path / "missing"))
 
 
-def test_bench_timing_tiny_writes_json_that_predicts(tmp_path):
+TINY = ["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4", "8", "--verify", "5",
+        "--repeats", "1", "--device", "cpu", "--precision", "float32"]
+
+
+def test_bench_timing_tiny_writes_json_that_predicts(tmp_path, capsys):
     out = tmp_path / "timing.json"
-    bench_timing.main(["--model", "draft=tiny", "--model", "target=tiny", "--prefill", "4", "--cache", "4", "8",
-                       "--verify", "5", "--repeats", "1", "--device", "cpu", "--out", str(out), "--precision", "float32"])
+    bench_timing.main([*TINY, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert "bench-timing: 100%" in printed.err and "2/2" in printed.err  # the progress bar, on stderr only
+    assert "bench-timing:" not in printed.out and "\r" not in printed.out
     result = json.loads(out.read_text())
+    assert "interrupted" not in result
     assert [m["name"] for m in result["models"]] == ["draft", "target"]
     assert set(result["models"][0]["decode"]) == {"4", "8"}
     assert [result["models"][1][k]["tokens"] for k in ("verify_short", "verify")] == [3, 5]
     fit = CostModel.from_timing(result)
     assert fit.t_draft > 0 and fit.t_target > 0 and fit.t_target_step > 0
+
+
+def test_bench_timing_interrupted_keeps_the_models_it_timed(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the second model is timed: the first model's entry is written, as a finished run writes it
+    (marked interrupted), and the command ends as every command does on Ctrl-C (one line, exit 130)."""
+    from core.interrupt import run_main
+
+    timed = []
+
+    def time_model(*args):
+        if timed:
+            raise KeyboardInterrupt
+        timed.append(real(*args))
+        return timed[-1]
+
+    real = bench_timing.time_model
+    monkeypatch.setattr(bench_timing, "time_model", time_model)
+    out = tmp_path / "timing.json"
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: bench_timing.main([*TINY, "--out", str(out)]))
+    assert e.value.code == 130
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and result["models"] == timed and timed[0]["name"] == "draft"
+    err = capsys.readouterr().err
+    assert "kept what was timed before the interrupt (draft@float32)" in err
+    assert err.strip().splitlines()[-1].startswith("interrupted")
+    with pytest.raises(TimingFileError, match="no model"):  # the entries it has are whole; the target is missing
+        read_timing(out)
+
+
+def test_bench_timing_interrupted_before_a_model_is_timed_writes_nothing(tmp_path, monkeypatch):
+    def time_model(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_timing, "time_model", time_model)
+    with pytest.raises(KeyboardInterrupt):
+        bench_timing.main([*TINY, "--out", str(tmp_path / "timing.json")])
+    assert not list(tmp_path.iterdir())
 
 
 def timing_file(d_step=0.05, d_prefill=0.5, t_step=0.5, t_verify=1.3, verify_tokens=9, t_prefill=3.5,

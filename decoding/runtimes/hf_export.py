@@ -23,7 +23,7 @@ anything else, a file, and the current directory are refused before anything is 
 only the files its marker lists. The head file is loaded and checked (digests, finite weights) first.
 
 ``target.generate(**inputs, assistant_model=draft, custom_generate=OUT, trust_remote_code=True)`` then runs the
-head with nothing of this project installed. Usage: ``python -m decoding.runtimes.hf_export HEAD OUT``.
+head with nothing of this project installed. Usage: ``specheads export-hf HEAD OUT``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import transformers
 
-from core.arguments import CommandParser, path_argument, resolve_paths
+from core.arguments import CommandParser, description, path_argument, resolve_paths
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
 from core.runfolder import RunFolder, replace_folder
@@ -260,7 +260,7 @@ def _number(text: str, flag: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = CommandParser(description=__doc__.split("\n")[0], prog="python -m decoding.runtimes.hf_export")
+    parser = CommandParser(description=description(__doc__), prog="specheads export-hf")
     path_argument(parser, "head", "--head", "an exported head file (checkpoints/heads/*.safetensors)")
     path_argument(parser, "out", "--out", "the folder to write")
     parser.add_argument("--timing", default=None,
