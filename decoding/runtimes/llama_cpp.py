@@ -64,10 +64,6 @@ class SpeculativeLlama:
         return self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.stats
 
 
-<<<<<<< HEAD
-def main(argv: list[str] | None = None) -> tuple[str, DecodeStats]:
-    p = CommandParser(prog="python -m decoding.runtimes.llama_cpp", description=__doc__.split("\n")[0])
-=======
 def policy_setting(text: str) -> tuple[str, object]:
     """``--param KEY=VALUE`` as ``(key, value)``, the value read as YAML reads a scalar (``4`` an int, ``0.5`` a
     float, ``null`` None)."""
@@ -79,12 +75,11 @@ def policy_setting(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> tuple[str, DecodeStats]:
     from decoding.policies import POLICIES
 
     settings = ", ".join(f"{name} ({cls.setting})" if cls.setting else name for name, cls in POLICIES.items())
     p = CommandParser(prog="specheads generate", description=description(__doc__))
->>>>>>> w-help
     p.add_argument("--target", required=True, help="the target's GGUF file")
     p.add_argument("--draft", required=True, help="the draft's GGUF file")
     p.add_argument("--tokenizer", default=None,
@@ -108,17 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     kwargs = {k: v for k, v in (("timing", a.timing), ("calibration", a.calibration), ("head", a.head),
                                 ("k", a.k)) if v is not None}
-<<<<<<< HEAD
-    llm = SpeculativeLlama(a.target, a.draft, threads=a.threads, policy=a.policy, tokenizer=a.tokenizer, **kwargs)
-    text, stats = llm.generate(a.prompt, a.max_new_tokens, a.temperature, seed=a.seed)
-=======
     for key, value in a.param:
         if key in kwargs:
             raise UserError(f"{key} given twice (--param {key}= and --{key}): give it once")
         kwargs[key] = value
-    llm = SpeculativeLlama(a.target, a.draft, threads=a.threads, policy=a.policy, **kwargs)
+    llm = SpeculativeLlama(a.target, a.draft, threads=a.threads, policy=a.policy, tokenizer=a.tokenizer,
+                           **kwargs)
     text, stats = llm.generate(a.prompt, a.max_new_tokens, a.temperature, a.top_k, a.top_p, seed=a.seed)
->>>>>>> w-help
     print(text)
     print(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.2f} tokens/s, prefill excluded); "
           f"{stats.target_calls} target and {stats.draft_calls} draft forwards", file=sys.stderr)
