@@ -27,7 +27,8 @@ from core.models import ModelSpec, load_model
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.quantization import NONE, QUANTIZATIONS
 from core.runfolder import OutputFile
-from evaluation.bench_timing import DTYPES, bench_model, step_s, write_json
+from evaluation.bench_timing import DTYPES, bench_model, step_s
+from evaluation.timers import write_json
 
 DEFAULT_PRECISIONS = ("float32", "bfloat16", *QUANTIZATIONS)
 

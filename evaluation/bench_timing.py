@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -44,11 +41,13 @@ from core.errors import SettingError
 from core.interrupt import run_main
 from core.device import describe_device
 from core.models import resolve_device, resolve_dtype
-from core.runfolder import OutputFile, write_text
-from core.sampling import Sampling
+from core.runfolder import OutputFile
 from core.quantization import QUANTIZATIONS, quantize
 from decoding.backends import keeps_own_cache
-from decoding.costs import find_entry, step_s, timing_entry, verify_table
+from decoding.costs import step_s
+from evaluation.bench_timing_llama import llama_main, time_llama_pair
+from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, median_time, time_in_turns,
+                               timing_file, write_json)
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
@@ -112,33 +111,6 @@ def count_parameters(config) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time(fn, device: torch.device, repeats: int) -> dict:
-    return _time_in_turns({"": fn}, device, repeats)[""]
-
-
-def _time_in_turns(fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> dict[str, dict]:
-    """Each of ``fns`` timed ``repeats`` times in turns, one of each per round: a shared CPU's speed drifts (by a
-    quarter within an hour here), and timed in turns every figure sees the same drift, where timed one after the
-    other a figure timed in a slow minute would stand out of line with its neighbours."""
-    for fn in fns.values():
-        fn()  # warm-up (allocator, kernels)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            _sync(device)
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            times[name].append(time.perf_counter() - t)
-    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "repeats": repeats}
-            for name, ts in times.items()}
-
-
 @torch.no_grad()
 def bench_model(model, device: torch.device, prefill: int, caches: list[int], verify: int, repeats: int,
                 verify_short: int = 3, verify_lengths: tuple[int, ...] = ()) -> dict:
@@ -150,7 +122,7 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
     def ids(n: int) -> torch.Tensor:
         return torch.randint(0, vocab, (1, n), generator=g).to(device)
 
-    out = {"prefill": {"tokens": prefill, **_time(lambda: model(ids(prefill), use_cache=True), device, repeats)}}
+    out = {"prefill": {"tokens": prefill, **median_time(lambda: model(ids(prefill), use_cache=True), device, repeats)}}
 
     def cached(length: int):
         cache = DynamicCache(config=model.config)
@@ -166,52 +138,16 @@ def bench_model(model, device: torch.device, prefill: int, caches: list[int], ve
     out["decode"] = {}
     for length in caches:
         cache = cached(length)
-        out["decode"][str(length)] = _time(step(cache, length, 1), device, repeats)
+        out["decode"][str(length)] = median_time(step(cache, length, 1), device, repeats)
     cache = cached(caches[0])
     lengths = sorted({verify, *([verify_short] if 1 < verify_short < verify else []), *verify_lengths})
-    timed = _time_in_turns({m: step(cache, caches[0], m) for m in lengths}, device, repeats)
+    timed = time_in_turns({m: step(cache, caches[0], m) for m in lengths}, device, repeats)
     out["verify"] = {"tokens": verify, "cache": caches[0], **timed[verify]}
     if 1 < verify_short < verify:
         out["verify_short"] = {"tokens": verify_short, "cache": caches[0], **timed[verify_short]}
     if verify_lengths:
         out["verify_by_tokens"] = {str(m): {"cache": caches[0], **timed[m]} for m in sorted(set(verify_lengths))}
     return out
-
-
-PAIR_VERIFY_LENGTHS = tuple(range(2, 22))
-"""Verification lengths (candidates + 1) ``time_pair`` times the target at: every length up to SpecDec++'s longest
-round (20 candidates). Every one, because on a CPU the cost is not smooth in the length (4, 8 and 16 tokens cost
-less than 3, 6 and 11): an interpolation between a few lengths would miss that."""
-
-
-@torch.no_grad()
-def decoder_forward_times(model, decoder: str, prefix: int, lengths, repeats: int,
-                          rows: int | None = None) -> dict[int, float]:
-    """Median seconds of the decoder's own forward (``decoding.backends.CachedLM.advance``: the model under
-    ``decoder``, with the logits and warp of every row, as a verification reads them; of the last ``rows`` rows
-    where given, as a draft step reads them) of m new tokens after ``prefix`` cached ones, for each m of
-    ``lengths``, timed in turns (other tokens each time: a real forward)."""
-    from decoding.backends import CachedLM, model_device
-    from decoding.state import decoder_runner
-
-    device = model_device(model)
-    vocab = model.config.vocab_size
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (prefix,), generator=g).tolist()
-    static = decoder_runner(model, decoder, prefix + max(lengths) + 1)
-    lm = CachedLM(model, Sampling(temperature=1.0), static=static)
-    lm.advance(ids)
-    times: dict[int, list[float]] = {m: [] for m in lengths}
-    for r in range(repeats + 2):  # two rounds of warm-up
-        for m in lengths:
-            new = torch.randint(0, vocab, (m,), generator=g).tolist()
-            _sync(device)
-            t = time.perf_counter()
-            lm.advance(ids + new, rows=m if rows is None else min(rows, m))
-            _sync(device)
-            if r >= 2:
-                times[m].append(time.perf_counter() - t)
-    return {m: statistics.median(ts) for m, ts in times.items()}
 
 
 def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_tokens: int, verify: int = 9,
@@ -245,76 +181,6 @@ def time_pair(draft, target, device: torch.device, prompt_tokens: int, new_token
             entry["catch_up"] = catch_up_entry(model, decoder, cache, repeats)
         result["models"].append(entry)
     return result
-
-
-def catch_up_entry(draft, decoder: str, cache: int, repeats: int) -> dict:
-    """The draft's forward of two new tokens with the last row out: how it reads the last candidate and the bonus
-    token after a fully accepted round (``decoding.costs.CostModel.draft_catch_up``)."""
-    seconds = decoder_forward_times(draft, decoder, cache, [2], repeats, rows=1)[2]
-    return {"tokens": 2, "cache": cache, "median_s": seconds}
-
-
-def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5) -> dict:
-    """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
-    (``CachedLM.advance`` over the backend: the batch, its logits and their warp), the prefill a read of
-    ``prompt_tokens``; the result names the backend and each model's threads."""
-    cache = prompt_tokens + new_tokens // 2
-    device = torch.device("cpu")
-    result = {"device": describe_device(device, target.threads), "device_type": "cpu", "prefill": prompt_tokens,
-              "verify": verify, "decoder": "eager", "backend": "llama_cpp", "threads": target.threads, "models": []}
-    for name, model in (("draft", draft), ("target", target)):
-        lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})
-        seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
-        prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
-        prefill = _time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
-        catch_up = None if name == "target" else catch_up_entry(model, "eager", cache, repeats)["median_s"]
-        result["models"].append(timing_entry(name, model.description, (prompt_tokens, prefill), cache, seconds,
-                                             verify, 3, by_tokens=name == "target", catch_up=catch_up,
-                                             shape=model.path.name, threads=model.threads))
-    return result
-
-
-def llama_main(a: argparse.Namespace) -> list[dict]:
-    """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``, each
-    thread count's file written as soon as it is timed (a Ctrl-C keeps the ones done)."""
-    import yaml
-
-    from core.models import ModelSpec, load_llama_model
-
-    try:
-        pair = yaml.safe_load(Path(a.pair).read_text())
-        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
-    results = []
-    for threads in tqdm(a.threads, desc="bench-timing", unit="thread count", file=sys.stderr):
-        models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
-                  for role, spec in specs.items()}
-        result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
-                                 a.verify, a.repeats)
-        for m, (role, spec) in zip(result["models"], specs.items()):
-            m["shape"] = spec.display_name
-        print(llama_table(result))
-        write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-{a.backend}-{threads}t.json"))
-        results.append(result)
-        del models
-    return results
-
-
-def llama_table(result: dict) -> str:
-    """The figures of a llama.cpp profile: the draft step, each verification length, c and T(m)/T(1)."""
-    draft, target = (find_entry(result, n) for n in ("draft", "target"))
-    t1, d1 = step_s(target), step_s(draft)
-    lines = [f"llama.cpp, {result['threads']} thread(s), {result['device']}: times in ms (median)",
-             f"draft step {d1 * 1e3:.1f}, target step {t1 * 1e3:.1f}, c = {d1 / t1:.3f}; "
-             f"prefill of {result['prefill']}: draft {draft['prefill']['median_s'] * 1e3:.0f}, "
-             f"target {target['prefill']['median_s'] * 1e3:.0f}",
-             *([f"draft catch-up (2 tokens read, 1 row out) {draft['catch_up']['median_s'] * 1e3:.1f}: "
-                f"{draft['catch_up']['median_s'] / d1:.2f} steps"] if "catch_up" in draft else []),
-             "target verification of m tokens: T(m) ms, T(m)/T(1)"]
-    table = verify_table(target)
-    lines += [f"  m={m:>2}: {table[m] * 1e3:8.1f}  {table[m] / t1:5.2f}" for m in sorted(table)]
-    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -366,11 +232,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for out in outs:
         timing_file(out).check()
     return a
-
-
-def timing_file(out: Path) -> OutputFile:
-    """A timing file this command writes: a new one, or one it wrote before (replaced)."""
-    return OutputFile(out, "bench-timing", "timing file")
 
 
 def table(result: dict) -> str:
@@ -455,12 +316,6 @@ def keep_interrupted(result: dict, out: OutputFile) -> None:
         write_json({**result, "interrupted": True}, out)
         timed = ", ".join(f"{m['name']}@{m['precision']}" for m in result["models"])
         print(f"kept what was timed before the interrupt ({timed}) in {out.path}", file=sys.stderr)
-
-
-def write_json(result: dict, out: OutputFile) -> None:
-    """Write a benchmark's figures as JSON, whole or not at all (``core.runfolder``), and say where."""
-    write_text(out.claim(), json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out.path}")
 
 
 if __name__ == "__main__":

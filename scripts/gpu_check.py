@@ -38,7 +38,8 @@ from decoding.policies import build_policy
 from decoding.schedule import catch_up, read_schedule
 from decoding.state import HEAD_FEATURES, ModelPair, decoder_runner
 from decoding.static import RUNNERS
-from evaluation.bench_timing import build, decoder_forward_times, model_config
+from evaluation.bench_timing import build, model_config
+from evaluation.timers import decoder_forward_times
 from heads.exported import ExportedHead
 
 SHAPES = {"qwen2.5-coder-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
@@ -108,7 +109,7 @@ def tiny_exactness(device: torch.device) -> dict:
 
 def forward_times(model, decoder: str, repeats: int, lengths=LENGTHS) -> dict[int, float]:
     """The decoder's forward of m new tokens after ``PREFIX`` cached ones, each m of ``lengths``, under ``decoder``
-    (``evaluation.bench_timing.decoder_forward_times``), on the runner the forced runs use."""
+    (``evaluation.timers.decoder_forward_times``), on the runner the forced runs use."""
     if decoder != "eager":  # the one runner, sized for every length, that the forced runs reuse
         decoder_runner(model, decoder, PREFIX + max(LENGTHS) + 1)
     return decoder_forward_times(model, decoder, PREFIX, lengths, repeats)

@@ -132,7 +132,8 @@ def test_bench_timing_counts_below_one_are_one_line(flags, words):
 
 
 def test_bench_timing_out_a_folder_another_file_or_a_path_under_a_file_is_one_line(tmp_path):
-    from evaluation.bench_timing import parse_args, timing_file
+    from evaluation.bench_timing import parse_args
+    from evaluation.timers import timing_file
 
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"a label folder": "manifest"}')

@@ -213,7 +213,7 @@ def test_generate_takes_a_registered_policy_its_settings_and_the_sampling(monkey
     common = ["--target", "t.gguf", "--draft", "d.gguf", "--prompt", "x"]
     llama_cpp.main([*common, "--policy", "specdecpp", "--param", "h=0.3", "--param", "head=h.safetensors",
                     "--top_k", "5", "--top_p", "0.9"])
-    assert made["kwargs"] == {"threads": 2, "policy": "specdecpp", "h": 0.3, "head": "h.safetensors"}
+    assert made["kwargs"] == {"threads": 2, "policy": "specdecpp", "tokenizer": None, "h": 0.3, "head": "h.safetensors"}
     assert made["args"] == (128, 1.0, 5, 0.9)
     with pytest.raises(SystemExit) as e:
         llama_cpp.main([*common, "--policy", "nope"])

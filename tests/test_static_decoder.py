@@ -272,7 +272,8 @@ def test_an_evals_forward_timing_times_the_forwards_its_decoder_runs(models):
     """Under a static cache (CUDA graphs on a GPU) the eval's timing file holds that decoder's own forwards, which
     the latency model then prices; its layout is read as any timing file."""
     from decoding.costs import CostModel
-    from evaluation.bench_timing import PAIR_VERIFY_LENGTHS, time_pair
+    from evaluation.bench_timing import time_pair
+    from evaluation.timers import PAIR_VERIFY_LENGTHS
 
     timed = time_pair(*models, torch.device("cpu"), prompt_tokens=6, new_tokens=8, repeats=1, decoder="static")
     assert timed["decoder"] == "static"

@@ -1,0 +1,80 @@
+"""``specheads bench-timing --backend llama_cpp``: the pair's GGUF files timed as llama.cpp runs them, in the layout
+``evaluation.bench_timing`` writes for transformers models (``decoding.costs`` reads both)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from core.device import describe_device
+from core.errors import SettingError
+from decoding.costs import find_entry, step_s, timing_entry, verify_table
+from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, median_time,
+                               timing_file, write_json)
+
+
+def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5) -> dict:
+    """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
+    (``CachedLM.advance`` over the backend: the batch, its logits and their warp), the prefill a read of
+    ``prompt_tokens``; the result names the backend and each model's threads."""
+    cache = prompt_tokens + new_tokens // 2
+    device = torch.device("cpu")
+    result = {"device": describe_device(device, target.threads), "device_type": "cpu", "prefill": prompt_tokens,
+              "verify": verify, "decoder": "eager", "backend": "llama_cpp", "threads": target.threads, "models": []}
+    for name, model in (("draft", draft), ("target", target)):
+        lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})
+        seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
+        prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
+        prefill = median_time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
+        catch_up = None if name == "target" else catch_up_entry(model, "eager", cache, repeats)["median_s"]
+        result["models"].append(timing_entry(name, model.description, (prompt_tokens, prefill), cache, seconds,
+                                             verify, 3, by_tokens=name == "target", catch_up=catch_up,
+                                             shape=model.path.name, threads=model.threads))
+    return result
+
+
+def llama_main(a: argparse.Namespace) -> list[dict]:
+    """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``, each
+    thread count's file written as soon as it is timed (a Ctrl-C keeps the ones done)."""
+    import yaml
+
+    from core.models import ModelSpec, load_llama_model
+
+    try:
+        pair = yaml.safe_load(Path(a.pair).read_text())
+        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
+    results = []
+    for threads in tqdm(a.threads, desc="bench-timing", unit="thread count", file=sys.stderr):
+        models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
+                  for role, spec in specs.items()}
+        result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
+                                 a.verify, a.repeats)
+        for m, (role, spec) in zip(result["models"], specs.items()):
+            m["shape"] = spec.display_name
+        print(llama_table(result))
+        write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-{a.backend}-{threads}t.json"))
+        results.append(result)
+        del models
+    return results
+
+
+def llama_table(result: dict) -> str:
+    """The figures of a llama.cpp profile: the draft step, each verification length, c and T(m)/T(1)."""
+    draft, target = (find_entry(result, n) for n in ("draft", "target"))
+    t1, d1 = step_s(target), step_s(draft)
+    lines = [f"llama.cpp, {result['threads']} thread(s), {result['device']}: times in ms (median)",
+             f"draft step {d1 * 1e3:.1f}, target step {t1 * 1e3:.1f}, c = {d1 / t1:.3f}; "
+             f"prefill of {result['prefill']}: draft {draft['prefill']['median_s'] * 1e3:.0f}, "
+             f"target {target['prefill']['median_s'] * 1e3:.0f}",
+             *([f"draft catch-up (2 tokens read, 1 row out) {draft['catch_up']['median_s'] * 1e3:.1f}: "
+                f"{draft['catch_up']['median_s'] / d1:.2f} steps"] if "catch_up" in draft else []),
+             "target verification of m tokens: T(m) ms, T(m)/T(1)"]
+    table = verify_table(target)
+    lines += [f"  m={m:>2}: {table[m] * 1e3:8.1f}  {table[m] / t1:5.2f}" for m in sorted(table)]
+    return "\n".join(lines)
