@@ -373,24 +373,30 @@ def test_exact_policies_output_the_targets_distribution(paths, stop_head3, name,
 LOOKUP_PROMPT = [1, 2, 0, 2, 1, 0]
 """Ends in PROMPT3's last token, so the target's chain starts where ``target_output``'s does; long enough that
 prompt lookup (n = 1, m = 2) proposes from the first round."""
+LOOKUP_PROMPT_WITH_END = [1, 2, 0, 1, 1, 2]
+"""With 0 the end token: the first round proposes [0, 1], an end and a token past it."""
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS3)
+@pytest.mark.parametrize("sampling, eos", [("t0.8-top2", ()), ("t1.2-topp0.7", ()), ("t0.8-top2", (0,))])
 @pytest.mark.parametrize("broken", [False, True])
-def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, broken):
+def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, eos, broken):
     """Proposals copied from the prompt and the text so far, each a point mass q = 1[y], verified exactly: the
-    response is the target's, with proposals rejected and rounds that keep two, and no draft forward. A decoder
-    that keeps every proposal is rejected."""
+    response is the target's, with proposals rejected and rounds that keep two, and no draft forward; with an end
+    token the prompt holds mid-way (as a chat template's end of turn), nothing is proposed past it. A decoder that
+    keeps every proposal is rejected."""
     if broken:
         monkeypatch.setattr(Decoding, "verify", partialmethod(Decoding.verify, accept=lambda *args: True))
-    dist = enumerate_policy(paths, "prompt_lookup", {"n": 1, "m": 2}, sampling, prompt=LOOKUP_PROMPT)
-    distance = tv(marginal(dist), target_output(sampling))
+    prompt = LOOKUP_PROMPT_WITH_END if eos else LOOKUP_PROMPT
+    dist = enumerate_policy(paths, "prompt_lookup", {"n": 1, "m": 2}, sampling, eos, prompt=prompt)
+    s = SAMPLINGS3[sampling]
+    distance = tv(marginal(dist), target_sequences(hand_warp(TARGET3, s), prompt[-1], s.max_new_tokens, eos))
     if broken:
         assert distance > 0.01
         return
     assert distance < TOL
     assert sum(p for d, p in marginal(dist, 2).items() if d) > 0.1
-    assert sum(p for r, p in marginal(dist, 1).items() if any(k >= 2 for k in r)) > 0.05
+    if not eos:  # (with it, the proposals stop at the end token)
+        assert sum(p for r, p in marginal(dist, 1).items() if any(k >= 2 for k in r)) > 0.05
     assert set(marginal(dist, 3)) == {0}
 
 

@@ -50,6 +50,8 @@ class PromptLookup:
         point = torch.full((vocab_size(pair.target),), float("-inf"), device=pair.device)
         while not dec.done:
             candidates = ngram_simple_draft(dec.seq, self.n, self.m)[:max(dec.remaining - 1, 0)]
+            ends = [i for i, y in enumerate(candidates) if y in dec.eos]
+            candidates = candidates[:ends[0] + 1] if ends else candidates  # nothing is proposed past an end
             if not candidates:
                 dec.extend([dec.sample(dec.target_dist()[-1])])
                 continue
