@@ -34,7 +34,7 @@ def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
     return []
 
 
-@register("prompt_lookup", setting="m")
+@register("prompt_lookup", setting="m", lemma31=False)  # no draft forward: no count of unused ones
 class PromptLookup:
     """Prompt lookup drafting (``ngram_simple_draft``) verified exactly by the target; ``n``: the n-gram looked up,
     ``m``: the longest continuation proposed (llama.cpp's defaults, ``--spec-ngram-simple-size-n 12`` and
