@@ -245,6 +245,28 @@ def oracle_counts(acceptance: np.ndarray, costs: CostModel, max_k: int | None = 
     return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
 
 
+def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
+                         eos: Sequence[int] = ()) -> Counts:
+    """Prompt lookup (``decoding.policies.prompt_lookup``, n-gram ``n``, at most ``m`` tokens copied) replayed
+    along a response of the target's: a proposal is a point mass, so the target keeps it exactly where its own token
+    there is the proposed one. Along a response sampled from p that happens with probability p(y), as speculative
+    sampling keeps it, and a rejection leaves the token the response holds; so these are the counts of the one
+    generation that made ``response``, not expectations. No draft forward: rounds cost their verifications alone."""
+    calls = np.zeros(m + 2)
+    discarded = s = 0
+    while s < len(response):
+        proposal = rules.ngram_simple_draft(list(prompt) + list(response[:s]), n, m)[:max(max_new_tokens - s - 1, 0)]
+        ends = [i for i, y in enumerate(proposal) if y in eos]
+        proposal = proposal[:ends[0] + 1] if ends else proposal
+        kept = 0
+        while kept < len(proposal) and s + kept < len(response) and response[s + kept] == proposal[kept]:
+            kept += 1
+        calls[len(proposal) + 1] += 1
+        discarded += len(proposal) - kept
+        s += kept + 1  # the kept tokens and the target's own (past the end where the last kept one ended it)
+    return Counts(n=len(response), draft=0.0, target=float(calls.sum()), discarded=float(discarded), calls=calls)
+
+
 def sprinter_counts(accepts: np.ndarray) -> Counts:
     """SPRINTER (Algorithm 2): one draft forward per token; the target runs at each token the verifier rejects."""
     return Counts(n=len(accepts), draft=float(len(accepts)), target=float((~accepts).sum()), discarded=0.0)

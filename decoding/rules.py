@@ -160,3 +160,20 @@ def check_token(token: int, logq: torch.Tensor, logp: torch.Tensor, draw_uniform
     if speculative_keeps(token, logq, logp, draw_uniform()):
         return token, True
     return sample(residual_distribution(logq, logp)), False
+
+
+def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
+    """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its last
+    token the one just sampled): the last ``n`` tokens are looked up in ``seq[1:-1]``, latest occurrence first (one
+    starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and the at most
+    ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq`` holds at
+    most n + m + 2 tokens."""
+    history = len(seq) - 1  # llama.cpp's cur_len: the tokens before the one just sampled
+    if history <= n + m + 1:
+        return []
+    pattern = seq[-n:]
+    for start in range(history - n - 1, 0, -1):
+        if seq[start:start + n] == pattern:
+            copied = min(m, history - (start + n))
+            return seq[start + n:start + n + copied] if copied >= n else []
+    return []

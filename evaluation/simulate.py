@@ -29,9 +29,9 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import check_cost_ratios, goodput_rate
+from decoding.replay import Counts, check_cost_ratios, goodput_rate, prompt_lookup_counts
 from decoding.simulate import cached_head, head_logits, replayable, simulate
-from decoding.traces import Trace, filled_splits, load_label_traces, unseen
+from decoding.traces import Trace, filled_splits, load_label_traces, load_responses, unseen
 from decoding.costs import CostModel
 from evaluation.traces import read_recorded
 from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
@@ -318,6 +318,31 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
     return lines
 
 
+PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
+"""(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
+
+
+def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: list[Trace], costs: list[float],
+                        priced: CostModel | None) -> str:
+    """Prompt lookup replayed along the traces' responses (``decoding.replay.prompt_lookup_counts``: exact, no
+    draft forward) at each ``PROMPT_LOOKUP_SETTINGS``; at a cost ratio c every call costs one target step whatever
+    it verifies, so its speedup there is N / N_target, and ``priced`` charges each call its length. The labels
+    record no end token: a last round's proposals past a response's end are priced as proposed."""
+    responses = load_responses(labels, splits, {t.prompt_id for t in traces})
+    if not responses:
+        return "prompt lookup: not replayed (the labels store no token sequences)"
+    max_new = max(len(r) for _, r in responses)
+    lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"]
+    for n, m in PROMPT_LOOKUP_SETTINGS:
+        total = Counts()
+        for prompt, response in responses:
+            total += prompt_lookup_counts(prompt, response, n, m, max_new)
+        line = f"  n={n:<3}m={m:<4}N_t/N {total.target / total.n:.3f}  N_x/N {total.discarded / total.n:.3f}  " \
+               f"at every c {CostModel.eq51(costs[0]).speedup(total):.3f}x"
+        lines.append(line + (f"  under {priced.name} {priced.speedup(total):.3f}x" if priced is not None else ""))
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="specheads simulate", description=description(__doc__))
     p.add_argument("--labels", default="runs/labels/humaneval-heldout", help="a label folder (its `target` rows are traces)")
@@ -404,6 +429,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if checks:
         print(checks)
+    print(prompt_lookup_lines(a.labels, tuple(a.splits), traces, costs, priced))
     for c in costs:
         picks = best_settings(rows, c)
         print(f"fastest at c = {c:.3g}: " + "; ".join(f"{r['policy']} {CostModel.eq51(c).speedup(r['counts']):.3f}x"

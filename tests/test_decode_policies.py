@@ -500,3 +500,23 @@ def test_a_run_counts_the_drafts_catch_up_but_not_its_prompt(models, untimed_pre
     result = build_policy("sd", k=2).generate(pair, PROMPTS[0], torch.Generator().manual_seed(0))
     assert result.stats.accepted_lengths == [2, 2, 1]
     assert result.stats.draft_catch_up == 2
+
+
+@pytest.mark.parametrize("temperature, eos", [(0.0, []), (1.0, []), (1.0, [11])])
+def test_prompt_lookup_replayed_along_its_own_response_gives_its_rounds(models, temperature, eos):
+    """A point-mass proposal is kept exactly where the response holds it, so replaying prompt lookup along the
+    decoder's own output (greedy or sampled, with an end token or not) gives the decoder's counts, round for round:
+    the simulator can price it from a trace of the target's response alone."""
+    from decoding.replay import prompt_lookup_counts
+
+    pair = ModelPair(*models, eos_token_ids=eos, sampling=Sampling(temperature=temperature, max_new_tokens=40))
+    prompt = [1, 10, 11, 12, 10, 11, 12, 10, 11]  # a pattern the response may go on repeating, 11 an end token in it
+    rounds = 0
+    for seed in range(6):
+        result = generate(build_policy("prompt_lookup", n=1, m=4), pair, prompt, seed=seed)
+        counts = prompt_lookup_counts(prompt, result.tokens, 1, 4, 40, eos)
+        assert (counts.target, counts.discarded, counts.draft) == (result.stats.target_calls,
+                                                                  result.stats.discarded, 0.0)
+        assert counts.calls[2:].sum() == len(result.stats.accepted_lengths)
+        rounds += len(result.stats.accepted_lengths)
+    assert rounds > 0  # proposals were made and verified

@@ -458,6 +458,18 @@ def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp
     assert "goodput[head=stop,costs=by length,lam=" in out
     assert "goodput[calibration=calibration,costs=by length,lam=" in out
     costs = read_timing(path)
+    # prompt lookup, replayed along the stored responses: its line holds the counts prompt_lookup_counts gives
+    from decoding.replay import Counts, prompt_lookup_counts
+    from decoding.traces import load_responses
+
+    responses = load_responses(cfg.output_dir, ("train", "val", "test"), {t.prompt_id for t in
+                                                                        sim.load_label_traces(cfg.output_dir,
+                                                                                              ("train", "val", "test"))})
+    total = Counts()
+    for prompt, response in responses:
+        total += prompt_lookup_counts(prompt, response, 2, 8, max(len(r) for _, r in responses))
+    assert responses and f"n=2  m=8   N_t/N {total.target / total.n:.3f}" in out
+    assert f"under by length {costs.speedup(total):.3f}x" in out
     by_head, by_calibration = [r for r in rows if r["family"] == "goodput"]
     traces, loaded = sim.load_label_traces(cfg.output_dir, ("train", "val", "test")), sim.cached_head(head)
     estimates = {"head": ([sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces], by_head,

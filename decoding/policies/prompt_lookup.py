@@ -1,7 +1,7 @@
 """Prompt lookup: speculative decoding with no draft model (llama.cpp's ``--spec-type ngram-simple``).
 
 A round's candidates are the continuation of the last n tokens' most recent earlier occurrence in the prompt and the
-text so far (``ngram_simple_draft``, llama.cpp's ``common_ngram_simple_draft`` rule, with its size n of the n-gram
+text so far (``decoding.rules.ngram_simple_draft``, llama.cpp's ``common_ngram_simple_draft`` rule, with its size n of the n-gram
 looked up and m of the continuation copied); where nothing matches, the target decodes one token alone. The target
 verifies the candidates in one forward, exactly: a proposal is a point mass q = 1[y], so speculative sampling keeps
 y with probability min(1, p(y)/1) = p(y) and at a rejection draws from norm((p − q)+), p without y (greedy: y is
@@ -14,29 +14,13 @@ import torch
 
 from core.models import vocab_size
 from decoding.policies.registry import register
+from decoding.rules import ngram_simple_draft
 from decoding.state import DecodeResult, Decoding, ModelPair
-
-
-def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
-    """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its last
-    token the one just sampled): the last ``n`` tokens are looked up in ``seq[1:-1]``, latest occurrence first (one
-    starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and the at most
-    ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq`` holds at
-    most n + m + 2 tokens."""
-    history = len(seq) - 1  # llama.cpp's cur_len: the tokens before the one just sampled
-    if history <= n + m + 1:
-        return []
-    pattern = seq[-n:]
-    for start in range(history - n - 1, 0, -1):
-        if seq[start:start + n] == pattern:
-            copied = min(m, history - (start + n))
-            return seq[start + n:start + n + copied] if copied >= n else []
-    return []
 
 
 @register("prompt_lookup", setting="m", lemma31=False)  # no draft forward: no count of unused ones
 class PromptLookup:
-    """Prompt lookup drafting (``ngram_simple_draft``) verified exactly by the target; ``n``: the n-gram looked up,
+    """Prompt lookup drafting (``decoding.rules.ngram_simple_draft``) verified exactly by the target; ``n``: the n-gram looked up,
     ``m``: the longest continuation proposed (llama.cpp's defaults, ``--spec-ngram-simple-size-n 12`` and
     ``--spec-ngram-simple-size-m 48``)."""
 
