@@ -15,6 +15,7 @@ from pathlib import Path
 
 COMMANDS = {
     "corpus": ("data_gen.corpus", "prompts shaped like HumanEval from installed packages (never the stdlib)"),
+    "edit-prompts": ("data_gen.edit_prompts", "edit requests over corpus functions, where prompt lookup drafts"),
     "labels": ("data_gen", "label a draft/target pair: a config, e.g. --config configs/labels/corpus.yaml"),
     "snapshot": ("data_gen.snapshot", "the batches a labeling run has finished, as a dataset of their own"),
     "audit": ("data_gen.audit", "recompute random label rows with plain forwards and compare every column"),

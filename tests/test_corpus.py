@@ -234,3 +234,28 @@ def test_rebuilds_a_corpus_folder_in_place(tmp_path):
     assert sorted(f.name for f in (tmp_path / "out").iterdir()) == [".specheads-files", "corpus.parquet",
                                                                    "manifest.json", "notes.txt"]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["digest"] == second["digest"]
+
+
+def test_edit_prompts_ask_for_edits_of_whole_corpus_functions(tmp_path):
+    """``specheads edit-prompts``: each corpus function whole (signature, docstring, body) under one edit request in
+    turn, a prompts file the eval reads; too few functions, or a file no run of it wrote, is one line."""
+    from core.errors import UserError
+    from data_gen import edit_prompts
+
+    build(tmp_path)
+    out = tmp_path / "prompts" / "edits.jsonl"
+    args = ["--corpus", str(tmp_path / "out"), "--out", str(out), "--min_lines", "1"]
+    prompts = edit_prompts.main([*args, "--count", "2"])
+    assert [p["instruction"] for p in prompts] == list(edit_prompts.INSTRUCTIONS[:2])
+    assert all(p["prompt"].startswith(p["instruction"]) and "```python\n" in p["prompt"] for p in prompts)
+    neighbours = next(p for p in prompts if p["qualname"].endswith("neighbours"))
+    assert 'class Grid:\n    def neighbours(self, row, col):\n        """List' in neighbours["prompt"]
+    rows = load_prompt_table(PromptConfig(source=str(out), response_field=None), need_response=False)
+    assert [r["text"] for r in rows] == [p["prompt"] for p in prompts]
+    edit_prompts.main([*args, "--count", "1"])  # its own file is replaced
+    with pytest.raises(UserError, match="holds 2 functions of 1 to 50 lines, not 3"):
+        edit_prompts.main([*args, "--count", "3"])
+    (tmp_path / "notes.jsonl").write_text("mine\n")
+    with pytest.raises(UserError, match="exists and no `specheads edit-prompts` wrote it"):
+        edit_prompts.main([*args[:2], "--out", str(tmp_path / "notes.jsonl"), "--count", "1"])
+    assert (tmp_path / "notes.jsonl").read_text() == "mine\n"
