@@ -59,8 +59,8 @@ class Transformers:
     taps_layers = True
     """Whether a forward gives the outputs of any layer (llama.cpp gives the last hidden state only)."""
     named_in_records = False
-    """Whether a run's record names the backend and its threads: not the default's, as runs before it was a
-    setting."""
+    """Whether a run's record names the backend and its threads: the default backend is recorded by leaving both
+    out, so that its records compare equal whatever else a backend adds."""
 
     def threads(self, requested: int | None) -> int | None:
         """The threads the models run on when ``requested`` (None: the backend's default); None where they are

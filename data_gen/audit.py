@@ -41,8 +41,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
     if backend_of(manifest["models"]["draft"]).keeps_own_cache:
-        raise UserError(f"{folder} was labeled on {manifest['models']['draft']['backend']}; the audit recomputes rows with transformers forwards "
-                        "(the llama.cpp labeler is checked against the transformers one row by row in "
+        raise UserError(f"{folder} was labeled on {manifest['models']['draft']['backend']}; the audit recomputes "
+                        "rows with transformers forwards (the llama.cpp labeler is checked against the transformers one row by row in "
                         "tests/test_llama_cpp_backend.py)")
     if not (folder / "run.json").is_file():
         raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "

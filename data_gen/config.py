@@ -55,7 +55,8 @@ class LabelConfig:
     """The runtime of both models (``core.backends.BACKENDS``; the pair file sets it): labels of one backend serve
     the heads and calibrations of that backend only (``data_gen.llama_labeler`` labels on llama.cpp)."""
     threads: int | None = None
-    """CPU threads of a llama.cpp model (the pair file sets it; unused by transformers; all cores when unset)."""
+    """CPU threads of each llama.cpp model (the pair file sets it; unused by transformers; torch's count when
+    unset: every core unless ``OMP_NUM_THREADS`` says less)."""
     accelerator: str = "auto"
     """Lightning accelerator: auto (CUDA when present, else CPU), cpu, gpu."""
     devices: int | str = "auto"

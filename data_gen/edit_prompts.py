@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     try:
         rows = datasets.Dataset.from_parquet(f"{a.corpus}/corpus.parquet").to_list()
-    except (FileNotFoundError, OSError, ValueError) as e:
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as e:
         raise UserError(f"--corpus {a.corpus}: no corpus.parquet that `specheads corpus` wrote ({e})") from None
     prompts = edit_prompts(rows, a.count, a.min_lines, a.max_lines)
     if len(prompts) < a.count:

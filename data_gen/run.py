@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -167,7 +166,7 @@ def load_pair(cfg: LabelConfig):
     draft = Context(n_ctx + cfg.sampling.max_new_tokens, max(cfg.batch_size, cfg.sampling.max_new_tokens + 1),
                     shared_cells=True, window=LLAMA_WINDOW)
     target = Context(n_ctx, cfg.batch_size, window=LLAMA_WINDOW)
-    pair = backend(cfg.backend).load_pair(cfg.draft, cfg.target, cfg.model_dtype, cfg.threads or os.cpu_count(),
+    pair = backend(cfg.backend).load_pair(cfg.draft, cfg.target, cfg.model_dtype, cfg.threads,
                                           draft, target, step_numerics=True)
     return pair.draft, pair.target, pair.tokenizer, pair.models
 

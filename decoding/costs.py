@@ -336,6 +336,9 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
         raise TimingFileError(f"timing file {path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e})") from None
+    if isinstance(timing, dict) and timing.get("interrupted"):
+        raise TimingFileError(f"timing file {path}: an interrupted run's, with only some models timed; time the "
+                              "device again with `specheads bench-timing`")
     try:
         fit = CostModel.from_timing(timing, draft, target)
     except KeyError as e:

@@ -164,7 +164,7 @@ def check_token(token: int, logq: torch.Tensor, logp: torch.Tensor, draw_uniform
 
 def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
     """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its last
-    token the one just sampled): the last ``n`` tokens are looked up in ``seq[1:-1]``, latest occurrence first (one
+    token the one just sampled): the last ``n`` tokens are looked up at starts 1 … len(seq) − n − 2, latest first (one
     starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and the at most
     ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq`` holds at
     most n + m + 2 tokens."""

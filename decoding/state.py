@@ -183,9 +183,10 @@ class DraftStep:
 class StopRule(Protocol):
     """Decides after each drafted candidate whether the round stops drafting (the candidate is kept).
 
-    ``step`` is the draft forward the candidate was sampled from; ``dec.draft_confidence(step)``, which a rule
-    computes where it reads it, the draft's confidence distribution there: q itself, the distribution the candidate was drawn from (temperature, top-k and top-p applied), which is
-    what the labels hold and so what a calibration and a head's draft scores were fitted on (``data_gen/SCHEMA.md``);
+    ``step`` is the draft forward the candidate was sampled from. ``dec.draft_confidence(step)``, which a rule
+    computes where it reads it, is the draft's confidence distribution there: q itself, the distribution the
+    candidate was drawn from (temperature, top-k and top-p applied), which is what the labels hold and so what a
+    calibration and a head's draft scores were fitted on (``data_gen/SCHEMA.md``);
     under greedy decoding, where q is a one-hot and would make confidence and entropy rules vacuous, softmax of the
     raw logits (temperature 1).
 

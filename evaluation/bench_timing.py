@@ -309,10 +309,12 @@ def time_model(label: str, shape: str, config, precision: str, device: torch.dev
 
 
 def keep_interrupted(result: dict, out: OutputFile) -> None:
-    """After a Ctrl-C, the entries timed so far written to ``out`` as a finished run writes them (marked
-    ``"interrupted": true``; the model being timed is left out), so minutes of timing are not lost; nothing is
-    written before the first entry is done."""
+    """After a Ctrl-C, the entries timed so far written beside ``out`` (``<name>.interrupted.json``, marked
+    ``"interrupted": true``; the model being timed is left out), so minutes of timing are not lost and a whole
+    timing file there is not replaced by a part; nothing is written before the first entry is done."""
     if result["models"]:
+        out = timing_file(out.path.with_name(out.path.stem + ".interrupted.json"))
+        out.check()
         write_json({**result, "interrupted": True}, out)
         timed = ", ".join(f"{m['name']}@{m['precision']}" for m in result["models"])
         print(f"kept what was timed before the interrupt ({timed}) in {out.path}", file=sys.stderr)

@@ -386,6 +386,10 @@ class EvalConfig:
             return "eager"
         return default_decoder(device) if self.decoder == "auto" else self.decoder
 
+    def model_device(self) -> torch.device:
+        """Where the models run: ``device`` resolved, the CPU for a backend that runs there only."""
+        return torch.device("cpu") if backend(self.backend).cpu_only else resolve_device(self.device)
+
     def model_threads(self) -> int | None:
         """The threads each model runs on where its backend has threads of its own (llama.cpp's); None where they
         are torch's."""

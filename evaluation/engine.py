@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 
-from core.models import resolve_device, resolve_dtype
+from core.models import resolve_dtype
 from core.sampling import Sampling
 from evaluation.config import EvalConfig, EvalError
 from evaluation.results import run_label
@@ -59,7 +58,7 @@ class Engine:
         from evaluation.bench_timing import time_pair
 
         runtime = backend(cfg.backend)
-        device = torch.device("cpu") if runtime.cpu_only else resolve_device(cfg.device)
+        device = cfg.model_device()
         dtype = resolve_dtype(cfg.dtype, device)
         quantized = [f"{role}.quantization: {spec.quantization}" for role, spec in (("draft", cfg.draft),
                      ("target", cfg.target)) if spec.quantization != "none"]
@@ -75,9 +74,9 @@ class Engine:
         eos = eos_token_ids(target, tok)
         peers = {}
         if cfg.hf_peer.enabled:
-            peers["hf_generate"] = hf_peer(draft, target, eos)
+            peers["hf_generate"] = transformers_generate(draft, target, eos)
         if cfg.llama_peer.enabled:
-            peers["llama_generate"] = llama_peer(cfg, draft, target, tok)
+            peers["llama_generate"] = llama_binaries(cfg, draft, target, tok)
         decoder = cfg.resolved_decoder()
         return cls.of_pair(cfg, draft, target, tok, eos, decoder,
                            lambda prompt, new: time_pair(draft, target, device, prompt, new, decoder=decoder),
@@ -116,7 +115,7 @@ LLAMA_CONTEXT = 4096
 """The cells of a llama.cpp model's context in an eval: a prompt and its response."""
 
 
-def hf_peer(draft, target, eos: list[int]):
+def transformers_generate(draft, target, eos: list[int]):
     """Transformers' ``generate()`` on the pair (``evaluation.hf_peer``), each run's decoding method (a head loaded
     and checked) made once, not per prompt."""
     from evaluation.hf_peer import hf_generate
@@ -133,14 +132,14 @@ def hf_peer(draft, target, eos: list[int]):
     return peer
 
 
-def llama_peer(cfg: EvalConfig, draft, target, tok):
+def llama_binaries(cfg: EvalConfig, draft, target, tok):
     """llama.cpp's own binaries on the pair's GGUF files (``evaluation.llama_peer``): its tokens (our tokenizer's
     reading of its text) and stats."""
 
     def llama_generate(ids, sampling, seed, family, params):
-        from evaluation import llama_peer
+        from evaluation.llama_peer import run
 
-        text, stats = llama_peer.run(cfg.llama_peer, family, params, target.path, draft.path,
+        text, stats = run(cfg.llama_peer, family, params, target.path, draft.path,
                                      tok.decode(ids, skip_special_tokens=False), sampling, seed,
                                      cfg.model_threads(), LLAMA_CONTEXT)
         return tok.encode(text, add_special_tokens=False), stats

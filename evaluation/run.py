@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 import torch
 
-from core.models import resolve_device
 from core.prompts import input_digests
 from core.sampling import prompt_generator
 from evaluation.config import EvalConfig, EvalError
@@ -85,7 +84,7 @@ def flag_other_devices(cfg: EvalConfig) -> None:
     from core.device import describe_device
     from decoding.costs import other_device
 
-    here = describe_device(resolve_device(cfg.device), cfg.model_threads())
+    here = describe_device(cfg.model_device(), cfg.model_threads())
     for path in sorted(cfg.goodput_timing_files()):
         note = other_device(path, here)
         if note:

@@ -331,7 +331,7 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
     responses = load_responses(labels, splits, {t.prompt_id for t in traces})
     if not responses:
         return "prompt lookup: not replayed (the labels store no token sequences)"
-    max_new = max(len(r) for _, r in responses)
+    max_new = read_manifest(labels)["sampling"]["max_new_tokens"]
     lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"]
     for n, m in PROMPT_LOOKUP_SETTINGS:
         total = Counts()

@@ -36,7 +36,7 @@ def missing(page: Path) -> list[str]:
     targets, out = make_targets(), []
     for line in commands(page):
         for part in re.split(r"&&|;|\|", line):
-            words = part.split()
+            words = shlex.split(part)  # ARGS="--out x --checkpoints y" is one word
             if not words:
                 continue
             if words[0] == "make":
@@ -173,7 +173,8 @@ def as_specheads(line: str) -> list[list[str]]:
     if words[:2] == ["python", "-m"]:
         name = next(n for n, (module, _) in COMMANDS.items() if module == words[2])
         return [[name, *words[3:]]]
-    dry = subprocess.run([*words, "-n"], capture_output=True, text=True, cwd=ROOT).stdout.splitlines()
+    dry = subprocess.run([*words, "-n"], capture_output=True, text=True, cwd=ROOT).stdout
+    dry = dry.replace("\\\n", " ").splitlines()  # a recipe's continued lines, as the shell joins them
     return [shlex.split(run)[1:] for run in dry if run.startswith(".venv/bin/specheads ")]
 
 

@@ -70,8 +70,9 @@ def test_bench_timing_tiny_writes_json_that_predicts(tmp_path, capsys):
 
 
 def test_bench_timing_interrupted_keeps_the_models_it_timed(tmp_path, monkeypatch, capsys):
-    """Ctrl-C while the second model is timed: the first model's entry is written, as a finished run writes it
-    (marked interrupted), and the command ends as every command does on Ctrl-C (one line, exit 130)."""
+    """Ctrl-C while the second model is timed: the first model's entry is written beside the timing file, as a
+    finished run writes it (marked interrupted, never read as a timing file), the whole timing file an earlier run
+    wrote there stays, and the command ends as every command does on Ctrl-C (one line, exit 130)."""
     from core.interrupt import run_main
 
     timed = []
@@ -85,16 +86,22 @@ def test_bench_timing_interrupted_keeps_the_models_it_timed(tmp_path, monkeypatc
     real = bench_timing.time_model
     monkeypatch.setattr(bench_timing, "time_model", time_model)
     out = tmp_path / "timing.json"
+    monkeypatch.setattr(bench_timing, "time_model", real)
+    bench_timing.main([*TINY, "--out", str(out)])  # an earlier, whole run
+    whole = out.read_text()
+    monkeypatch.setattr(bench_timing, "time_model", time_model)
     with pytest.raises(SystemExit) as e:
         run_main(lambda: bench_timing.main([*TINY, "--out", str(out)]))
     assert e.value.code == 130
-    result = json.loads(out.read_text())
+    assert out.read_text() == whole
+    part = tmp_path / "timing.interrupted.json"
+    result = json.loads(part.read_text())
     assert result["interrupted"] is True and result["models"] == timed and timed[0]["name"] == "draft"
     err = capsys.readouterr().err
     assert "kept what was timed before the interrupt (draft@float32)" in err
     assert err.strip().splitlines()[-1].startswith("interrupted")
-    with pytest.raises(TimingFileError, match="no model"):  # the entries it has are whole; the target is missing
-        read_timing(out)
+    with pytest.raises(TimingFileError, match="an interrupted run's"):
+        read_timing(part)
 
 
 def test_bench_timing_interrupted_before_a_model_is_timed_writes_nothing(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ text so far (``decoding.rules.ngram_simple_draft``, llama.cpp's ``common_ngram_s
 looked up and m of the continuation copied); where nothing matches, the target decodes one token alone. The target
 verifies the candidates in one forward, exactly: a proposal is a point mass q = 1[y], so speculative sampling keeps
 y with probability min(1, p(y)/1) = p(y) and at a rejection draws from norm((p − q)+), p without y (greedy: y is
-kept iff it is the target's argmax). The draft model is never read, so a round costs the verification alone.
+kept iff it is the target's argmax). The draft model is never read, so a round costs the verification alone. As
+llama.cpp's rule, not its driver: its server drafts only after the target's first token and trims a draft to
+``--spec-draft-n-max``; here the first round may draft from the prompt alone, and ``m`` is the one cap.
 """
 
 from __future__ import annotations
