@@ -32,6 +32,7 @@ import numpy as np
 
 from core.device import same_device
 from core.errors import UserError
+from core.identity import TRANSFORMERS
 
 
 class TimingFileError(UserError):
@@ -230,7 +231,7 @@ class CostModel:
                    verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_step),
                    round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"),
-                   backend=timing.get("backend", "transformers"), threads=timing.get("threads"),
+                   backend=timing.get("backend", TRANSFORMERS), threads=timing.get("threads"),
                    decoder=timing.get("decoder", "eager"))
 
 
@@ -326,6 +327,19 @@ def other_device(path: str | Path, here: str) -> str | None:
         return None
     return (f"{path} was timed on {recorded or 'an unnamed device'}, not on this {here}: the goodput stop prices "
             f"rounds with its costs; run `make bench-timing` here for this device's")
+
+
+def other_backend(path: str | Path, backend: str) -> str | None:
+    """A one-line note when the timing file at ``path`` timed the forwards of another backend than ``backend``
+    (``core.backends``): a goodput stop would price its rounds with the costs of kernels that do not run here."""
+    try:
+        recorded = json.loads(Path(path).read_text()).get("backend", TRANSFORMERS)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    if recorded == backend:
+        return None
+    return (f"{path} was timed on backend {recorded}, not on this eval's {backend}: the goodput stop prices rounds "
+            f"with its costs; run `specheads bench-timing --backend {backend}` for its own")
 
 
 def read_timing(path: str | Path, draft: str = "draft", target: str = "target") -> CostModel:

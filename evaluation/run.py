@@ -79,16 +79,16 @@ def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
 
 def flag_other_devices(cfg: EvalConfig) -> None:
     """One line per timing file a goodput stop prices its rounds with (a policy's ``timing``, ``hf_peer.timing``)
-    that was timed on another device than the one this eval decodes on; ``cfg.timing`` predicts another device's
-    latency on purpose and is not one of them."""
+    that was timed on another device, or for another backend, than this eval decodes on; ``cfg.timing`` predicts
+    another device's latency on purpose and is not one of them."""
     from core.device import describe_device
-    from decoding.costs import other_device
+    from decoding.costs import other_backend, other_device
 
     here = describe_device(cfg.model_device(), cfg.model_threads())
     for path in sorted(cfg.goodput_timing_files()):
-        note = other_device(path, here)
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+        for note in (other_device(path, here), other_backend(path, cfg.backend)):
+            if note:
+                print(f"note: {note}", file=sys.stderr)
 
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None, quiet: bool = False) -> Path:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.device import describe_device, same_device
-from decoding.costs import other_device
+from decoding.costs import other_backend, other_device
 
 
 def test_the_cpu_is_described_by_its_model_and_threads():
@@ -55,6 +55,14 @@ def test_the_eval_flags_a_goodput_timing_of_another_device(tmp_path, capsys):
         flag_other_devices(cfg)
         err = capsys.readouterr().err
         assert (f"note: {timing} was timed on NVIDIA H100" in err) is flagged and err.count("note:") == int(flagged)
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps({**timing_file(), "device": describe_device("cpu"), "backend": "llama_cpp"}))
+    cfg = make_cfg(tmp_path, device="cpu",
+                   policies=[Sweep("target_only"), Sweep("goodput", fixed={"timing": str(llama)})])
+    flag_other_devices(cfg)  # a transformers eval priced by llama.cpp's kernels
+    err = capsys.readouterr().err
+    assert f"note: {llama} was timed on backend llama_cpp, not on this eval's transformers" in err
+    assert other_backend(here, "transformers") is None and "on backend transformers" in other_backend(here, "llama_cpp")
 
 
 def test_a_device_that_is_not_here_is_one_line(capsys):
