@@ -255,9 +255,7 @@ def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int,
     calls = np.zeros(m + 2)
     discarded = s = 0
     while s < len(response):
-        proposal = rules.ngram_simple_draft(list(prompt) + list(response[:s]), n, m)[:max(max_new_tokens - s - 1, 0)]
-        ends = [i for i, y in enumerate(proposal) if y in eos]
-        proposal = proposal[:ends[0] + 1] if ends else proposal
+        proposal = rules.prompt_lookup_proposal(list(prompt) + list(response[:s]), n, m, max_new_tokens - s - 1, eos)
         kept = 0
         while kept < len(proposal) and s + kept < len(response) and response[s + kept] == proposal[kept]:
             kept += 1

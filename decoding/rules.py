@@ -162,12 +162,20 @@ def check_token(token: int, logq: torch.Tensor, logp: torch.Tensor, draw_uniform
     return sample(residual_distribution(logq, logp)), False
 
 
+def prompt_lookup_proposal(seq: list[int], n: int, m: int, room: int, eos) -> list[int]:
+    """The candidates a prompt-lookup round submits after ``seq``: ``ngram_simple_draft``'s, at most ``room`` of
+    them (the response's tokens left, less the target's own), and none past an end token (``eos``)."""
+    proposal = ngram_simple_draft(seq, n, m)[:max(room, 0)]
+    ends = [i for i, y in enumerate(proposal) if y in eos]
+    return proposal[:ends[0] + 1] if ends else proposal
+
+
 def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
-    """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its last
-    token the one just sampled): the last ``n`` tokens are looked up at starts 1 … len(seq) − n − 2, latest first (one
-    starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and the at most
-    ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq`` holds at
-    most n + m + 2 tokens."""
+    """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its
+    last token the one just sampled): the last ``n`` tokens are looked up at starts 1 … len(seq) − n − 2, latest
+    first (one starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and
+    the at most ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq``
+    holds at most n + m + 2 tokens."""
     history = len(seq) - 1  # llama.cpp's cur_len: the tokens before the one just sampled
     if history <= n + m + 1:
         return []

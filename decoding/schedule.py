@@ -74,8 +74,8 @@ class ForcedRounds:
     def __init__(self, rounds: list[tuple[int, int]]):
         self.left = [tuple(r) for r in rounds]
 
-    def stop(self, rule, cap: int) -> "ForcedStop":
-        return ForcedStop(rule, self.left[0][0], cap)
+    def stop(self, rule) -> "ForcedStop":
+        return ForcedStop(rule, self.left[0][0])
 
     def keeps(self, drafted: int) -> int:
         n, kept = self.left.pop(0)
@@ -91,13 +91,13 @@ class ForcedRounds:
 
 class ForcedStop:
     """A round's stop ``rule`` asked where it would be (its cost is timed) and its answer replaced: the round stops
-    at its ``n``-th candidate. As in a free round, the rule is not asked about the last candidate where the round
-    ends there anyway (at ``cap``) or where it would read that candidate's own forward."""
+    at its ``n``-th candidate. As in a free round, the rule is not asked about the last candidate where it would
+    read that candidate's own forward (nor where the round ends at its cap: ``draft_round`` asks no rule there)."""
 
     reads_candidate = False
 
-    def __init__(self, rule, n: int, cap: int):
-        self.rule, self.n, self.cap = rule, n, cap
+    def __init__(self, rule, n: int):
+        self.rule, self.n = rule, n
 
     def reset(self) -> None:
         if self.rule is not None:
@@ -105,7 +105,7 @@ class ForcedStop:
 
     def __call__(self, dec, candidates: list[int], step) -> bool:
         last = len(candidates) == self.n
-        if self.rule is not None and not (last and (self.rule.reads_candidate or len(candidates) == self.cap)):
+        if self.rule is not None and not (last and self.rule.reads_candidate):
             self.rule(dec, candidates, step)
         return last
 
@@ -113,7 +113,7 @@ class ForcedStop:
 class FreeRounds:
     """The rounds of a run that decodes: as the policy's stop rule and the draws make them."""
 
-    def stop(self, rule, cap: int):
+    def stop(self, rule):
         return rule
 
     def keeps(self, drafted: int) -> None:

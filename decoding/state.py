@@ -352,7 +352,7 @@ class Decoding:
         Every draft forward of the round has its q sampled and submitted: a rule that read the last candidate's
         own forward (``StopRule.reads_candidate``) gets one more candidate drawn from it after it stops."""
         cap = min(max_k, self.remaining - 1)
-        stop = self.rounds.stop(stop, cap)
+        stop = self.rounds.stop(stop)
         if stop is not None:
             stop.reset()
         candidates: list[int] = []
