@@ -7,6 +7,7 @@ docstring and body, ``--min_lines`` to ``--max_lines`` lines) in a fenced block;
 ``chat_template: true``: an edit request is a user turn).
 
     specheads edit-prompts --corpus runs/corpus --out runs/prompts/edits.jsonl --count 20
+    specheads edit-prompts --corpus runs/corpus --out runs/prompts/edits-train.jsonl --skip 20 --count 100
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ INSTRUCTIONS = ("Add type hints to this function. Reply with the whole function.
 """The edits asked, one per prompt in turn: each keeps most of the function as it is."""
 
 
-def edit_prompts(rows: list[dict], count: int, min_lines: int, max_lines: int) -> list[dict]:
-    """The first ``count`` corpus rows (in the corpus' own order) whose whole function has ``min_lines`` to
-    ``max_lines`` lines, each as an edit request."""
+def edit_prompts(rows: list[dict], count: int, min_lines: int, max_lines: int, skip: int = 0) -> list[dict]:
+    """The corpus rows (in the corpus' own order) whose whole function has ``min_lines`` to ``max_lines`` lines,
+    the first ``skip`` of them left out and the next ``count`` kept, each as an edit request: one function per
+    request, so files written with disjoint ranges (``--skip``) share no function."""
     out = []
+    seen = 0
     for row in rows:
         function = row["prompt"] + row["canonical_solution"]
         if min_lines <= function.count("\n") <= max_lines:
-            instruction = INSTRUCTIONS[len(out) % len(INSTRUCTIONS)]
+            seen += 1
+            if seen <= skip:
+                continue
+            instruction = INSTRUCTIONS[(seen - 1) % len(INSTRUCTIONS)]
             out.append({"prompt": f"{instruction}\n\n```python\n{function}```", "instruction": instruction,
                         "task_id": row["task_id"], "qualname": row["qualname"], "package": row["package"]})
             if len(out) == count:
@@ -46,10 +52,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                            "runs/corpus)")
     p.add_argument("--out", default="runs/prompts/edits.jsonl", help="the prompts file to write (jsonl)")
     p.add_argument("--count", type=int, default=20, help="edit requests to write (default 20)")
+    p.add_argument("--skip", type=int, default=0, help="functions to leave out first, the ones of another file "
+                                                        "(default 0): `--skip 20` after a held-out file of 20 "
+                                                        "writes a training file that shares none of its functions")
     p.add_argument("--min_lines", type=int, default=5, help="a function's lines, at least (default 5)")
     p.add_argument("--max_lines", type=int, default=50, help="a function's lines, at most (default 50)")
     a = p.parse_args(argv)
     check_counts({"--count": a.count, "--min_lines": a.min_lines, "--max_lines": a.max_lines})
+    if a.skip < 0:
+        raise UserError(f"--skip must be 0 or more, got {a.skip}")
     if a.max_lines < a.min_lines:
         raise UserError(f"--max_lines {a.max_lines} is below --min_lines {a.min_lines}")
     out = OutputFile(a.out, "edit-prompts", "prompts file")
@@ -60,10 +71,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = datasets.Dataset.from_parquet(f"{a.corpus}/corpus.parquet").to_list()
     except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as e:
         raise UserError(f"--corpus {a.corpus}: no corpus.parquet that `specheads corpus` wrote ({e})") from None
-    prompts = edit_prompts(rows, a.count, a.min_lines, a.max_lines)
+    prompts = edit_prompts(rows, a.count, a.min_lines, a.max_lines, a.skip)
     if len(prompts) < a.count:
-        raise UserError(f"--corpus {a.corpus} holds {len(prompts)} functions of {a.min_lines} to {a.max_lines} lines, "
-                        f"not {a.count}: build a larger corpus or widen the lines")
+        raise UserError(f"--corpus {a.corpus} holds {len(prompts) + a.skip} functions of {a.min_lines} to "
+                        f"{a.max_lines} lines, not {a.skip + a.count}: build a larger corpus or widen the lines")
     out.path.parent.mkdir(parents=True, exist_ok=True)
     write_text(out.claim(), "".join(json.dumps(r) + "\n" for r in prompts))
     print(f"wrote {out.path}: {len(prompts)} edit requests", file=sys.stderr)

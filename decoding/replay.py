@@ -24,6 +24,7 @@ import torch
 
 from core.errors import SettingError
 from decoding import rules
+from decoding.lookup_stop import LookupCalibration, LookupGoodput
 from decoding.traces import Trace
 from heads.features import draft_scores
 
@@ -246,16 +247,21 @@ def oracle_counts(acceptance: np.ndarray, costs: CostModel, max_k: int | None = 
 
 
 def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
-                         eos: Sequence[int] = ()) -> Counts:
+                         eos: Sequence[int] = (), length: Callable[[list[int], int, list[int]], int] | None = None
+                         ) -> Counts:
     """Prompt lookup (``decoding.policies.prompt_lookup``, n-gram ``n``, at most ``m`` tokens copied) replayed
     along a response of the target's: a proposal is a point mass, so the target keeps it exactly where its own token
     there is the proposed one. Along a response sampled from p that happens with probability p(y), as speculative
     sampling keeps it, and a rejection leaves the token the response holds; so these are the counts of the one
-    generation that made ``response``, not expectations. No draft forward: rounds cost their verifications alone."""
+    generation that made ``response``, not expectations. No draft forward: rounds cost their verifications alone.
+    ``length(seq, source, proposal)``: how many of a round's candidates a stop rule submits (None: all of them)."""
     calls = np.zeros(m + 2)
     discarded = s = 0
     while s < len(response):
-        proposal = rules.prompt_lookup_proposal(list(prompt) + list(response[:s]), n, m, max_new_tokens - s - 1, eos)
+        seq = list(prompt) + list(response[:s])
+        source, proposal = rules.prompt_lookup_proposal(seq, n, m, max_new_tokens - s - 1, eos)
+        if proposal and length is not None:
+            proposal = proposal[:length(seq, source, proposal)]
         kept = 0
         while kept < len(proposal) and s + kept < len(response) and response[s + kept] == proposal[kept]:
             kept += 1
@@ -263,6 +269,51 @@ def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int,
         discarded += len(proposal) - kept
         s += kept + 1  # the kept tokens and the target's own (past the end where the last kept one ended it)
     return Counts(n=len(response), draft=0.0, target=float(calls.sum()), discarded=float(discarded), calls=calls)
+
+
+def prompt_lookup_oracle_counts(prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
+                                costs: CostModel, eos: Sequence[int] = ()) -> Counts:
+    """The ceiling of any stop rule over prompt lookup's proposals along a response: at each round it knows how many
+    of the proposal's candidates the target keeps (k) and submits the L ≤ len(proposal) that minimises the cost to
+    the end, a round of L reaching min(L, k) + 1 tokens on at verify(L + 1). A dynamic program over positions:
+    the proposal at a position depends on the response alone, whatever rounds led there."""
+    length = len(response)
+    options = []  # by position: (candidates submitted, tokens reached) of each choice
+    for s in range(length):
+        _, proposal = rules.prompt_lookup_proposal(list(prompt) + list(response[:s]), n, m,
+                                                   max_new_tokens - s - 1, eos)
+        kept = 0
+        while kept < len(proposal) and s + kept < length and response[s + kept] == proposal[kept]:
+            kept += 1
+        options.append([(L, min(L, kept) + 1) for L in range(len(proposal) + 1)])
+    verify = costs.verify_table(m + 1)
+    cost_to_end = np.zeros(length + 1)
+    choice = np.zeros(length, dtype=np.int64)
+    for s in range(length - 1, -1, -1):
+        totals = [verify[L + 1] + cost_to_end[min(s + step, length)] for L, step in options[s]]
+        choice[s] = int(np.argmin(totals))
+        cost_to_end[s] = totals[choice[s]]
+    calls = np.zeros(m + 2)
+    discarded = s = 0
+    while s < length:
+        L, step = options[s][choice[s]]
+        calls[L + 1] += 1
+        discarded += L - (step - 1)
+        s += step
+    return Counts(n=length, draft=0.0, target=float(calls.sum()), discarded=float(discarded), calls=calls)
+
+
+def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int, m: int, max_new_tokens: int,
+                        calibration: LookupCalibration, costs: CostModel) -> dict:
+    """The rate λ at which to run prompt lookup's goodput stop (``decoding.lookup_stop``) over the responses, as
+    ``goodput_rate`` finds it for a draft model's."""
+    def counts_at(rate: float) -> Counts:
+        rule, total = LookupGoodput(calibration, costs, rate, m), Counts()
+        for prompt, response in responses:
+            total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=rule)
+        return total
+
+    return fixed_point_rate(counts_at, costs)
 
 
 def sprinter_counts(accepts: np.ndarray) -> Counts:
@@ -310,17 +361,24 @@ def goodput_counts(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.nd
 def goodput_rate(acceptance: Sequence[np.ndarray], log_accepts: Sequence[np.ndarray], costs: CostModel,
                  reads_candidate: bool, max_k: int = MAX_K, future: float | None = None, tol: float = 1e-4,
                  max_iter: int = 50) -> dict:
-    """The rate λ at which to run the goodput stop over the traces (``decoding/DESIGN.md``, "Finding λ"): from
-    target-only's 1 / verify(1), λ ← the rate (tokens / cost) of the stop's replay at λ, until λ moves by at most
-    ``tol`` × λ (``"fixed point"``), the rate repeats one achieved before (``"cycle"``: round lengths change in steps,
-    so the iteration can alternate between two rates) or ``max_iter`` replays. Returns the λ tried whose replay
-    achieved the highest rate (``at``), that rate and its counts, why it stopped, and every λ tried with the rate
-    each achieved."""
+    """The rate λ at which to run the goodput stop over the traces (``fixed_point_rate`` of its replay)."""
+    return fixed_point_rate(lambda rate: goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k,
+                                                        future), costs, tol, max_iter)
+
+
+def fixed_point_rate(counts_at: Callable[[float], Counts], costs: CostModel, tol: float = 1e-4,
+                     max_iter: int = 50) -> dict:
+    """The rate λ at which to run a goodput rule whose replay at λ is ``counts_at(λ)`` (``decoding/DESIGN.md``,
+    "Finding λ"): from target-only's 1 / verify(1), λ ← the rate (tokens / cost) of the replay at λ, until λ moves
+    by at most ``tol`` × λ (``"fixed point"``), the rate repeats one achieved before (``"cycle"``: round lengths
+    change in steps, so the iteration can alternate between two rates) or ``max_iter`` replays. Returns the λ tried
+    whose replay achieved the highest rate (``at``), that rate and its counts, why it stopped, and every λ tried
+    with the rate each achieved."""
     tried, achieved, counts = [], [], []
     rate, stopped = costs.target_only_rate(), "max_iter"
     for _ in range(max_iter):
         tried.append(rate)
-        counts.append(goodput_counts(acceptance, log_accepts, costs, rate, reads_candidate, max_k, future))
+        counts.append(counts_at(rate))
         rate = counts[-1].n / costs.price(counts[-1])
         if abs(rate - tried[-1]) <= tol * tried[-1]:
             stopped = "fixed point"

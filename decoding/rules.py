@@ -162,26 +162,42 @@ def check_token(token: int, logq: torch.Tensor, logp: torch.Tensor, draw_uniform
     return sample(residual_distribution(logq, logp)), False
 
 
-def prompt_lookup_proposal(seq: list[int], n: int, m: int, room: int, eos) -> list[int]:
-    """The candidates a prompt-lookup round submits after ``seq``: ``ngram_simple_draft``'s, at most ``room`` of
-    them (the response's tokens left, less the target's own), and none past an end token (``eos``)."""
-    proposal = ngram_simple_draft(seq, n, m)[:max(room, 0)]
+def prompt_lookup_proposal(seq: list[int], n: int, m: int, room: int, eos) -> tuple[int, list[int]]:
+    """The candidates a prompt-lookup round submits after ``seq``, with the position in ``seq`` the first was copied
+    from (``ngram_simple_match``): at most ``room`` of them (the response's tokens left, less the target's own), and
+    none past an end token (``eos``)."""
+    source, proposal = ngram_simple_match(seq, n, m)
+    proposal = proposal[:max(room, 0)]
     ends = [i for i, y in enumerate(proposal) if y in eos]
-    return proposal[:ends[0] + 1] if ends else proposal
+    return source, proposal[:ends[0] + 1] if ends else proposal
 
 
-def ngram_simple_draft(seq: list[int], n: int, m: int) -> list[int]:
+def ngram_simple_match(seq: list[int], n: int, m: int) -> tuple[int, list[int]]:
     """The candidates llama.cpp's ``ngram-simple`` proposes after ``seq`` (the prompt and the tokens so far, its
-    last token the one just sampled): the last ``n`` tokens are looked up at starts 1 … len(seq) − n − 2, latest
-    first (one starting at position 0 is not looked at, nor one overlapping the last n by all but one token), and
-    the at most ``m`` tokens that followed it are proposed; none where fewer than ``n`` follow it, or where ``seq``
-    holds at most n + m + 2 tokens."""
+    last token the one just sampled), with the position in ``seq`` they are copied from (-1 where none): the last
+    ``n`` tokens are looked up at starts 1 … len(seq) − n − 2, latest first (one starting at position 0 is not
+    looked at, nor one overlapping the last n by all but one token), and the at most ``m`` tokens that followed it
+    are proposed; none where fewer than ``n`` follow it, or where ``seq`` holds at most n + m + 2 tokens."""
     history = len(seq) - 1  # llama.cpp's cur_len: the tokens before the one just sampled
     if history <= n + m + 1:
-        return []
+        return -1, []
     pattern = seq[-n:]
     for start in range(history - n - 1, 0, -1):
         if seq[start:start + n] == pattern:
             copied = min(m, history - (start + n))
-            return seq[start + n:start + n + copied] if copied >= n else []
-    return []
+            return (start + n, seq[start + n:start + n + copied]) if copied >= n else (-1, [])
+    return -1, []
+
+
+MATCH_CAP = 128
+"""The longest match ``match_length`` measures: agreement beyond it says nothing more about the next token."""
+
+
+def match_length(seq: list[int], source: int) -> int:
+    """How many tokens before ``source`` equal the last ones of ``seq`` (at most ``MATCH_CAP``): the length of the
+    earlier text a prompt-lookup proposal copied from ``source`` on that the text so far repeats, at least the
+    n-gram looked up. A candidate that follows j kept ones of its round has a match j longer."""
+    length, end = 0, len(seq)
+    while length < MATCH_CAP and length < source and seq[source - 1 - length] == seq[end - 1 - length]:
+        length += 1
+    return length

@@ -79,16 +79,17 @@ def load_label_traces(folder: str | Path, splits: tuple[str, ...] = ("val", "tes
     return traces
 
 
-def load_responses(folder: str | Path, splits: tuple[str, ...], prompts: set[int]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, the target's response ids) of each of ``prompts`` in ``splits``, from the sequences a label
-    folder stores (what prompt lookup copies from); none where it stores none."""
+def load_responses(folder: str | Path, splits: tuple[str, ...],
+                   prompts: set[int] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's response ids) of each of ``prompts`` (None: every prompt) in ``splits``, from the
+    sequences a label folder stores (what prompt lookup copies from); none where it stores none."""
     from core.shards import load_sequences
 
     out = []
     for split in filled_splits(folder, splits):
         sequences = load_sequences(folder, split)
         for row in [] if sequences is None else sequences:
-            if row["category"] == TRACE_CATEGORY and row["prompt_id"] in prompts:
+            if row["category"] == TRACE_CATEGORY and (prompts is None or row["prompt_id"] in prompts):
                 out.append((list(row["prompt_ids"]), list(row["response_ids"])))
     return out
 

@@ -17,16 +17,18 @@ from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forw
                                timing_file, write_json)
 
 
-def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5) -> dict:
+def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5,
+                    verify_lengths: tuple[int, ...] = ()) -> dict:
     """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
     (``CachedLM.advance`` over the backend: the batch, its logits and their warp), the prefill a read of
-    ``prompt_tokens``; the result names the backend and each model's threads."""
+    ``prompt_tokens``; the target's verification at ``PAIR_VERIFY_LENGTHS`` and ``verify_lengths`` tokens (prompt
+    lookup verifies up to its copy length and one); the result names the backend and each model's threads."""
     cache = prompt_tokens + new_tokens // 2
     device = torch.device("cpu")
     result = {"device": describe_device(device, target.threads), "device_type": "cpu", "prefill": prompt_tokens,
               "verify": verify, "decoder": "eager", "backend": "llama_cpp", "threads": target.threads, "models": []}
     for name, model in (("draft", draft), ("target", target)):
-        lengths = sorted({1, 3, verify, *(PAIR_VERIFY_LENGTHS if name == "target" else ())})
+        lengths = sorted({1, 3, verify, *((*PAIR_VERIFY_LENGTHS, *verify_lengths) if name == "target" else ())})
         seconds = decoder_forward_times(model, "eager", cache, lengths, repeats)
         prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
         prefill = median_time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
@@ -54,7 +56,7 @@ def llama_main(a: argparse.Namespace) -> list[dict]:
         models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
                   for role, spec in specs.items()}
         result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
-                                 a.verify, a.repeats)
+                                 a.verify, a.repeats, tuple(a.verify_lengths))
         for m, (role, spec) in zip(result["models"], specs.items()):
             m["shape"] = spec.display_name
         print(llama_table(result))

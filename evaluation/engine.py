@@ -89,6 +89,7 @@ class Engine:
         likelihood, the traces and the timing of its forwards (``time_forwards``); ``peers``: the backend's peer."""
         from core.identity import model_identity
         from decoding.estimates import load_calibration
+        from decoding.lookup_stop import LookupCalibration
         from decoding.policies import build_policy
         from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.likelihood import mean_loglik
@@ -101,8 +102,10 @@ class Engine:
                                           untimed_prefill=cfg.untimed_prefill),
             build_policy=build_policy,
             check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
-            check_calibration=lambda path: load_calibration(path).check_draft(model_identity(draft),
-                                                                              "this evaluation's draft"),
+            check_calibration=lambda path: LookupCalibration.load(path).check_target(model_identity(target),
+                                                                                     "this evaluation's target")
+            if LookupCalibration.holds_one(path) else load_calibration(path).check_draft(model_identity(draft),
+                                                                                          "this evaluation's draft"),
             loglik=lambda ids, tokens: mean_loglik(target, ids, tokens),
             record_trace=lambda ids, tokens, generator, prompt: record_trace(draft, target, ids, tokens, generator,
                                                                             prompt),

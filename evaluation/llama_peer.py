@@ -4,7 +4,10 @@ source llama-cpp-python vendors, so the kernels are our backend's), one process 
 - ``llama_target_only``: ``llama-completion`` (the target alone);
 - ``llama_speculative``: ``llama-speculative-simple`` with the draft (``--spec-type draft-simple``), at its
   defaults (``n_max`` 3, ``p_min`` 0) and at the (p_min, n_max) of a small grid that runs fastest on tuning prompts
-  the eval does not decode.
+  the eval does not decode;
+- ``llama_prompt_lookup``: ``llama-speculative-simple`` with no draft model (``--spec-type ngram-simple``), at its
+  defaults (n-gram ``n`` 12, copy ``m`` 48) and at the (n, m) of a grid that runs fastest on the tuning prompts.
+  Its driver stops at a round's end, so a run may decode a few tokens past ``max_new_tokens``; rates are per token.
 
 Both read the prompt as text (the text our tokenizer's ids decode to, special tokens included, which llama.cpp
 parses back into the same ids), sample as the mode does (top-k, top-p and min-p off unless the mode sets them,
@@ -28,9 +31,12 @@ from core.sampling import Sampling
 
 TARGET_ONLY = "llama_target_only"
 SPECULATIVE = "llama_speculative"
-FAMILIES = (TARGET_ONLY, SPECULATIVE)
+PROMPT_LOOKUP = "llama_prompt_lookup"
+FAMILIES = (TARGET_ONLY, SPECULATIVE, PROMPT_LOOKUP)
 DEFAULTS = {"p_min": 0.0, "n_max": 3}
 """llama.cpp's own defaults for speculative decoding (``common/common.h``)."""
+LOOKUP_DEFAULTS = {"n": 12, "m": 48}
+"""llama.cpp's own defaults for ``ngram-simple`` (``--spec-ngram-simple-size-n``, ``--spec-ngram-simple-size-m``)."""
 
 
 @dataclass
@@ -48,6 +54,10 @@ class LlamaPeer:
     grid: list[list[float]] = field(default_factory=lambda: [[0.0, 1], [0.0, 2], [0.5, 4], [0.75, 16], [0.9, 4],
                                                              [0.9, 8]])
     """(p_min, n_max) pairs to tune over; the fastest on ``tune_prompts`` runs on the eval's prompts."""
+    prompt_lookup: bool = False
+    """One run of its prompt lookup (``ngram-simple``, no draft model) at its defaults (n 12, m 48)."""
+    prompt_lookup_grid: list[list[int]] = field(default_factory=list)
+    """(n, m) pairs of ``ngram-simple`` to tune over as ``grid``; the fastest runs on the eval's prompts."""
     tune_prompts: list[int] = field(default_factory=lambda: [40, 60])
     """[first, end) of the prompt source's prompts the tuning runs on: ones the eval does not decode (HumanEval
     40–59 beside an eval of 0–39)."""
@@ -58,6 +68,17 @@ class LlamaPeer:
                 raise UserError(f"llama_peer.grid: each entry is [p_min in 0…1, n_max ≥ 1], got {pair}")
         if len(self.tune_prompts) != 2 or not 0 <= self.tune_prompts[0] < self.tune_prompts[1]:
             raise UserError(f"llama_peer.tune_prompts is [first, end), got {self.tune_prompts}")
+        for pair in self.prompt_lookup_grid:
+            if len(pair) != 2 or not all(isinstance(v, int) and 1 <= v <= 1024 for v in pair):
+                raise UserError(f"llama_peer.prompt_lookup_grid: each entry is [n, m], whole numbers 1…1024, got "
+                                f"{pair}")
+
+    def tuned(self) -> list[tuple[str, dict | None, list[dict]]]:
+        """(family, its defaults to run or None, its grid to tune over) of each speculative family."""
+        return [(SPECULATIVE, dict(DEFAULTS) if self.defaults else None,
+                 [{"p_min": float(p), "n_max": int(n)} for p, n in self.grid]),
+                (PROMPT_LOOKUP, dict(LOOKUP_DEFAULTS) if self.prompt_lookup else None,
+                 [{"n": int(n), "m": int(m)} for n, m in self.prompt_lookup_grid])]
 
     def binary(self, name: str) -> Path:
         path = Path(self.tools) / name
@@ -81,7 +102,7 @@ def _number(pattern: str, text: str, what: str) -> float:
 
 def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, prompt_text: str, sampling: Sampling,
         seed: int, threads: int, n_ctx: int = 4096) -> tuple[str, dict]:
-    """One generation of ``family`` with ``params`` ({} or p_min and n_max); return its text and its stats
+    """One generation of ``family`` with ``params`` ({}, p_min and n_max, or n and m); return its text and its stats
     (``wall_s``: decoding seconds, prefill excluded; ``new_tokens``, and for the speculative run the tokens it
     drafted and kept). The prompt goes on the command line: llama.cpp drops the last newline of a prompt file."""
     common = ["-m", str(target), "-p", prompt_text, "-n", str(sampling.max_new_tokens), "-t", str(threads),
@@ -89,6 +110,10 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
               *([] if repacks_safely() else ["--no-repack"])]  # as our binding loads them (core.llama_cpp)
     if family == TARGET_ONLY:
         cmd = [str(peer.binary("llama-completion")), *common, "-no-cnv", "--no-display-prompt", "-tb", str(threads)]
+    elif family == PROMPT_LOOKUP:
+        cmd = [str(peer.binary("llama-speculative-simple")), *common, "--spec-type", "ngram-simple",
+               "--spec-ngram-simple-size-n", str(int(params["n"])), "--spec-ngram-simple-size-m",
+               str(int(params["m"]))]
     else:
         cmd = [str(peer.binary("llama-speculative-simple")), *common, "-md", str(draft), "--spec-type",
                "draft-simple", "-td", str(threads), "--spec-draft-n-max", str(int(params["n_max"])),

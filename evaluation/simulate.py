@@ -29,10 +29,12 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
 from decoding.estimates import CalibratedConfidence
-from decoding.replay import Counts, check_cost_ratios, goodput_rate, prompt_lookup_counts
+from decoding.lookup_stop import LookupCalibration
+from decoding.replay import check_cost_ratios, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
-from decoding.traces import Trace, filled_splits, load_label_traces, load_responses, unseen
+from decoding.traces import Trace, filled_splits, load_label_traces, unseen
 from decoding.costs import CostModel
+from evaluation.simulate_lookup import prompt_lookup_lines
 from evaluation.traces import read_recorded
 from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
 
@@ -318,31 +320,6 @@ def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every:
     return lines
 
 
-PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
-"""(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
-
-
-def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: list[Trace], costs: list[float],
-                        priced: CostModel | None) -> str:
-    """Prompt lookup replayed along the traces' responses (``decoding.replay.prompt_lookup_counts``: exact, no
-    draft forward) at each ``PROMPT_LOOKUP_SETTINGS``; at a cost ratio c every call costs one target step whatever
-    it verifies, so its speedup there is N / N_target, and ``priced`` charges each call its length. The labels
-    record no end token: a last round's proposals past a response's end are priced as proposed."""
-    responses = load_responses(labels, splits, {t.prompt_id for t in traces})
-    if not responses:
-        return "prompt lookup: not replayed (the labels store no token sequences)"
-    max_new = read_manifest(labels)["sampling"]["max_new_tokens"]
-    lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"]
-    for n, m in PROMPT_LOOKUP_SETTINGS:
-        total = Counts()
-        for prompt, response in responses:
-            total += prompt_lookup_counts(prompt, response, n, m, max_new)
-        line = f"  n={n:<3}m={m:<4}N_t/N {total.target / total.n:.3f}  N_x/N {total.discarded / total.n:.3f}  " \
-               f"at every c {CostModel.eq51(costs[0]).speedup(total):.3f}x"
-        lines.append(line + (f"  under {priced.name} {priced.speedup(total):.3f}x" if priced is not None else ""))
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="specheads simulate", description=description(__doc__))
     p.add_argument("--labels", default="runs/labels/humaneval-heldout", help="a label folder (its `target` rows are traces)")
@@ -357,6 +334,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "costs by verification length, and the goodput stop of each stop head under them")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a calibrated confidence (`make calibrate`): with --timing, adds the goodput stop on it")
+    p.add_argument("--lookup_calibration", default=None, metavar="FILE",
+                   help="prompt lookup's keep chance (`specheads calibrate --prompt_lookup`): with --timing, adds "
+                        "prompt lookup's goodput stop")
     p.add_argument("--goodput_flat", action="store_true",
                    help="also the goodput stop of each stop head (and --calibration) under a flat cost at each --c "
                         "(every verification costs one target forward, a draft step c): SpecDec++'s cost model, "
@@ -383,7 +363,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.calibration and not (a.timing or a.goodput_flat):
         raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
                            "cost: give --timing or --goodput_flat")
+    if a.lookup_calibration and not a.timing:
+        raise SettingError("--lookup_calibration adds prompt lookup's goodput stop, which prices rounds by a timing "
+                           "file: give --timing")
     calibrated = CalibratedConfidence.load(a.calibration) if a.calibration else None  # a bad file: one line now
+    lookup = LookupCalibration.load(a.lookup_calibration) if a.lookup_calibration else None
     costs = list(a.c)
     priced = None
     if a.timing:
@@ -429,7 +413,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if checks:
         print(checks)
-    print(prompt_lookup_lines(a.labels, tuple(a.splits), traces, costs, priced))
+    print(prompt_lookup_lines(a.labels, tuple(a.splits), traces, costs, priced, lookup))
     for c in costs:
         picks = best_settings(rows, c)
         print(f"fastest at c = {c:.3g}: " + "; ".join(f"{r['policy']} {CostModel.eq51(c).speedup(r['counts']):.3f}x"

@@ -252,6 +252,8 @@ def test_edit_prompts_ask_for_edits_of_whole_corpus_functions(tmp_path):
     assert 'class Grid:\n    def neighbours(self, row, col):\n        """List' in neighbours["prompt"]
     rows = load_prompt_table(PromptConfig(source=str(out), response_field=None), need_response=False)
     assert [r["text"] for r in rows] == [p["prompt"] for p in prompts]
+    second = edit_prompts.main([*args, "--count", "1", "--skip", "1"])  # a file sharing no function
+    assert second[0]["qualname"] == prompts[1]["qualname"] and second[0]["instruction"] == prompts[1]["instruction"]
     edit_prompts.main([*args, "--count", "1"])  # its own file is replaced
     with pytest.raises(UserError, match="holds 2 functions of 1 to 50 lines, not 3"):
         edit_prompts.main([*args, "--count", "3"])

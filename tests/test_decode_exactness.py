@@ -42,6 +42,7 @@ from core.sampling import Sampling
 from decoding import rules
 from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
+from decoding.lookup_stop import LookupCalibration
 from decoding.policies import build_policy
 from decoding.policies.sprinter import Sprinter
 from decoding.runtimes import hf as runtime
@@ -377,17 +378,24 @@ LOOKUP_PROMPT_WITH_END = [1, 2, 0, 1, 1, 2]
 """With 0 the end token: the first round proposes [0, 1], an end and a token past it."""
 
 
-@pytest.mark.parametrize("sampling, eos", [("t0.8-top2", ()), ("t1.2-topp0.7", ()), ("t0.8-top2", (0,))])
+LOOKUP_STOP = {"calibration": LookupCalibration(length=[1.0, 3.0], keep=[0.5, 1.0], n=1),
+               "costs": CostModel.by_length(draft=0.0, verify=[0.0, 1.0, 1.3, 1.9]), "lam": 1.0}
+"""Prompt lookup's goodput stop on the enumeration's proposals: one candidate of a match of 1, two of a longer."""
+
+
+@pytest.mark.parametrize("sampling, eos, stop", [("t0.8-top2", (), False), ("t1.2-topp0.7", (), False),
+                                                 ("t0.8-top2", (0,), False), ("t0.8-top2", (), True)])
 @pytest.mark.parametrize("broken", [False, True])
-def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, eos, broken):
+def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, eos, stop, broken):
     """Proposals copied from the prompt and the text so far, each a point mass q = 1[y], verified exactly: the
     response is the target's, with proposals rejected and rounds that keep two, and no draft forward; with an end
-    token the prompt holds mid-way (as a chat template's end of turn), nothing is proposed past it. A decoder that
-    keeps every proposal is rejected."""
+    token the prompt holds mid-way (as a chat template's end of turn), nothing is proposed past it; with the goodput
+    stop cutting proposals short, still the target's. A decoder that keeps every proposal is rejected."""
     if broken:
         monkeypatch.setattr(Decoding, "verify", partialmethod(Decoding.verify, accept=lambda *args: True))
     prompt = LOOKUP_PROMPT_WITH_END if eos else LOOKUP_PROMPT
-    dist = enumerate_policy(paths, "prompt_lookup", {"n": 1, "m": 2}, sampling, eos, prompt=prompt)
+    dist = enumerate_policy(paths, "prompt_lookup_goodput" if stop else "prompt_lookup",
+                            {"n": 1, "m": 2, **(LOOKUP_STOP if stop else {})}, sampling, eos, prompt=prompt)
     s = SAMPLINGS3[sampling]
     distance = tv(marginal(dist), target_sequences(hand_warp(TARGET3, s), prompt[-1], s.max_new_tokens, eos))
     if broken:
@@ -395,7 +403,10 @@ def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, samp
         return
     assert distance < TOL
     assert sum(p for d, p in marginal(dist, 2).items() if d) > 0.1
-    if not eos:  # (with it, the proposals stop at the end token)
+    if stop:  # it cut the first proposal to one candidate, so its rounds are not the fixed length's
+        fixed = enumerate_policy(paths, "prompt_lookup", {"n": 1, "m": 2}, sampling, eos, prompt=prompt)
+        assert marginal(dist, 1) != marginal(fixed, 1)
+    elif not eos:  # (with it, the proposals stop at the end token)
         assert sum(p for r, p in marginal(dist, 1).items() if any(k >= 2 for k in r)) > 0.05
     assert set(marginal(dist, 3)) == {0}
 

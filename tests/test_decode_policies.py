@@ -24,6 +24,7 @@ from core.label_math import warp_logits
 from core.sampling import Sampling
 from decoding.costs import CostModel
 from decoding.estimates import CalibratedConfidence
+from decoding.lookup_stop import LookupCalibration
 from decoding.policies import POLICIES, build_policy
 from decoding.state import Decoding, ModelPair
 from heads.export import HeadFileError, export_head
@@ -74,13 +75,18 @@ CALIBRATED_GOODPUT = {"calibration": CalibratedConfidence(q=np.array([0.0, 1.0])
 """The goodput stop with no head: the draft's confidence, calibrated."""
 
 
+LOOKUP_GOODPUT = {"n": 1, "m": 4, "calibration": LookupCalibration(length=[1.0, 6.0], keep=[0.2, 0.9], n=1),
+                  "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 1.5}
+"""Prompt lookup's goodput stop: one candidate of a short match, more of a longer one."""
+
+
 def example_kwargs(heads) -> dict[str, dict]:
     return {
         "target_only": {}, "draft_only": {}, "sd": {"k": 3}, "hf_heuristic": {}, "confidence": {},
         "svip": {"h": 0.5}, "specdecpp": {"head": heads["stop"]}, "fuzzy": {"T": 0.5},
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
         "goodput": {"head": heads["stop"], "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
-        "prompt_lookup": {"n": 1, "m": 4},
+        "prompt_lookup": {"n": 1, "m": 4}, "prompt_lookup_goodput": LOOKUP_GOODPUT,
     }
 
 
@@ -91,7 +97,8 @@ def generate(policy, pair, prompt, seed=0):
 @pytest.mark.parametrize("name, kwargs", [("sd", {"k": 1}), ("sd", {"k": 4}), ("sd", {"k": 9}), ("hf_heuristic", {}),
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
                                           ("goodput", None), ("goodput", CALIBRATED_GOODPUT), ("fuzzy", {"T": 0.5}),
-                                          ("sprinter", None), ("prompt_lookup", None)])
+                                          ("sprinter", None), ("prompt_lookup", None),
+                                          ("prompt_lookup_goodput", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs
@@ -503,20 +510,29 @@ def test_a_run_counts_the_drafts_catch_up_but_not_its_prompt(models, untimed_pre
 
 
 @pytest.mark.parametrize("temperature, eos", [(0.0, []), (1.0, []), (1.0, [11])])
-def test_prompt_lookup_replayed_along_its_own_response_gives_its_rounds(models, temperature, eos):
+@pytest.mark.parametrize("stop", [False, True])
+def test_prompt_lookup_replayed_along_its_own_response_gives_its_rounds(models, temperature, eos, stop):
     """A point-mass proposal is kept exactly where the response holds it, so replaying prompt lookup along the
-    decoder's own output (greedy or sampled, with an end token or not) gives the decoder's counts, round for round:
-    the simulator can price it from a trace of the target's response alone."""
+    decoder's own output (greedy or sampled, with an end token or not, with its goodput stop or not) gives the
+    decoder's counts, round for round: the simulator can price it from a trace of the target's response alone."""
     from decoding.replay import prompt_lookup_counts
 
     pair = ModelPair(*models, eos_token_ids=eos, sampling=Sampling(temperature=temperature, max_new_tokens=40))
     prompt = [1, 10, 11, 12, 10, 11, 12, 10, 11]  # a pattern the response may go on repeating, 11 an end token in it
-    rounds = 0
+    rounds, cuts = 0, set()
     for seed in range(6):
-        result = generate(build_policy("prompt_lookup", n=1, m=4), pair, prompt, seed=seed)
-        counts = prompt_lookup_counts(prompt, result.tokens, 1, 4, 40, eos)
+        policy = build_policy("prompt_lookup_goodput", **LOOKUP_GOODPUT) if stop \
+            else build_policy("prompt_lookup", n=1, m=4)
+        if stop:  # the stop cuts some proposals short and submits others whole
+            rule = policy.length
+            policy.length = lambda seq, source, proposal: cuts.add(rule(seq, source, proposal) < len(proposal)) \
+                or rule(seq, source, proposal)
+        result = generate(policy, pair, prompt, seed=seed)
+        counts = prompt_lookup_counts(prompt, result.tokens, 1, 4, 40, eos, length=policy.length)
         assert (counts.target, counts.discarded, counts.draft) == (result.stats.target_calls,
                                                                   result.stats.discarded, 0.0)
         assert counts.calls[2:].sum() == len(result.stats.accepted_lengths)
         rounds += len(result.stats.accepted_lengths)
     assert rounds > 0  # proposals were made and verified
+    if stop:
+        assert cuts == {True, False}

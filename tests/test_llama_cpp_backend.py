@@ -209,7 +209,7 @@ if "{name}" == "llama-completion":
     print("common_perf_print:        eval time =     100.00 ms /     4 runs   (   25.00 ms per token,    40.00 "
           "tokens per second)", file=sys.stderr)
 else:
-    n_max = int(args[args.index("--spec-draft-n-max") + 1])
+    n_max = int(args[args.index("--spec-draft-n-max" if "-md" in args else "--spec-ngram-simple-size-m") + 1])
     sys.stdout.write("\n\n" + prompt + text + "\n\n" + "\n\n")
     print(f"decoded    5 tokens in    {{0.1 + 0.01 * n_max:.3f}} seconds, speed:   40.000 t/s", file=sys.stderr)
     print("n_drafted = 6\nn_accept  = 3", file=sys.stderr)
@@ -233,7 +233,8 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
                                                                          stub_tools):
     """The eval on backend llama_cpp: our policies, and llama.cpp's target-only, its speculative decoding at its
     defaults and at the grid entry fastest on the tuning prompts (which the eval does not decode), from its binaries
-    as its users run them (sampling flags as the mode's, the same threads, its own decoding time)."""
+    as its users run them (sampling flags as the mode's, the same threads, its own decoding time); its prompt lookup
+    likewise, with no draft model."""
     import json
 
     import yaml
@@ -241,12 +242,23 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     from evaluation.__main__ import main
     from testing.tiny import write_eval_config, write_prompts
 
+    from test_eval_latency import timing_file
+
+    from decoding.lookup_stop import LookupCalibration
+
     prompts = write_prompts(tmp_path / "prompts.jsonl", n=6)
+    (tmp_path / "timing.json").write_text(json.dumps(timing_file()))
+    LookupCalibration(length=[1.0, 6.0], keep=[0.2, 0.9], n=1).save(tmp_path / "lookup.json")
+    lookup = {"n": 1, "m": 4}
     config = write_eval_config(
         tmp_path / "eval.yaml", gguf_pair[0], gguf_pair[1], prompts, tmp_path / "eval", limit=3, backend="llama_cpp", threads=1, untimed_prefill=True, hf_peer={"enabled": False}, max_new_tokens=8,
         modes=[{"name": "greedy", "temperature": 0.0}], loglik=False,
-        policies=[{"family": "target_only"}, {"family": "sd", "grid": {"k": [2]}}],
-        llama_peer={"enabled": True, "tools": str(stub_tools), "grid": [[0.0, 2], [0.5, 8]], "tune_prompts": [3, 6]})
+        policies=[{"family": "target_only"}, {"family": "sd", "grid": {"k": [2]}},
+                  {"family": "prompt_lookup", "fixed": lookup},
+                  {"family": "prompt_lookup_goodput", "fixed": {**lookup, "calibration": str(tmp_path / "lookup.json"),
+                                                                "timing": str(tmp_path / "timing.json")}}],
+        llama_peer={"enabled": True, "tools": str(stub_tools), "grid": [[0.0, 2], [0.5, 8]], "tune_prompts": [3, 6],
+                    "prompt_lookup": True, "prompt_lookup_grid": [[2, 8], [1, 4]]})
     settings = yaml.safe_load(config.read_text())
     for role, checkpoint in zip(("draft", "target"), tiny_pair):
         settings[role]["tokenizer"] = str(checkpoint)
@@ -255,9 +267,16 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
     runs = {r["run"] for r in records}
     assert {"llama_target_only", "llama_speculative[p_min=0,n_max=3]", "llama_speculative[p_min=0,n_max=2]",
-            "target_only", "sd[k=2]"} <= runs, runs
+            "llama_prompt_lookup[n=12,m=48]", "llama_prompt_lookup[n=1,m=4]", "target_only", "sd[k=2]",
+            "prompt_lookup", "prompt_lookup_goodput"} <= {r.split("[")[0] if r.startswith("prompt") else r
+                                                          for r in runs}, runs
+    ours = {r["family"]: r["tokens"] for r in records if r["prompt"] == 0 and r["mode"] == "greedy"}
+    assert ours["prompt_lookup"] == ours["prompt_lookup_goodput"] == ours["target_only"]
     tuning = [json.loads(line) for line in (tmp_path / "eval" / "llama_tuning.jsonl").read_text().splitlines()]
-    assert sorted({r["prompt"] for r in tuning}) == [3, 4, 5] and len(tuning) == 6
+    assert sorted({r["prompt"] for r in tuning}) == [3, 4, 5] and len(tuning) == 12
+    spec = [json.loads(line) for line in (stub_tools / "llama-speculative-simple.calls").read_text().splitlines()]
+    lookup = [c for c in spec if "ngram-simple" in c]
+    assert lookup and all("-md" not in c and c[c.index("--spec-type") + 1] == "ngram-simple" for c in lookup)
     for run in ("llama_target_only", "llama_speculative[p_min=0,n_max=3]"):  # its own text, its decoding time
         peer = next(r for r in records if r["run"] == run)
         assert peer["text"] == "return a + b"

@@ -465,11 +465,16 @@ def test_the_command_adds_the_goodput_stop_under_a_timing_file(label_config, tmp
     responses = load_responses(cfg.output_dir, ("train", "val", "test"), {t.prompt_id for t in
                                                                         sim.load_label_traces(cfg.output_dir,
                                                                                               ("train", "val", "test"))})
+    from evaluation.simulate_lookup import priced_interval
+
+    max_new = max(len(r) for _, r in responses)
+    each = [prompt_lookup_counts(prompt, response, 2, 8, max_new) for prompt, response in responses]
     total = Counts()
-    for prompt, response in responses:
-        total += prompt_lookup_counts(prompt, response, 2, 8, max(len(r) for _, r in responses))
+    for c in each:
+        total += c
     assert responses and f"n=2  m=8   N_t/N {total.target / total.n:.3f}" in out
-    assert f"under by length {costs.speedup(total):.3f}x" in out
+    assert f"priced {priced_interval(each, costs)}x" in out
+    assert priced_interval(each, costs).value == pytest.approx(costs.speedup(total))
     by_head, by_calibration = [r for r in rows if r["family"] == "goodput"]
     traces, loaded = sim.load_label_traces(cfg.output_dir, ("train", "val", "test")), sim.cached_head(head)
     estimates = {"head": ([sim.rules.log_accept(sim.head_logits(loaded, t)) for t in traces], by_head,

@@ -1,7 +1,7 @@
 """Prompt lookup: speculative decoding with no draft model (llama.cpp's ``--spec-type ngram-simple``).
 
 A round's candidates are the continuation of the last n tokens' most recent earlier occurrence in the prompt and the
-text so far (``decoding.rules.ngram_simple_draft``, llama.cpp's ``common_ngram_simple_draft`` rule, with its size n
+text so far (``decoding.rules.ngram_simple_match``, llama.cpp's ``common_ngram_simple_draft`` rule, with its size n
 of the n-gram looked up and m of the continuation copied), never past an end token; where nothing matches, the
 target decodes one token alone. The target verifies the candidates in one forward, exactly: a proposal is a point
 mass q = 1[y], so speculative sampling keeps y with probability min(1, p(y)/1) = p(y) and at a rejection draws from
@@ -9,13 +9,20 @@ norm((p − q)+), p without y (greedy: y is kept iff it is the target's argmax).
 round costs the verification alone. As llama.cpp's rule, not its driver: its server drafts only after the target's
 first token and trims a draft to ``--spec-draft-n-max``; here the first round may draft from the prompt alone, and
 ``m`` is the one cap.
+
+``prompt_lookup_goodput`` submits only as many of a proposal's candidates as the goodput stop finds worth their
+verification (``decoding.lookup_stop``); the candidates it submits are verified as above, so it stays exact.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pathlib import Path
+
 from core.models import vocab_size
+from decoding.costs import CostModel, read_timing
+from decoding.lookup_stop import LookupCalibration, LookupGoodput
 from decoding.policies.registry import register
 from decoding.rules import prompt_lookup_proposal
 from decoding.state import DecodeResult, Decoding, ModelPair
@@ -31,15 +38,44 @@ class PromptLookup:
         if n < 1 or m < 1:
             raise ValueError(f"n and m must be at least 1, got n={n}, m={m}")
         self.n, self.m = int(n), int(m)
+        self.length: LookupGoodput | None = None
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         dec = Decoding(pair, prompt_ids, generator, reads=("target",))
         point = torch.full((vocab_size(pair.target),), float("-inf"), device=pair.device)
         while not dec.done:
-            candidates = prompt_lookup_proposal(dec.seq, self.n, self.m, dec.remaining - 1, dec.eos)
+            source, candidates = prompt_lookup_proposal(dec.seq, self.n, self.m, dec.remaining - 1, dec.eos)
+            if candidates and self.length is not None:
+                candidates = candidates[:self.length(dec.seq, source, candidates)]
             if not candidates:
                 dec.extend([dec.sample(dec.target_dist()[-1])])
                 continue
             logqs = [point.index_fill(0, torch.tensor([y], device=pair.device), 0.0) for y in candidates]
             dec.verify(candidates, logqs)
         return dec.result()
+
+
+@register("prompt_lookup_goodput", setting="lam", lemma31=False)
+class PromptLookupGoodput(PromptLookup):
+    """Prompt lookup whose rounds submit only as many of a proposal's candidates as the goodput stop finds worth
+    their verification (``decoding.lookup_stop``): ``calibration`` (``specheads calibrate --prompt_lookup``, a file
+    or one loaded), the device's costs (``timing``, a ``bench-timing`` JSON, or ``costs``) and λ (``lam``, tokens
+    per second; None: the calibration's own, found over its responses, else target-only's 1 / verify(1))."""
+
+    def __init__(self, n: int = 12, m: int = 48, calibration: str | Path | LookupCalibration | None = None,
+                 timing: str | Path | None = None, costs: CostModel | None = None, lam: float | None = None):
+        super().__init__(n, m)
+        if calibration is None:
+            raise ValueError("prompt lookup's goodput stop reads a calibration (`specheads calibrate "
+                             "--prompt_lookup`)")
+        if (timing is None) == (costs is None):
+            raise ValueError("the goodput stop prices rounds: give exactly one of timing (a bench-timing file) and "
+                             "costs")
+        if not isinstance(calibration, LookupCalibration):
+            calibration = LookupCalibration.load(calibration)
+        calibration.check_n(self.n)
+        costs = read_timing(timing) if costs is None else costs
+        lam = float(lam if lam is not None else calibration.rate or costs.target_only_rate())
+        if not lam > 0:
+            raise ValueError(f"lam must be positive tokens per second, got {lam}")
+        self.length = LookupGoodput(calibration, costs, lam, self.m)

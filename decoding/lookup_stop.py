@@ -1,0 +1,160 @@
+"""The goodput stop for prompt lookup (``decoding.policies.prompt_lookup``): how many of a proposal's candidates to
+submit, from a calibrated chance that the target keeps each one and the device's verification costs.
+
+A prompt-lookup round knows every candidate before it verifies any (they are copied, not drafted), so the rule
+chooses the round's length L at once: with c_j the chance that candidate j is kept given that the ones before it
+were, a round of L candidates yields E(L) = 1 + Σ_{i ≤ L} ∏_{j ≤ i} c_j tokens at verify(L + 1) seconds, and the
+rule submits the L that maximises E(L) − λ·verify(L + 1), λ the long-run tokens per second (as ``GoodputStop``
+prices a round; ``decoding.replay.lookup_goodput_rate`` finds λ over traces). L = 0 is a target step alone.
+
+The chance is read from one feature a stop rule has for free, the match's length (``decoding.rules.match_length``:
+how far back the text so far repeats the text the proposal is copied from; each kept candidate lengthens it by
+one), mapped to the target's keep rate by isotonic regression on label rows (``lookup_rows``) of the target's own
+responses: rows at every position of a response, so the fit sees matches of every age, not only those a rule's
+rounds start at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import UserError
+from core.runfolder import write_text
+from decoding import rules
+from decoding.costs import CostModel
+
+FLOOR = 1e-6
+
+
+class LookupCalibrationError(UserError):
+    """A file that is not a saved prompt-lookup calibration, or one fitted for other proposals."""
+
+
+@dataclass
+class LookupCalibration:
+    """P(the target keeps a prompt-lookup candidate | it kept the ones before it in the round) by the candidate's
+    match length: the piecewise-linear map through the knots (``length``, ``keep``) that sklearn's isotonic
+    regression fits, clipped beyond them."""
+
+    length: np.ndarray
+    keep: np.ndarray
+    n: int
+    """The n-gram the proposals looked up (a match is never shorter)."""
+    rows: int = 0
+    rate: float | None = None
+    """λ (tokens per second) at which the goodput stop did best over the responses fitted on, at the costs of
+    ``fitted["timing"]`` (``decoding.replay.lookup_goodput_rate``); None where fitted without costs."""
+    fitted: dict | None = None
+    """What the rows came from: the ``target`` whose responses they are and the ``sampling`` they were made at,
+    the longest copy ``m``, and the timing file λ was found at."""
+
+    def __post_init__(self) -> None:
+        self.length, self.keep = np.asarray(self.length, float), np.asarray(self.keep, float)
+        if self.length.ndim != 1 or self.length.shape != self.keep.shape or not len(self.length):
+            raise ValueError(f"length and keep must be lists of equal length >= 1, got {self.length.shape} and "
+                             f"{self.keep.shape}")
+        if np.any(np.diff(self.length) < 0) or not np.all((self.keep >= 0) & (self.keep <= 1)):
+            raise ValueError("length must be non-decreasing and keep probabilities in [0, 1]")
+
+    @classmethod
+    def fit(cls, lengths: np.ndarray, kept: np.ndarray, n: int) -> "LookupCalibration":
+        """Fit on rows: each candidate's match length and whether the target kept it."""
+        from sklearn.isotonic import IsotonicRegression
+
+        if not len(kept):
+            raise LookupCalibrationError("no prompt-lookup rows to fit on: the responses never repeat an n-gram of "
+                                         "their prompt (edit requests do; `specheads edit-prompts`)")
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
+        iso.fit(np.asarray(lengths, float), np.asarray(kept, float))
+        return cls(length=iso.X_thresholds_, keep=iso.y_thresholds_, n=int(n), rows=len(kept))
+
+    def chances(self, length: int, count: int) -> np.ndarray:
+        """The keep chances of ``count`` candidates whose first has a match of ``length``."""
+        return np.interp(np.minimum(length + np.arange(count), rules.MATCH_CAP), self.length, self.keep)
+
+    def to_dict(self) -> dict:
+        return {"estimate": "prompt_lookup_keep", "n": self.n, "rows": self.rows, "rate": self.rate,
+                "length": self.length.tolist(), "keep": self.keep.tolist(),
+                **({"fitted": self.fitted} if self.fitted else {})}
+
+    def save(self, path: str | Path) -> None:
+        write_text(Path(path), json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LookupCalibration":
+        """The calibration ``save`` wrote, or one ``LookupCalibrationError`` naming the file."""
+        try:
+            saved = json.loads(Path(path).read_text())
+            if saved.get("estimate") != "prompt_lookup_keep":
+                raise ValueError(f"it holds {saved.get('estimate')!r}")
+            rate = saved.get("rate")
+            return cls(length=saved["length"], keep=saved["keep"], n=int(saved["n"]), rows=int(saved["rows"]),
+                       rate=None if rate is None else float(rate), fitted=saved.get("fitted"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise LookupCalibrationError(f"{path}: not a prompt-lookup calibration (`specheads calibrate "
+                                         f"--prompt_lookup`; {e})") from None
+
+    @staticmethod
+    def holds_one(path: str | Path) -> bool:
+        """Whether the JSON file at ``path`` is a saved prompt-lookup calibration (not a draft's calibrated
+        confidence); a file that cannot be read is left to its loader's error."""
+        try:
+            return json.loads(Path(path).read_text()).get("estimate") == "prompt_lookup_keep"
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def check_target(self, target: dict, whose: str) -> None:
+        """Refuse, in one line, a calibration fitted on responses of another target (or backend) than ``target``
+        (an identity record); a file that records none passes."""
+        from core.identity import check_same_model
+
+        recorded = (self.fitted or {}).get("target")
+        if recorded:
+            check_same_model(recorded, target, f"the calibration was fitted on responses of target "
+                                               f"{recorded.get('name')!r}, {whose} is another")
+
+    def check_n(self, n: int) -> None:
+        if n != self.n:
+            raise LookupCalibrationError(f"the calibration was fitted on proposals of {self.n}-grams, this prompt "
+                                         f"lookup looks up {n}-grams: fit one at n = {n}")
+
+
+def lookup_rows(prompt: list[int], response: list[int], n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Label rows of prompt lookup along a response of the target's: at every position where a proposal exists,
+    each of its candidates up to and including the first the response does not repeat, as (match length, kept)."""
+    lengths, kept = [], []
+    seq = list(prompt)
+    for s in range(len(response)):
+        source, proposal = rules.ngram_simple_match(seq, n, m)
+        if proposal:
+            base = rules.match_length(seq, source)
+            for j, y in enumerate(proposal[:len(response) - s]):
+                lengths.append(base + j)
+                kept.append(response[s + j] == y)
+                if not kept[-1]:
+                    break
+        seq.append(response[s])
+    return np.array(lengths, dtype=np.int64), np.array(kept, dtype=bool)
+
+
+def best_length(chances: np.ndarray, verify: np.ndarray, rate: float) -> int:
+    """The L ≤ len(``chances``) that maximises E(L) − ``rate``·verify(L + 1) (module docstring); ``verify`` indexed by
+    the tokens verified. The shortest among equals."""
+    expected = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(chances))))
+    return int(np.argmax(expected - rate * verify[1:len(chances) + 2]))
+
+
+class LookupGoodput:
+    """The rule as a callable of a round: ``(seq, source, proposal)`` → how many candidates to submit."""
+
+    def __init__(self, calibration: LookupCalibration, costs: CostModel, rate: float, m: int):
+        self.calibration, self.rate = calibration, float(rate)
+        self.verify = costs.verify_table(m + 1)
+
+    def __call__(self, seq: list[int], source: int, proposal: list[int]) -> int:
+        chances = self.calibration.chances(rules.match_length(seq, source), len(proposal))
+        return best_length(chances, self.verify, self.rate)

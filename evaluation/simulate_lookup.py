@@ -1,0 +1,75 @@
+"""Prompt lookup in ``specheads simulate``: its rules replayed along the responses a label folder stores, exactly
+(``decoding.replay.prompt_lookup_counts``: a proposal is kept where the response repeats it), at each
+``PROMPT_LOOKUP_SETTINGS``, with the oracle's ceiling over the same proposals and the goodput stop
+(``decoding.lookup_stop``) where a calibration is given, each with a bootstrap interval over the prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.intervals import Interval, speedup_interval
+from core.shards import read_manifest
+from decoding.costs import CostModel
+from decoding.lookup_stop import LookupCalibration, LookupGoodput
+from decoding.replay import (Counts, lookup_goodput_rate, prompt_lookup_counts, prompt_lookup_oracle_counts)
+from decoding.traces import Trace, load_responses
+
+PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
+"""(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
+
+
+def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None) -> Interval:
+    """The speedup of ``counts`` (one per prompt) under ``costs`` over target-only (or over the runs ``over``), with
+    a paired bootstrap interval over the prompts."""
+    def runs(cs):
+        return [{"new_tokens": c.n, "wall_s": costs.price(c)} for c in cs]
+
+    base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n * costs.verify(1)} for c in counts]
+    return speedup_interval(runs(counts), base)
+
+
+def total(counts: list[Counts]) -> Counts:
+    out = Counts()
+    for c in counts:
+        out += c
+    return out
+
+
+def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: list[Trace], costs: list[float],
+                        priced: CostModel | None, calibration: LookupCalibration | None = None) -> str:
+    """Prompt lookup's rows: at a cost ratio c every call costs one target step whatever it verifies, so its speedup
+    there is N / N_target; ``priced`` charges each call its length, and adds the oracle of each setting and, with
+    ``calibration``, the goodput stop at its n (λ: the calibration's own, else the best over these responses). The
+    labels record no end token: a last round's proposals past a response's end are priced as proposed."""
+    responses = load_responses(labels, splits, {t.prompt_id for t in traces})
+    if not responses:
+        return "prompt lookup: not replayed (the labels store no token sequences)"
+    max_new = read_manifest(labels)["sampling"]["max_new_tokens"]
+    lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"
+             + ("" if priced is None else f"; speedups under {priced.name} with 95 % intervals over the prompts")]
+    fixed = {}
+    for n, m in PROMPT_LOOKUP_SETTINGS:
+        fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new) for prompt, response in responses]
+        all_of = total(fixed[n, m])
+        line = f"  n={n:<3}m={m:<4}N_t/N {all_of.target / all_of.n:.3f}  N_x/N {all_of.discarded / all_of.n:.3f}  " \
+               f"at every c {CostModel.eq51(costs[0]).speedup(all_of):.3f}x"
+        if priced is not None:
+            oracle = [prompt_lookup_oracle_counts(prompt, response, n, m, max_new, priced)
+                      for prompt, response in responses]
+            line += f"  priced {priced_interval(fixed[n, m], priced)}x  oracle {priced_interval(oracle, priced)}x"
+        lines.append(line)
+    if calibration is not None and priced is not None:
+        n, m = calibration.n, int((calibration.fitted or {}).get("m", 48))
+        rate = calibration.rate
+        where = "the calibration's"
+        if rate is None:
+            rate, where = lookup_goodput_rate(responses, n, m, max_new, calibration, priced)["at"], "best here"
+        rule = LookupGoodput(calibration, priced, rate, m)
+        stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule)
+                   for prompt, response in responses]
+        base = fixed.get((n, m)) or [prompt_lookup_counts(p, r, n, m, max_new) for p, r in responses]
+        all_of = total(stopped)
+        lines.append(f"  n={n:<3}m={m:<4}goodput stop (λ {rate:.3f}, {where}): N_t/N {all_of.target / all_of.n:.3f}  "
+                     f"N_x/N {all_of.discarded / all_of.n:.3f}  priced {priced_interval(stopped, priced)}x, "
+                     f"{priced_interval(stopped, priced, over=base)}x the fixed length's")
+    return "\n".join(lines)
