@@ -133,7 +133,7 @@ def lookup_rows(prompt: list[int], response: list[int], n: int, m: int) -> tuple
         if proposal:
             base = rules.match_length(seq, source)
             for j, y in enumerate(proposal[:len(response) - s]):
-                lengths.append(base + j)
+                lengths.append(min(base + j, rules.MATCH_CAP))  # as ``chances`` reads it
                 kept.append(response[s + j] == y)
                 if not kept[-1]:
                     break

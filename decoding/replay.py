@@ -303,17 +303,32 @@ def prompt_lookup_oracle_counts(prompt: list[int], response: list[int], n: int, 
     return Counts(n=length, draft=0.0, target=float(calls.sum()), discarded=float(discarded), calls=calls)
 
 
+LOOKUP_RATE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+"""Multiples of target-only's rate at which ``lookup_goodput_rate`` also replays the stop."""
+
+
 def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int, m: int, max_new_tokens: int,
                         calibration: LookupCalibration, costs: CostModel) -> dict:
-    """The rate λ at which to run prompt lookup's goodput stop (``decoding.lookup_stop``) over the responses, as
-    ``goodput_rate`` finds it for a draft model's."""
+    """The rate λ at which to run prompt lookup's goodput stop (``decoding.lookup_stop``) over the responses: the
+    best of ``fixed_point_rate``'s search and of ``LOOKUP_RATE_GRID``. The rule is certainty-equivalent and myopic:
+    a round cut short leaves the rest of its copy to the next round, which E(L) − λ·verify(L + 1) does not credit,
+    so the fixed point can settle at a worse rate than a λ between it and target-only's (``tried`` and
+    ``achieved`` list every λ replayed and the rate it achieved)."""
     def counts_at(rate: float) -> Counts:
         rule, total = LookupGoodput(calibration, costs, rate, m), Counts()
         for prompt, response in responses:
             total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=rule)
         return total
 
-    return fixed_point_rate(counts_at, costs)
+    found = fixed_point_rate(counts_at, costs)
+    for multiple in LOOKUP_RATE_GRID[1:]:
+        rate = multiple * costs.target_only_rate()
+        counts = counts_at(rate)
+        found["tried"].append(rate)
+        found["achieved"].append(counts.n / costs.price(counts))
+        if found["achieved"][-1] > found["rate"]:
+            found.update(at=rate, rate=found["achieved"][-1], counts=counts, stopped="grid")
+    return found
 
 
 def sprinter_counts(accepts: np.ndarray) -> Counts:

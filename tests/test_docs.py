@@ -22,7 +22,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 def commands(page: Path) -> list[str]:
     """Shell lines of the page's fenced bash blocks and of its tables' first column."""
     text = page.read_text()
-    lines = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S) for line in block.splitlines()]
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for line in block.replace("\\\n", " ").splitlines()]  # a continued line joined to the next
     lines += re.findall(r"^\| `([^`]+)` \|", text, re.M)
     return [line.split("#")[0].strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
@@ -60,8 +61,10 @@ def test_every_command_a_page_names_exists(page):
 
 def test_a_page_naming_what_is_not_there_is_caught(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("```bash\nmake trian && python -m evaluation.simulat\nscripts/nothing.sh\n```\n| `make test` |\n")
-    assert missing(page) == ["make target trian", "module evaluation.simulat", "script scripts/nothing.sh"]
+    page.write_text("```bash\nmake trian && python -m evaluation.simulat\nscripts/nothing.sh\nspecheads calibrate \\\n"
+                    "    --out x && specheads calibrat \\\n  --out y\n```\n| `make test` |\n")
+    assert missing(page) == ["make target trian", "module evaluation.simulat", "script scripts/nothing.sh",
+                             "specheads command ['calibrat']"]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
