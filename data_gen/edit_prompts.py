@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise UserError(f"--corpus {a.corpus}: no corpus.parquet that `specheads corpus` wrote ({e})") from None
     prompts = edit_prompts(rows, a.count, a.min_lines, a.max_lines, a.skip)
     if len(prompts) < a.count:
-        raise UserError(f"--corpus {a.corpus} holds {len(prompts) + a.skip} functions of {a.min_lines} to "
-                        f"{a.max_lines} lines, not {a.skip + a.count}: build a larger corpus or widen the lines")
+        beyond = f" beyond the first {a.skip}" if a.skip else ""
+        raise UserError(f"--corpus {a.corpus} holds {len(prompts)} functions of {a.min_lines} to {a.max_lines} lines"
+                        f"{beyond}, not {a.count}: build a larger corpus or widen the lines")
     out.path.parent.mkdir(parents=True, exist_ok=True)
     write_text(out.claim(), "".join(json.dumps(r) + "\n" for r in prompts))
     print(f"wrote {out.path}: {len(prompts)} edit requests", file=sys.stderr)

@@ -108,7 +108,7 @@ def fit_lookup(a: argparse.Namespace, out: OutputFile):
     calibration = LookupCalibration.fit(*fitted_on, n)
     manifest = read_manifest(a.labels)
     calibration.fitted = {"target": manifest["models"]["target"], "sampling": manifest["sampling"], "m": m,
-                          "timing": a.timing}
+                          "timing": a.timing, "device": None if costs is None else costs.device}
     if costs is not None:
         found = lookup_goodput_rate(responses, n, m, manifest["sampling"]["max_new_tokens"], calibration, costs)
         calibration.rate = found["at"]

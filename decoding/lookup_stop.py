@@ -17,6 +17,7 @@ rounds start at.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +27,6 @@ from core.errors import UserError
 from core.runfolder import write_text
 from decoding import rules
 from decoding.costs import CostModel
-
-FLOOR = 1e-6
-
 
 class LookupCalibrationError(UserError):
     """A file that is not a saved prompt-lookup calibration, or one fitted for other proposals."""
@@ -154,6 +152,10 @@ class LookupGoodput:
     def __init__(self, calibration: LookupCalibration, costs: CostModel, rate: float, m: int):
         self.calibration, self.rate = calibration, float(rate)
         self.verify = costs.verify_table(m + 1)
+        if costs.verify_s is not None and max(costs.verify_s) < m + 1:
+            warnings.warn(f"the costs were timed up to verifications of {max(costs.verify_s)} tokens, the rule prices "
+                          f"up to {m + 1} on the line beyond: time them (bench-timing --verify_lengths … {m + 1})",
+                          stacklevel=2)
 
     def __call__(self, seq: list[int], source: int, proposal: list[int]) -> int:
         chances = self.calibration.chances(rules.match_length(seq, source), len(proposal))

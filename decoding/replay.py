@@ -312,8 +312,8 @@ def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int
     """The rate λ at which to run prompt lookup's goodput stop (``decoding.lookup_stop``) over the responses: the
     best of ``fixed_point_rate``'s search and of ``LOOKUP_RATE_GRID``. The rule is certainty-equivalent and myopic:
     a round cut short leaves the rest of its copy to the next round, which E(L) − λ·verify(L + 1) does not credit,
-    so the fixed point can settle at a worse rate than a λ between it and target-only's (``tried`` and
-    ``achieved`` list every λ replayed and the rate it achieved)."""
+    so the fixed point can settle at a worse rate than another λ does (``tried`` and ``achieved`` list every λ
+    replayed and the rate it achieved)."""
     def counts_at(rate: float) -> Counts:
         rule, total = LookupGoodput(calibration, costs, rate, m), Counts()
         for prompt, response in responses:
@@ -321,8 +321,10 @@ def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int
         return total
 
     found = fixed_point_rate(counts_at, costs)
-    for multiple in LOOKUP_RATE_GRID[1:]:
+    for multiple in LOOKUP_RATE_GRID:
         rate = multiple * costs.target_only_rate()
+        if rate in found["tried"]:
+            continue
         counts = counts_at(rate)
         found["tried"].append(rate)
         found["achieved"].append(counts.n / costs.price(counts))

@@ -136,5 +136,7 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
     new = _number(r"decoded\s+(\d+) tokens", done.stderr, "llama-speculative-simple")
     drafted = _number(r"n_drafted\s*=\s*(\d+)", done.stderr, "llama-speculative-simple")
     accepted = _number(r"n_accept\s*=\s*(\d+)", done.stderr, "llama-speculative-simple")
-    return text, {"wall_s": seconds, "new_tokens": int(new), "draft_calls": int(drafted),
+    # prompt lookup copies its candidates: no draft forward made them
+    return text, {"wall_s": seconds, "new_tokens": int(new),
+                  "draft_calls": 0 if family == PROMPT_LOOKUP else int(drafted),
                   "discarded": int(drafted - accepted), "target_calls": int(new - accepted)}

@@ -375,6 +375,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         costs.append(fit.t_draft / fit.t_target)
         priced = fit
     manifest = read_manifest(a.labels)
+    if lookup is not None:  # responses of another target say nothing of this one's keep chance
+        lookup.check_target(manifest["models"]["target"], f"the target of the labels in {a.labels}")
     if calibrated is not None:  # replayed over labels of another draft, its estimates would predict nothing
         calibrated.check_draft(manifest["models"]["draft"], f"the draft of the labels in {a.labels}")
     if a.heads is None:  # every exported head the traces can replay, trained for the labels' draft

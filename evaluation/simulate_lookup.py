@@ -11,7 +11,7 @@ from core.intervals import Interval, speedup_interval
 from core.shards import read_manifest
 from decoding.costs import CostModel
 from decoding.lookup_stop import LookupCalibration, LookupGoodput
-from decoding.replay import (Counts, lookup_goodput_rate, prompt_lookup_counts, prompt_lookup_oracle_counts)
+from decoding.replay import Counts, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.traces import Trace, load_responses
 
 PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
@@ -25,6 +25,10 @@ def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] |
         return [{"new_tokens": c.n, "wall_s": costs.price(c)} for c in cs]
 
     base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n * costs.verify(1)} for c in counts]
+    if len(counts) < 2:  # nothing to resample
+        value = sum(r["new_tokens"] for r in runs(counts)) / sum(r["wall_s"] for r in runs(counts)) \
+            / (sum(r["new_tokens"] for r in base) / sum(r["wall_s"] for r in base))
+        return Interval(value, value, value)
     return speedup_interval(runs(counts), base)
 
 
@@ -39,8 +43,9 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
                         priced: CostModel | None, calibration: LookupCalibration | None = None) -> str:
     """Prompt lookup's rows: at a cost ratio c every call costs one target step whatever it verifies, so its speedup
     there is N / N_target; ``priced`` charges each call its length, and adds the oracle of each setting and, with
-    ``calibration``, the goodput stop at its n (λ: the calibration's own, else the best over these responses). The
-    labels record no end token: a last round's proposals past a response's end are priced as proposed."""
+    ``calibration``, the goodput stop at its n and the λ the policy runs at (the calibration's own, else
+    target-only's rate). The labels record no end token: a last round's proposals past a response's end are priced
+    as proposed."""
     responses = load_responses(labels, splits, {t.prompt_id for t in traces})
     if not responses:
         return "prompt lookup: not replayed (the labels store no token sequences)"
@@ -48,7 +53,8 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
     lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"
              + ("" if priced is None else f"; speedups under {priced.name} with 95 % intervals over the prompts")]
     fixed = {}
-    for n, m in PROMPT_LOOKUP_SETTINGS:
+    stop_at = None if calibration is None else (calibration.n, int((calibration.fitted or {}).get("m", 48)))
+    for n, m in (*PROMPT_LOOKUP_SETTINGS, *([stop_at] if stop_at and stop_at not in PROMPT_LOOKUP_SETTINGS else [])):
         fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new) for prompt, response in responses]
         all_of = total(fixed[n, m])
         line = f"  n={n:<3}m={m:<4}N_t/N {all_of.target / all_of.n:.3f}  N_x/N {all_of.discarded / all_of.n:.3f}  " \
@@ -59,15 +65,13 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
             line += f"  priced {priced_interval(fixed[n, m], priced)}x  oracle {priced_interval(oracle, priced)}x"
         lines.append(line)
     if calibration is not None and priced is not None:
-        n, m = calibration.n, int((calibration.fitted or {}).get("m", 48))
-        rate = calibration.rate
-        where = "the calibration's"
-        if rate is None:
-            rate, where = lookup_goodput_rate(responses, n, m, max_new, calibration, priced)["at"], "best here"
+        n, m = stop_at
+        rate, where = (calibration.rate, "the calibration's") if calibration.rate is not None \
+            else (priced.target_only_rate(), "target-only's")
         rule = LookupGoodput(calibration, priced, rate, m)
         stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule)
                    for prompt, response in responses]
-        base = fixed.get((n, m)) or [prompt_lookup_counts(p, r, n, m, max_new) for p, r in responses]
+        base = fixed[n, m]
         all_of = total(stopped)
         lines.append(f"  n={n:<3}m={m:<4}goodput stop (λ {rate:.3f}, {where}): N_t/N {all_of.target / all_of.n:.3f}  "
                      f"N_x/N {all_of.discarded / all_of.n:.3f}  priced {priced_interval(stopped, priced)}x, "

@@ -13,6 +13,7 @@ from core.errors import UserError
 from core.label_math import ROWS_FOR_LABEL
 from decoding.policies import POLICIES
 from decoding.costs import CostModel
+from evaluation import llama_peer
 
 @dataclass
 class Totals:
@@ -73,7 +74,8 @@ class Totals:
         one. Not defined for a policy whose tokens may skip the target (SPRINTER: ``lemma31`` in its
         registration)."""
         policy = POLICIES.get(self.family)  # None for a peer's run
-        if (policy is not None and not policy.lemma31) or None in (self.draft_calls, self.target_calls, self.discarded):
+        if (policy is not None and not policy.lemma31) or self.family == llama_peer.PROMPT_LOOKUP \
+                or None in (self.draft_calls, self.target_calls, self.discarded):
             return None
         return self.draft_calls + self.target_calls - self.new_tokens - self.discarded
 

@@ -275,6 +275,8 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     tuning = [json.loads(line) for line in (tmp_path / "eval" / "llama_tuning.jsonl").read_text().splitlines()]
     assert sorted({r["prompt"] for r in tuning}) == [3, 4, 5] and len(tuning) == 12
     spec = [json.loads(line) for line in (stub_tools / "llama-speculative-simple.calls").read_text().splitlines()]
+    copied = [r for r in records if r["family"] == "llama_prompt_lookup"]  # no draft forward made its candidates
+    assert copied and all(r["stats"]["draft_calls"] == 0 and r["stats"]["discarded"] == 3 for r in copied)
     lookup = [c for c in spec if "ngram-simple" in c]
     assert lookup and all("-md" not in c and c[c.index("--spec-type") + 1] == "ngram-simple" for c in lookup)
     for run in ("llama_target_only", "llama_speculative[p_min=0,n_max=3]"):  # its own text, its decoding time

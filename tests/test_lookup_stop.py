@@ -94,6 +94,10 @@ def test_the_oracle_is_the_least_cost_of_any_rule_and_no_rule_beats_it():
             counts = prompt_lookup_counts(prompt, response, 1, 4, len(response), length=rule)
             assert costs.price(counts) >= costs.price(oracle) - 1e-9
     assert worse >= 6
+    from evaluation.simulate_lookup import priced_interval
+
+    one = priced_interval([oracle], costs)  # one prompt: its ratio, nothing to resample
+    assert one.low == one.value == one.high == pytest.approx(costs.speedup(oracle))
 
 
 def test_a_calibration_is_fitted_saved_and_refused_where_it_does_not_apply(tmp_path):
