@@ -88,7 +88,7 @@ def lookup_scores(calibration, rows: tuple[np.ndarray, np.ndarray]) -> str:
     """AUROC and ECE of the calibrated keep chance against the rows' kept flags."""
     from sklearn.metrics import roc_auc_score
 
-    chance = np.interp(rows[0], calibration.length, calibration.keep)
+    chance = calibration.keep_chance(rows[0])
     auroc = roc_auc_score(rows[1], chance) if 0 < rows[1].mean() < 1 else float("nan")
     return f"keep rate {rows[1].mean():.3f}, AUROC {auroc:.3f}, ECE {calibration_error(chance, rows[1]):.4f}"
 

@@ -72,7 +72,11 @@ class LookupCalibration:
 
     def chances(self, length: int, count: int) -> np.ndarray:
         """The keep chances of ``count`` candidates whose first has a match of ``length``."""
-        return np.interp(np.minimum(length + np.arange(count), rules.MATCH_CAP), self.length, self.keep)
+        return self.keep_chance(np.minimum(length + np.arange(count), rules.MATCH_CAP))
+
+    def keep_chance(self, lengths: np.ndarray) -> np.ndarray:
+        """The keep chance of candidates with matches of ``lengths``."""
+        return np.interp(lengths, self.length, self.keep)
 
     def to_dict(self) -> dict:
         return {"estimate": "prompt_lookup_keep", "n": self.n, "rows": self.rows, "rate": self.rate,
@@ -129,12 +133,10 @@ def lookup_rows(prompt: list[int], response: list[int], n: int, m: int) -> tuple
     for s in range(len(response)):
         source, proposal = rules.ngram_simple_match(seq, n, m)
         if proposal:
-            base = rules.match_length(seq, source)
-            for j, y in enumerate(proposal[:len(response) - s]):
+            base, repeated = rules.match_length(seq, source), rules.kept_count(proposal, response, s)
+            for j in range(min(repeated + 1, len(proposal), len(response) - s)):
                 lengths.append(min(base + j, rules.MATCH_CAP))  # as ``chances`` reads it
-                kept.append(response[s + j] == y)
-                if not kept[-1]:
-                    break
+                kept.append(j < repeated)
         seq.append(response[s])
     return np.array(lengths, dtype=np.int64), np.array(kept, dtype=bool)
 

@@ -246,25 +246,46 @@ def oracle_counts(acceptance: np.ndarray, costs: CostModel, max_k: int | None = 
     return Counts(n=length, draft=draft, target=float(calls.sum()), discarded=discarded, calls=calls)
 
 
+class LookupTrace:
+    """Prompt lookup's round at each position of a response, computed once where first asked for
+    (``prompt_lookup_proposal`` with the room left and the end tokens): the text before it, the proposal's source,
+    the proposal, and how many of it the response repeats. Replays of several rules over one response share it."""
+
+    def __init__(self, prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
+                 eos: Sequence[int] = ()):
+        self.prompt, self.response, self.n, self.m = list(prompt), list(response), n, m
+        self.max_new_tokens, self.eos = max_new_tokens, eos
+        self._at: dict[int, tuple[list[int], int, list[int], int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.response)
+
+    def at(self, s: int) -> tuple[list[int], int, list[int], int]:
+        if s not in self._at:
+            seq = self.prompt + self.response[:s]
+            source, proposal = rules.prompt_lookup_proposal(seq, self.n, self.m, self.max_new_tokens - s - 1, self.eos)
+            self._at[s] = seq, source, proposal, rules.kept_count(proposal, self.response, s)
+        return self._at[s]
+
+
 def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
-                         eos: Sequence[int] = (), length: Callable[[list[int], int, list[int]], int] | None = None
-                         ) -> Counts:
+                         eos: Sequence[int] = (), length: Callable[[list[int], int, list[int]], int] | None = None,
+                         trace: LookupTrace | None = None) -> Counts:
     """Prompt lookup (``decoding.policies.prompt_lookup``, n-gram ``n``, at most ``m`` tokens copied) replayed
     along a response of the target's: a proposal is a point mass, so the target keeps it exactly where its own token
     there is the proposed one. Along a response sampled from p that happens with probability p(y), as speculative
     sampling keeps it, and a rejection leaves the token the response holds; so these are the counts of the one
     generation that made ``response``, not expectations. No draft forward: rounds cost their verifications alone.
-    ``length(seq, source, proposal)``: how many of a round's candidates a stop rule submits (None: all of them)."""
+    ``length(seq, source, proposal)``: how many of a round's candidates a stop rule submits (None: all of them);
+    ``trace``: the response's ``LookupTrace``, where several replays share it."""
+    trace = LookupTrace(prompt, response, n, m, max_new_tokens, eos) if trace is None else trace
     calls = np.zeros(m + 2)
     discarded = s = 0
     while s < len(response):
-        seq = list(prompt) + list(response[:s])
-        source, proposal = rules.prompt_lookup_proposal(seq, n, m, max_new_tokens - s - 1, eos)
+        seq, source, proposal, kept = trace.at(s)
         if proposal and length is not None:
             proposal = proposal[:length(seq, source, proposal)]
-        kept = 0
-        while kept < len(proposal) and s + kept < len(response) and response[s + kept] == proposal[kept]:
-            kept += 1
+            kept = min(kept, len(proposal))
         calls[len(proposal) + 1] += 1
         discarded += len(proposal) - kept
         s += kept + 1  # the kept tokens and the target's own (past the end where the last kept one ended it)
@@ -272,19 +293,17 @@ def prompt_lookup_counts(prompt: list[int], response: list[int], n: int, m: int,
 
 
 def prompt_lookup_oracle_counts(prompt: list[int], response: list[int], n: int, m: int, max_new_tokens: int,
-                                costs: CostModel, eos: Sequence[int] = ()) -> Counts:
+                                costs: CostModel, eos: Sequence[int] = (),
+                                trace: LookupTrace | None = None) -> Counts:
     """The ceiling of any stop rule over prompt lookup's proposals along a response: at each round it knows how many
     of the proposal's candidates the target keeps (k) and submits the L ≤ len(proposal) that minimises the cost to
     the end, a round of L reaching min(L, k) + 1 tokens on at verify(L + 1). A dynamic program over positions:
     the proposal at a position depends on the response alone, whatever rounds led there."""
+    trace = LookupTrace(prompt, response, n, m, max_new_tokens, eos) if trace is None else trace
     length = len(response)
     options = []  # by position: (candidates submitted, tokens reached) of each choice
     for s in range(length):
-        _, proposal = rules.prompt_lookup_proposal(list(prompt) + list(response[:s]), n, m,
-                                                   max_new_tokens - s - 1, eos)
-        kept = 0
-        while kept < len(proposal) and s + kept < length and response[s + kept] == proposal[kept]:
-            kept += 1
+        _, _, proposal, kept = trace.at(s)
         options.append([(L, min(L, kept) + 1) for L in range(len(proposal) + 1)])
     verify = costs.verify_table(m + 1)
     cost_to_end = np.zeros(length + 1)
@@ -314,10 +333,12 @@ def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int
     a round cut short leaves the rest of its copy to the next round, which E(L) − λ·verify(L + 1) does not credit,
     so the fixed point can settle at a worse rate than another λ does (``tried`` and ``achieved`` list every λ
     replayed and the rate it achieved)."""
+    traces = [LookupTrace(prompt, response, n, m, max_new_tokens) for prompt, response in responses]
+
     def counts_at(rate: float) -> Counts:
         rule, total = LookupGoodput(calibration, costs, rate, m), Counts()
-        for prompt, response in responses:
-            total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=rule)
+        for (prompt, response), trace in zip(responses, traces):
+            total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=rule, trace=trace)
         return total
 
     found = fixed_point_rate(counts_at, costs)

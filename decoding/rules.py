@@ -189,6 +189,15 @@ def ngram_simple_match(seq: list[int], n: int, m: int) -> tuple[int, list[int]]:
     return -1, []
 
 
+def kept_count(proposal: list[int], response: list[int], s: int) -> int:
+    """How many of ``proposal``'s candidates, submitted at position ``s`` of ``response``, the response repeats
+    before it differs: the ones the target keeps along its own response."""
+    kept = 0
+    while kept < len(proposal) and s + kept < len(response) and response[s + kept] == proposal[kept]:
+        kept += 1
+    return kept
+
+
 MATCH_CAP = 128
 """The longest match ``match_length`` measures: agreement beyond it says nothing more about the next token."""
 

@@ -11,7 +11,7 @@ from core.intervals import Interval, speedup_interval
 from core.shards import read_manifest
 from decoding.costs import CostModel
 from decoding.lookup_stop import LookupCalibration, LookupGoodput
-from decoding.replay import Counts, prompt_lookup_counts, prompt_lookup_oracle_counts
+from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.traces import Trace, load_responses
 
 PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
@@ -52,16 +52,18 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
     max_new = read_manifest(labels)["sampling"]["max_new_tokens"]
     lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"
              + ("" if priced is None else f"; speedups under {priced.name} with 95 % intervals over the prompts")]
-    fixed = {}
+    fixed, traces = {}, {}  # by (n, m): each response's rounds, shared by its replays
     stop_at = None if calibration is None else (calibration.n, int((calibration.fitted or {}).get("m", 48)))
     for n, m in (*PROMPT_LOOKUP_SETTINGS, *([stop_at] if stop_at and stop_at not in PROMPT_LOOKUP_SETTINGS else [])):
-        fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new) for prompt, response in responses]
+        traces[n, m] = [LookupTrace(prompt, response, n, m, max_new) for prompt, response in responses]
+        fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new, trace=trace)
+                       for (prompt, response), trace in zip(responses, traces[n, m])]
         all_of = total(fixed[n, m])
         line = f"  n={n:<3}m={m:<4}N_t/N {all_of.target / all_of.n:.3f}  N_x/N {all_of.discarded / all_of.n:.3f}  " \
                f"at every c {CostModel.eq51(costs[0]).speedup(all_of):.3f}x"
         if priced is not None:
-            oracle = [prompt_lookup_oracle_counts(prompt, response, n, m, max_new, priced)
-                      for prompt, response in responses]
+            oracle = [prompt_lookup_oracle_counts(prompt, response, n, m, max_new, priced, trace=trace)
+                      for (prompt, response), trace in zip(responses, traces[n, m])]
             line += f"  priced {priced_interval(fixed[n, m], priced)}x  oracle {priced_interval(oracle, priced)}x"
         lines.append(line)
     if calibration is not None and priced is not None:
@@ -69,8 +71,8 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
         rate, where = (calibration.rate, "the calibration's") if calibration.rate is not None \
             else (priced.target_only_rate(), "target-only's")
         rule = LookupGoodput(calibration, priced, rate, m)
-        stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule)
-                   for prompt, response in responses]
+        stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule, trace=trace)
+                   for (prompt, response), trace in zip(responses, traces[n, m])]
         base = fixed[n, m]
         all_of = total(stopped)
         lines.append(f"  n={n:<3}m={m:<4}goodput stop (λ {rate:.3f}, {where}): N_t/N {all_of.target / all_of.n:.3f}  "
