@@ -19,9 +19,9 @@ ARGS    ?=
 export TOKENIZERS_PARALLELISM = false
 export PYTHONWARNINGS = ignore
 
-.PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf calibrate
+.PHONY: help install corpus labels audit test smoke bench-labels clean train curve bench-train eval bench-timing bench-precision simulate export-hf calibrate advise
 
-HELP_ORDER := install corpus labels audit bench-labels train curve bench-train calibrate simulate eval \
+HELP_ORDER := install corpus labels audit bench-labels train curve bench-train calibrate simulate advise eval \
               bench-timing bench-precision llama-tools export-hf smoke test clean help
 
 help: ## list the targets, in pipeline order
@@ -91,6 +91,12 @@ eval: $(MODELS) ## every policy and transformers' peer on the real pair: runs/ev
 
 simulate: $(STAMP) ## replay every policy over label traces, beside the oracle (ARGS="--c 0.12")
 	$(SPECHEADS) simulate $(ARGS)
+
+# llama.cpp labels of your prompts (`backend: llama_cpp`) and this device's llama.cpp timing: docs/advise.md
+ADVISE_LABELS ?= runs/labels/humaneval-heldout-llama
+ADVISE_TIMING ?= runs/bench/timing-llama_cpp-2t.json
+advise: $(MODELS) ## does speculation pay here, and with which llama.cpp flags: runs/advise
+	$(SPECHEADS) advise --labels $(ADVISE_LABELS) --timing $(ADVISE_TIMING) --out runs/advise $(ARGS)
 
 CALIBRATION ?= checkpoints/calibration$(SUFFIX).json
 calibrate: $(STAMP) ## calibrate the draft's confidence (LABELS=<folder> CALIBRATION=<file>)

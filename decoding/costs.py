@@ -94,6 +94,10 @@ class CostModel:
     """The threads a backend with threads of its own ran them on; None where they were torch's."""
     decoder: str | None = None
     """The decoder whose forwards were timed (eager, static, graphs, compiled: ``decoding.state.DECODERS``)."""
+    draft_read_s: dict[int, float] | None = None
+    """Seconds of a draft forward that reads m tokens (one row out), timed at a few m: what a runtime pays where its
+    draft re-reads each verified batch (llama.cpp's ``draft-simple``, ``decoding.runtime_replay``); None: the step
+    plus ``draft_catch_up`` per token beyond one."""
 
     @classmethod
     def eq51(cls, c: float) -> "CostModel":
@@ -132,6 +136,12 @@ class CostModel:
         forward = self.verify_time(tokens) if self.verify_s is not None else self.t_target
         return forward + (self.round_overhead if tokens > 1 else 0.0)
 
+    def draft_read(self, tokens: int) -> float:
+        """Seconds of a draft forward that reads ``tokens`` tokens with one row out."""
+        if self.draft_read_s is None:
+            return self.draft + self.catch_up * max(0, tokens - 1)
+        return on_table(self.draft_read_s, tokens)
+
     def verify_table(self, max_tokens: int) -> np.ndarray:
         """``verify(m)`` at index m for m = 1 … ``max_tokens`` (index 0 unused)."""
         return np.array([0.0] + [float(self.verify(m)) for m in range(1, max_tokens + 1)])
@@ -154,8 +164,10 @@ class CostModel:
             return float(self.t_draft * counts.draft + self.t_target * counts.target
                          + self.catch_up * counts.catch_up)
         table = self.verify_table(max(len(counts.calls) - 1, 1))
+        reads = 0.0 if counts.draft_reads is None else sum(
+            float(k) * self.draft_read(m) for m, k in enumerate(counts.draft_reads) if k)
         return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
-                     + self.catch_up * counts.catch_up)
+                     + self.catch_up * counts.catch_up + reads)
 
     def speedup(self, counts) -> float:
         """Target-only's cost over ``counts``'s."""
@@ -196,10 +208,7 @@ class CostModel:
         beyond the longest on the line through the last two, never below the longest (a cheaper longest length is
         the kernels' blocking, not a trend)."""
         step = self.t_target if self.t_target_step is None else self.t_target_step
-        m, s = zip(*sorted({1: step, **self.verify_s}.items()))
-        if tokens <= m[-1]:
-            return float(np.interp(tokens, m, s))
-        return s[-1] + max(0.0, (s[-1] - s[-2]) / (m[-1] - m[-2])) * (tokens - m[-1])
+        return on_table({1: step, **self.verify_s}, tokens)
 
     # -------------------------------------------------------------- files
     def to_dict(self) -> dict:
@@ -212,8 +221,9 @@ class CostModel:
             raise TimingFileError(f"a cost model of schema {saved.get('schema_version')}, not {SCHEMA_VERSION}: "
                                   "export it again")
         fields = {k: v for k, v in saved.items() if k != "schema_version"}
-        if fields.get("verify_s") is not None:
-            fields["verify_s"] = {int(m): float(v) for m, v in fields["verify_s"].items()}
+        for key in ("verify_s", "draft_read_s"):
+            if fields.get(key) is not None:
+                fields[key] = {int(m): float(v) for m, v in fields[key].items()}
         return cls(**fields)
 
     @classmethod
@@ -232,7 +242,19 @@ class CostModel:
                    round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"),
                    backend=timing.get("backend", TRANSFORMERS), threads=timing.get("threads"),
-                   decoder=timing.get("decoder", "eager"))
+                   decoder=timing.get("decoder", "eager"), draft_read_s=read_table(d, d_step))
+
+
+def on_table(table: Mapping[int, float], tokens: int) -> float:
+    """Seconds of a forward of ``tokens`` tokens from ``table`` (m → seconds): interpolated between the lengths
+    timed, and beyond the longest on the line through the last two, never below the longest (a cheaper longest
+    length is the kernels' blocking, not a trend)."""
+    m, s = zip(*sorted(table.items()))
+    if tokens <= m[-1]:
+        return float(np.interp(tokens, m, s))
+    if len(m) == 1:
+        return float(s[0])
+    return s[-1] + max(0.0, (s[-1] - s[-2]) / (m[-1] - m[-2])) * (tokens - m[-1])
 
 
 SCHEMA_VERSION = 1
@@ -265,6 +287,16 @@ def catch_up_s(entry: dict, step: float) -> float:
     tokens with one row out)."""
     timed = entry["catch_up"]
     return max(0.0, (float(timed["median_s"]) - step) / (int(timed["tokens"]) - 1))
+
+
+def read_table(entry: dict, step: float) -> dict[int, float]:
+    """m → seconds of a forward of m new tokens of an entry, from every length it timed: its step, its catch-up
+    read and its verifications."""
+    out = {1: step}
+    for key in ("catch_up", "verify_short", "verify"):
+        if key in entry:
+            out.setdefault(int(entry[key]["tokens"]), float(entry[key]["median_s"]))
+    return dict(sorted({**out, **(verify_table(entry) or {})}.items()))
 
 
 def verify_table(entry: dict) -> dict[int, float] | None:

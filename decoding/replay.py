@@ -116,6 +116,9 @@ class Counts:
     """Expected tokens the draft reads beyond one in a round's first forward (``expected_counts``): the last
     candidate of a fully accepted round and the bonus token after it, or the target's tokens of rounds that drafted
     nothing. On a GPU such a forward costs a step; on a CPU each token read costs nearly a step of its own."""
+    draft_reads: np.ndarray | None = None
+    """Expected draft forwards that read a batch, by its tokens (index m), beside ``draft``'s one-token steps: a
+    runtime whose draft re-reads each verified batch (``decoding.runtime_replay``); None: none."""
 
     def __iadd__(self, other: "Counts") -> "Counts":
         if self.n == 0:  # nothing added yet: the calls are the other's
@@ -126,6 +129,11 @@ class Counts:
                 + np.pad(other.calls, (0, size - len(other.calls)))
         else:
             self.calls = None
+        if other.draft_reads is not None:
+            mine = np.zeros(0) if self.draft_reads is None else self.draft_reads
+            size = max(len(mine), len(other.draft_reads))
+            self.draft_reads = np.pad(mine, (0, size - len(mine))) + np.pad(other.draft_reads,
+                                                                           (0, size - len(other.draft_reads)))
         self.n += other.n
         self.draft += other.draft
         self.target += other.target

@@ -26,6 +26,7 @@ COMMANDS = {
     "bench-train": ("pipeline.bench", "one training epoch over cached rows against a plain tensor pass"),
     "calibrate": ("decoding.calibrate", "calibrate the draft's confidence on label rows"),
     "simulate": ("evaluation.simulate", "replay every policy over label traces, beside the oracle"),
+    "advise": ("evaluation.advise", "does speculative decoding pay for a pair here, in llama.cpp's own settings"),
     "eval": ("evaluation", "decode with every policy and transformers' peer, and write the report"),
     "compare": ("evaluation.pairs", "the tokens/s ratio of two runs of an eval, with its paired interval"),
     "export-hf": ("decoding.runtimes.hf_export", "a head as a transformers custom_generate folder"),

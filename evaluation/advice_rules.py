@@ -1,0 +1,118 @@
+"""Every drafter and stop rule ``specheads advise`` prices, at every setting of its grid, replayed over the advice
+traces (``evaluation.advise_traces``) at one device's costs: llama.cpp's own ``draft-simple`` and ``ngram-simple``
+(``decoding.runtime_replay``, ``decoding.replay.prompt_lookup_counts``), our decoder's rules (``decoding.simulate``),
+and the two oracles, each setting with its predicted speedup over target-only and a bootstrap interval over the
+prompts. A setting says whether a runtime its users run executes it today (llama.cpp's), or only our decoder
+(``specheads generate``), or no decoder at all (an oracle, a ceiling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from core.intervals import Interval
+from decoding.costs import CostModel
+from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
+from decoding.runtime_replay import continue_chance, draft_simple_counts
+from decoding.simulate import simulate
+from evaluation.advise_traces import AdviceTrace
+from evaluation.simulate_lookup import priced_interval, total
+
+LLAMA_CPP = "llama.cpp"
+OURS = "specheads"
+CEILING = "ceiling"
+RUNTIMES = (LLAMA_CPP, OURS, CEILING)
+"""Who runs a setting: llama.cpp's own binaries and server, our decoder only, or nothing (an oracle)."""
+
+DRAFT_SIMPLE_DEFAULTS = {"n_max": 3, "p_min": 0.0}
+"""llama.cpp's defaults for ``draft-simple`` (``common/common.h``)."""
+DRAFT_SIMPLE_GRID = [{"n_max": n, "p_min": p} for p in (0.0, 0.5, 0.75, 0.9, 0.95) for n in (1, 2, 3, 4, 6, 8, 12, 16)]
+NGRAM_SIMPLE_DEFAULTS = {"n": 12, "m": 48}
+"""llama.cpp's defaults for ``ngram-simple`` (``--spec-ngram-simple-size-n``, ``-size-m``)."""
+NGRAM_SIMPLE_GRID = [{"n": n, "m": m} for n, m in ((12, 48), (8, 32), (6, 32), (4, 48), (4, 32), (4, 16), (3, 32),
+                                                     (3, 16), (2, 8))]
+OUR_GRID = [("sd", {"k": k}) for k in (1, 2, 3, 4, 6, 8, 12, 16)] + [("confidence", {"threshold": t})
+                                                                     for t in (0.3, 0.5, 0.7, 0.9)]
+"""Our decoder's rules: the confidence stop only over sampled traces (under greedy sampling the draft's warped
+probability of its own token is 1, and the stop never fires)."""
+
+
+@dataclass(eq=False)
+class Setting:
+    """One rule at one setting, priced over the traces."""
+
+    runtime: str
+    """Who runs it (``RUNTIMES``)."""
+    drafter: str
+    """``draft model``, ``prompt lookup`` or ``none``."""
+    rule: str
+    """The runtime's name for it: ``draft-simple``, ``ngram-simple``, ``target only``, our policy families, ``oracle``."""
+    params: dict
+    counts: list[Counts] = field(repr=False)
+    """Per trace."""
+    speedup: Interval | None = None
+    """Predicted tokens/s over target-only, with its 95 % bootstrap interval over the prompts."""
+    default: bool = False
+    """The runtime's own default setting of this rule."""
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{k} {v:g}" for k, v in self.params.items())
+        return f"{self.rule}" + (f" ({shown})" if shown else "")
+
+    def rates(self) -> tuple[float, float]:
+        """(target calls, drafted-and-discarded tokens) per token, over every trace."""
+        all_of = total(self.counts)
+        return all_of.target / all_of.n, all_of.discarded / all_of.n
+
+
+def price(settings: list[Setting], costs: CostModel) -> list[Setting]:
+    for s in settings:
+        s.speedup = priced_interval(s.counts, costs)
+    return settings
+
+
+def llama_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:
+    """llama.cpp's own rules at every setting of their grids, and target-only."""
+    out = [Setting(LLAMA_CPP, "none", "target only", {},
+                   [Counts(n=len(t.response), target=len(t.response), calls=np.array([0.0, len(t.response)]))
+                    for t in traces])]
+    tops = [t.top_prob for t in traces]
+    for params in tqdm(DRAFT_SIMPLE_GRID, desc="advise: llama.cpp draft-simple", disable=quiet):
+        goes_on = continue_chance(tops, params["p_min"])
+        out.append(Setting(LLAMA_CPP, "draft model", "draft-simple", dict(params),
+                           [draft_simple_counts(t.match, t.top_prob, params["n_max"], params["p_min"], goes_on,
+                                                max_new_tokens) for t in traces],
+                           default=params == DRAFT_SIMPLE_DEFAULTS))
+    for params in tqdm(NGRAM_SIMPLE_GRID, desc="advise: llama.cpp ngram-simple", disable=quiet):
+        out.append(Setting(LLAMA_CPP, "prompt lookup", "ngram-simple", dict(params),
+                           [prompt_lookup_counts(t.prompt, t.response, params["n"], params["m"], max_new_tokens)
+                            for t in traces], default=params == NGRAM_SIMPLE_DEFAULTS))
+    return out
+
+
+def our_settings(traces: list[AdviceTrace], greedy: bool, quiet: bool = False) -> list[Setting]:
+    """Our decoder's rules over the draft model at every setting of ``OUR_GRID``."""
+    grid = [(family, params) for family, params in OUR_GRID if not (greedy and family == "confidence")]
+    return [Setting(OURS, "draft model", family, dict(params), [simulate([t.trace], family, **params) for t in traces])
+            for family, params in tqdm(grid, desc="advise: our rules", disable=quiet)]
+
+
+def ceilings(traces: list[AdviceTrace], costs: CostModel, lookup: dict, max_new_tokens: int) -> list[Setting]:
+    """The oracle over the draft model's candidates (it knows each one's fate and stops where the costs say), and
+    over prompt lookup's proposals at ``lookup``'s (n, m)."""
+    n, m = lookup["n"], lookup["m"]
+    return [Setting(CEILING, "draft model", "oracle", {}, [simulate([t.trace], "oracle", costs=costs) for t in traces]),
+            Setting(CEILING, "prompt lookup", "oracle", dict(lookup),
+                    [prompt_lookup_oracle_counts(t.prompt, t.response, n, m, max_new_tokens, costs,
+                                                 trace=LookupTrace(t.prompt, t.response, n, m, max_new_tokens))
+                     for t in traces])]
+
+
+def best(settings: list[Setting], runtime: str, drafter: str | None = None) -> Setting | None:
+    """The setting of ``runtime`` (and ``drafter``) with the highest predicted speedup."""
+    pool = [s for s in settings if s.runtime == runtime and (drafter is None or s.drafter == drafter)
+            and s.drafter != "none"]
+    return max(pool, key=lambda s: s.speedup.value) if pool else None

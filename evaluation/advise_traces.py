@@ -1,0 +1,89 @@
+"""The traces ``specheads advise`` replays: each labeled response of the target, with what every drafter would
+propose along it. A label folder's ``target`` rows give speculative sampling's acceptance chance at each position
+(our rules); its stored sequences give the response (prompt lookup's proposals); one read of prompt + response by
+the draft gives its top token and llama.cpp's draft-sampler probability of it at each position
+(``decoding.runtime_replay``).
+
+The draft's tops are read here rather than stored as label columns: they need the draft's raw logits (the labels
+hold the sampling-warped distributions, one-hot under greedy sampling), one read per response costs seconds, and
+every label folder of today's schema serves the advice unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from core.errors import UserError
+from core.identity import check_same_model
+from core.models import ModelSpec, load_llama_model
+from core.runfolder import read_json
+from core.shards import SPLITS, load_sequences, read_manifest
+from decoding.runtime_replay import DRAFT_TOP_K
+from decoding.traces import TRACE_CATEGORY, Trace, filled_splits, load_label_traces
+
+
+@dataclass
+class AdviceTrace:
+    """One response of the target, as every drafter sees it."""
+
+    prompt: list[int]
+    response: list[int]
+    trace: Trace
+    """Speculative sampling's acceptance along it (``decoding.traces``), for our rules."""
+    match: np.ndarray
+    """Whether the response's token at each position is the draft's top token at the text before it."""
+    top_prob: np.ndarray
+    """That top token's probability under llama.cpp's draft sampler (softmax over the top ``DRAFT_TOP_K`` logits)."""
+
+
+def draft_tops(logits: torch.Tensor, response: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(match, top_prob) of ``AdviceTrace`` from the draft's raw logits (L, V) at each position of ``response``."""
+    top = logits.float().topk(DRAFT_TOP_K, dim=-1)
+    probs = torch.softmax(top.values, dim=-1)[:, 0]
+    return (top.indices[:, 0] == torch.tensor(response)).numpy(), probs.double().numpy()
+
+
+def labeled_responses(labels: str | Path) -> dict[int, tuple[list[int], list[int]]]:
+    """prompt id → (prompt ids, response ids) of every ``target`` response the label folder stores."""
+    out = {}
+    for split in filled_splits(labels, SPLITS):
+        for row in load_sequences(labels, split) or []:
+            if row["category"] == TRACE_CATEGORY:
+                out[int(row["prompt_id"])] = (list(row["prompt_ids"]), list(row["response_ids"]))
+    return out
+
+
+def load_draft(labels: str | Path, threads: int):
+    """The draft of labels made on llama.cpp, on ``threads`` threads, checked to be the model they were made with."""
+    manifest = read_manifest(labels)
+    spec = read_json(Path(labels) / "run.json", "label the folder again")["draft"]
+    model, _, identity = load_llama_model(ModelSpec(**spec), threads=threads)
+    check_same_model(manifest["models"]["draft"], identity, f"the draft of {labels}")
+    return model
+
+
+def advice_traces(labels: str | Path, draft, quiet: bool = False) -> list[AdviceTrace]:
+    """Every ``target`` response of the label folder (all its splits: none of them trained what is replayed), read
+    by ``draft`` (a llama.cpp model) for its tops."""
+    responses = labeled_responses(labels)
+    if not responses:
+        raise UserError(f"{labels}: stores no token sequences of `target` responses; label with categories: "
+                        "[target]")
+    traces = {t.prompt_id: t for t in load_label_traces(labels, tuple(filled_splits(labels, SPLITS)))}
+    out = []
+    for pid, (prompt, response) in tqdm(sorted(responses.items()), desc="advise: the draft's tops", unit="response",
+                                        disable=quiet):
+        if pid not in traces or not response:
+            continue
+        seq = prompt + response
+        _, logits = draft.read(seq[:-1], rows=len(response))
+        match, top_prob = draft_tops(logits, response)
+        trace = traces[pid]
+        n = min(len(trace), len(response))
+        out.append(AdviceTrace(prompt, response[:n], trace, match[:n], top_prob[:n]))
+    return out

@@ -1,0 +1,302 @@
+"""``specheads advise`` and the replays it prices:
+
+- llama.cpp's ``draft-simple`` replayed along a trace (``decoding.runtime_replay``) gives the counts of llama.cpp's
+  own loop (``examples/speculative-simple`` and ``common/speculative.cpp`` transliterated below) on a stub pair: the
+  target's batches by length, the draft's one-token forwards (the one whose token fails ``p_min`` too) and its
+  batch re-reads, drafted and kept tokens; a replay that forgets the failing forward, or keeps past a rejection,
+  does not;
+- a draft read's cost comes from the draft's timed lengths, and the rounds are priced with it;
+- the command end to end on a tiny GGUF pair's llama.cpp labels: the verdict, llama.cpp's flags (accepted by its
+  flag names), the report, the picture, ``--check`` through stand-ins of llama.cpp's binaries;
+- bad input (a timing file of another backend, device or pair, labels of the transformers backend, ``--check``
+  without prompts): one ``error:`` line, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from decoding.costs import CostModel, timing_entry
+from decoding.replay import Counts
+from decoding.runtime_replay import continuation, continue_chance, draft_simple_counts
+
+VOCAB = 50
+
+
+def target_next(seq: tuple) -> int:
+    """The stub target's greedy token after ``seq``."""
+    return hash(("target", *seq)) % VOCAB
+
+
+def stub_draft(prompt: tuple, response: list[int], agree: float = 0.7):
+    """A draft whose top token after a prefix of the target's ``response`` is the target's with chance ``agree``
+    (by a hash of the prefix) and whose probability of it varies there; off the response it is always sure of its
+    own token (probability 0.99), so a replay given ``continues`` 1 is exact at any ``p_min``."""
+    on_trace = {prompt + tuple(response[:i]): i for i in range(len(response) + 1)}
+
+    def top(seq: tuple) -> tuple[int, float]:
+        h = hash(("draft", *seq))
+        if seq not in on_trace:
+            return h % VOCAB, 0.99
+        agrees = (h % 1000) / 1000 < agree
+        token = target_next(seq) if agrees else (target_next(seq) + 1 + h % (VOCAB - 1)) % VOCAB
+        return token, 0.2 + 0.8 * ((h // 1000) % 100) / 100
+    return top
+
+
+def llama_speculative_simple(prompt: tuple, draft_top, n_max: int, p_min: float, n_predict: int) -> dict:
+    """llama.cpp's ``speculative-simple`` with ``draft-simple`` at greedy sampling, ``n_min`` 0, transliterated:
+    the prompt but its last token is prefilled; each round the draft reads the last token and drafts its top token
+    while it clears ``p_min`` (a failing token's forward is paid) up to ``n_max`` or the budget left less one (a cap
+    of 0 meaning none); the target reads the last token and the draft in one batch and keeps the draft up to its
+    first disagreement, adding its own token; the draft re-reads the target's batch; it stops once it has produced
+    more than ``n_predict`` tokens."""
+    context = list(prompt)
+    produced: list[int] = []
+    forwards, batches, reads = 0, Counter(), Counter()
+    drafted = accepted = 0
+    while True:
+        room = max(n_predict - len(produced) - 1, 0)
+        seq = tuple(context)
+        draft: list[int] = []
+        while True:
+            forwards += 1
+            token, p = draft_top(seq + tuple(draft))
+            if p < p_min:
+                break
+            draft.append(token)
+            if n_max <= len(draft) or (room > 0 and room <= len(draft)):
+                break
+        batches[len(draft) + 1] += 1
+        reads[len(draft) + 1] += 1
+        ids = []
+        for i in range(len(draft) + 1):
+            ids.append(target_next(seq + tuple(draft[:i])))
+            if i == len(draft) or ids[-1] != draft[i]:
+                break
+        drafted += len(draft)
+        accepted += len(ids) - 1
+        produced += ids
+        context += ids
+        if len(produced) > n_predict:
+            break
+    return {"response": produced, "forwards": forwards, "batches": batches, "reads": reads, "drafted": drafted,
+            "accepted": accepted}
+
+
+def target_response(prompt: tuple, n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(target_next(tuple(seq)))
+    return seq[len(prompt):]
+
+
+def replay_inputs(prompt: tuple, response: list[int], draft_top) -> tuple[np.ndarray, np.ndarray]:
+    tops = [draft_top(prompt + tuple(response[:i])) for i in range(len(response))]
+    return np.array([t == r for (t, _), r in zip(tops, response)]), np.array([p for _, p in tops])
+
+
+@pytest.mark.parametrize("n_max, p_min", [(1, 0.0), (3, 0.0), (5, 0.0), (16, 0.0), (3, 0.5), (8, 0.6), (8, 0.95)])
+@pytest.mark.parametrize("prompt", [(1, 2, 3), (7, 7, 9, 4)])
+def test_the_draft_simple_replay_counts_what_llama_cpps_loop_does(prompt, n_max, p_min):
+    n_predict = 40
+    response = target_response(prompt, n_predict + 20)
+    top = stub_draft(prompt, response)
+    ran = llama_speculative_simple(prompt, top, n_max, p_min, n_predict)
+    assert ran["response"] == response[:len(ran["response"])]  # greedy: the target's own response, whatever drafted
+    trace = ran["response"]
+    match, top_prob = replay_inputs(prompt, trace, top)
+    counts = draft_simple_counts(match, top_prob, n_max, p_min, continues=1.0, max_new_tokens=n_predict)
+    assert counts.n == len(trace)
+    assert counts.draft == ran["forwards"]
+    assert counts.target == sum(ran["batches"].values())
+    assert {m: c for m, c in enumerate(counts.calls) if c} == dict(ran["batches"])
+    assert {m: c for m, c in enumerate(counts.draft_reads) if c} == dict(ran["reads"])
+    assert counts.discarded == ran["drafted"] - ran["accepted"]
+
+
+def test_a_replay_that_forgets_the_failing_forward_is_caught():
+    """The comparison above fails for a replay one forward short per stopped round: the loop's count differs."""
+    prompt, n_predict = (1, 2, 3), 40
+    response = target_response(prompt, n_predict + 20)
+    top = stub_draft(prompt, response)
+    ran = llama_speculative_simple(prompt, top, 8, 0.6, n_predict)
+    match, top_prob = replay_inputs(prompt, ran["response"], top)
+    counts = draft_simple_counts(match, top_prob, 8, 0.6, continues=1.0, max_new_tokens=n_predict)
+    stopped = sum(1 for p in top_prob if p < 0.6)
+    assert stopped > 0 and counts.draft - stopped != ran["forwards"]
+
+
+def test_past_the_first_rejection_the_draft_goes_on_with_the_traces_chance():
+    """At p_min 0 every round drafts its cap; past a rejection each further token is drafted with ``continues``:
+    the lengths' chances sum to 1 and the expected forwards follow them."""
+    outcomes = continuation(3, 0.5)
+    assert sum(c for _, c, _ in outcomes) == pytest.approx(1.0)
+    assert sum(t * c for t, c, _ in outcomes) == pytest.approx(0.5 + 0.25 + 0.125)
+    match, sure = np.array([False] * 6), np.full(6, 0.9)
+    assert continue_chance([sure], 0.0) == 1.0 and continue_chance([sure, np.array([0.2])], 0.5) == 6 / 7
+    at_zero = draft_simple_counts(match, sure, 4, 0.0, continues=1.0)
+    # p_min 0 clears every token: each round drafts its cap, 4 or the budget left less one (a cap of 0: none)
+    assert at_zero.draft == 4 + 4 + 3 + 2 + 1 + 4
+    half = draft_simple_counts(match, np.full(6, 0.9), 4, 0.5, continues=0.5)
+    assert at_zero.draft > half.draft > 6  # fewer drafted past each rejection, and never fewer than one forward
+
+
+def test_a_draft_read_is_priced_from_the_drafts_timed_lengths():
+    entry = timing_entry("draft", "q4", (64, 0.5), 64, {1: 0.04, 3: 0.06, 8: 0.1}, verify=8, verify_short=3,
+                         catch_up=0.05)
+    target = timing_entry("target", "q4", (64, 1.0), 64, {1: 0.1, 2: 0.12, 3: 0.14, 8: 0.25}, verify=8,
+                          verify_short=3, by_tokens=True, catch_up=0.15)
+    costs = CostModel.from_timing({"models": [entry, target], "backend": "llama_cpp"})
+    assert costs.draft_read(1) == pytest.approx(0.04) and costs.draft_read(2) == pytest.approx(0.05)
+    assert costs.draft_read(5) == pytest.approx(0.06 + 2 * (0.1 - 0.06) / 5)
+    plain = Counts(n=4, draft=2, target=1, calls=np.array([0, 0, 0, 1.0]))
+    reading = dataclasses.replace(plain, draft_reads=np.array([0, 0, 0, 1.0]))
+    assert costs.price(reading) - costs.price(plain) == pytest.approx(costs.draft_read(3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the command, on a tiny GGUF pair's labels made on llama.cpp
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make install` (make test needs it)")
+
+
+@pytest.fixture(scope="module")
+def llama_labels(tiny_pair, tmp_path_factory):
+    from core.device import describe_device
+    from core.models import ModelSpec
+    from data_gen.run import run_labels
+    from testing.tiny import label_config, write_prompts
+    from testing.tiny_gguf import write_gguf
+
+    d = tmp_path_factory.mktemp("advise")
+    gguf = [write_gguf(path, d / f"{path.name}.gguf") for path in tiny_pair]
+    prompts = write_prompts(d / "prompts.jsonl", n=12)
+    base = label_config(*tiny_pair, prompts, d / "labels", max_new_tokens=16)
+    cfg = dataclasses.replace(
+        base, backend="llama_cpp", threads=1, categories=["target"],
+        sampling=dataclasses.replace(base.sampling, temperature=0.0),
+        draft=ModelSpec(path=str(gguf[0]), tokenizer=str(tiny_pair[0]), name="tiny-draft"),
+        target=ModelSpec(path=str(gguf[1]), tokenizer=str(tiny_pair[1]), name="tiny-target"))
+    run_labels(cfg, quiet=True)
+    timing = {"device": describe_device("cpu", 1), "device_type": "cpu", "backend": "llama_cpp", "threads": 1,
+              "decoder": "eager", "models": [
+                  timing_entry("draft", "f32", (64, 0.02), 64, {1: 0.004, 2: 0.005, 3: 0.006, 8: 0.01}, verify=8,
+                               verify_short=3, catch_up=0.005, shape="tiny-draft"),
+                  timing_entry("target", "f32", (64, 0.04), 64, {m: 0.01 + 0.001 * m for m in range(1, 18)}, verify=8,
+                               verify_short=3, by_tokens=True, catch_up=0.011, shape="tiny-target")]}
+    path = d / "timing.json"
+    path.write_text(json.dumps(timing))
+    return {"labels": d / "labels", "timing": path, "prompts": prompts, "dir": d}
+
+
+def advise(argv, capsys):
+    from specheads.cli import main
+
+    try:
+        code = main(["advise", "--quiet", *map(str, argv)])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, capsys):
+    out = tmp_path / "advice"
+    code, printed, _ = advise(["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--out", out],
+                              capsys)
+    assert code in (0, None)
+    saved = json.loads((out / "advice.json").read_text())
+    assert saved["verdict"].split(":")[0] in ("speculate", "do not speculate here")
+    assert saved["verdict"] in printed and (out / "advice.png").stat().st_size > 0
+    rules = {(s["runs_in"], s["rule"]) for s in saved["settings"]}
+    assert {("llama.cpp", "draft-simple"), ("llama.cpp", "ngram-simple"), ("llama.cpp", "target only"),
+            ("specheads", "sd"), ("ceiling", "oracle")} <= rules
+    defaults = [s for s in saved["settings"] if s["default"]]
+    assert {(s["rule"], json.dumps(s["params"], sort_keys=True)) for s in defaults} == {
+        ("draft-simple", '{"n_max": 3, "p_min": 0.0}'), ("ngram-simple", '{"m": 48, "n": 12}')}
+    ceiling = max(s["speedup"]["value"] for s in saved["settings"] if s["rule"] == "oracle" and
+                  s["drafter"] == "draft model")
+    for s in saved["settings"]:  # no rule over the draft model beats the oracle over its candidates
+        if s["drafter"] == "draft model" and s["runs_in"] != "ceiling":
+            assert s["speedup"]["value"] <= ceiling + 1e-9, s
+    flags = saved["llama_cpp"]["flags"].split()
+    known = {"-m", "-md", "-t", "-td", "--spec-type", "--spec-draft-n-max", "--spec-draft-p-min",
+             "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
+    assert {f for f in flags if f.startswith("-")} <= known
+    assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
+
+
+def test_check_runs_llama_cpps_binaries_beside_the_prediction(llama_labels, tmp_path, capsys):
+    from testing.llama_tools import write_stub_tools
+    from testing.tiny import write_prompts
+
+    tools = write_stub_tools(tmp_path / "tools")
+    others = write_prompts(tmp_path / "others.jsonl", n=5, seed=7)
+    out = tmp_path / "advice"
+    code, printed, err = advise(["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--out", out,
+                                 "--check", 3, "--check_prompts", others, "--tools", tools], capsys)
+    assert code in (0, None), err
+    saved = json.loads((out / "advice.json").read_text())
+    assert len(saved["checked"]) >= 2 and all("measured" in c for c in saved["checked"])
+    calls = (tools / "llama-completion.calls").read_text().splitlines()
+    assert len(calls) == 3  # target-only once per prompt
+    assert "Measured (`--check`)" in (out / "advice.md").read_text()
+
+
+def _timing_with(path, tmp_path, **changes):
+    timing = json.loads(path.read_text())
+    for key, value in changes.items():
+        if key == "shape":
+            timing["models"][0]["shape"] = value
+        else:
+            timing[key] = value
+    out = tmp_path / "timing-changed.json"
+    out.write_text(json.dumps(timing))
+    return out
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"backend": "transformers"}, "timed backend transformers"),
+    ({"device": "NVIDIA H100 80GB HBM3"}, "pass --other_device"),
+    ({"shape": "another-draft"}, "time this pair"),
+])
+def test_a_timing_file_that_cannot_price_these_labels_is_refused(llama_labels, tmp_path, capsys, change, words):
+    out = tmp_path / "advice"
+    code, _, err = advise(["--labels", llama_labels["labels"], "--timing",
+                           _timing_with(llama_labels["timing"], tmp_path, **change), "--out", out], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0], err
+    assert not out.exists()
+
+
+def test_advice_for_another_device_is_given_when_asked(llama_labels, tmp_path, capsys):
+    out = tmp_path / "advice"
+    code, printed, _ = advise(["--labels", llama_labels["labels"], "--timing",
+                               _timing_with(llama_labels["timing"], tmp_path, device="NVIDIA H100 80GB HBM3"),
+                               "--out", out, "--other_device"], capsys)
+    assert code in (0, None) and (out / "advice.md").is_file()
+
+
+def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tmp_path, capsys):
+    from data_gen.run import run_labels
+
+    hf = label_config(output_dir=str(tmp_path / "hf"), categories=["target"])
+    run_labels(hf, quiet=True)
+    capsys.readouterr()
+    out = tmp_path / "advice"
+    cases = [
+        (["--labels", hf.output_dir, "--timing", llama_labels["timing"]], "advise replays llama.cpp's rules"),
+        (["--labels", tmp_path / "none", "--timing", llama_labels["timing"]], "none"),
+        (["--labels", llama_labels["labels"], "--timing", tmp_path / "no.json"], "no such file"),
+        (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--check", 3],
+         "--check needs --check_prompts"),
+    ]
+    for argv, words in cases:
+        code, _, err = advise([*argv, "--out", out], capsys)
+        assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0], (argv, err)
+        assert not out.exists()
