@@ -159,13 +159,13 @@ class CostModel:
     # -------------------------------------------------------------- counts and rounds
     def price(self, counts) -> float:
         """The expected cost of ``counts`` (``decoding.replay.Counts``): each call at its own length's price where
-        the counts know their lengths, else on the line."""
-        if counts.calls is None:
-            return float(self.t_draft * counts.draft + self.t_target * counts.target
-                         + self.catch_up * counts.catch_up)
-        table = self.verify_table(max(len(counts.calls) - 1, 1))
+        the counts know their lengths, else on the line; the draft's batch reads (``draft_reads``) at theirs."""
         reads = 0.0 if counts.draft_reads is None else sum(
             float(k) * self.draft_read(m) for m, k in enumerate(counts.draft_reads) if k)
+        if counts.calls is None:
+            return float(self.t_draft * counts.draft + self.t_target * counts.target
+                         + self.catch_up * counts.catch_up + reads)
+        table = self.verify_table(max(len(counts.calls) - 1, 1))
         return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
                      + self.catch_up * counts.catch_up + reads)
 
@@ -289,14 +289,14 @@ def catch_up_s(entry: dict, step: float) -> float:
     return max(0.0, (float(timed["median_s"]) - step) / (int(timed["tokens"]) - 1))
 
 
-def read_table(entry: dict, step: float) -> dict[int, float]:
-    """m → seconds of a forward of m new tokens of an entry, from every length it timed: its step, its catch-up
-    read and its verifications."""
-    out = {1: step}
-    for key in ("catch_up", "verify_short", "verify"):
-        if key in entry:
-            out.setdefault(int(entry[key]["tokens"]), float(entry[key]["median_s"]))
-    return dict(sorted({**out, **(verify_table(entry) or {})}.items()))
+def read_table(entry: dict, step: float) -> dict[int, float] | None:
+    """m → seconds of a forward of m new tokens with one row out, from an entry's ``read_by_tokens`` (``bench-timing
+    --backend llama_cpp`` times the draft's), its step and its catch-up read; None where it has no such table (its
+    verifications compute every row's logits, a batch re-read only the last)."""
+    table = entry.get("read_by_tokens")
+    if not table:
+        return None
+    return dict(sorted({1: step, **{int(m): float(v["median_s"]) for m, v in table.items()}}.items()))
 
 
 def verify_table(entry: dict) -> dict[int, float] | None:
@@ -410,7 +410,8 @@ def unusable_times(entry: dict) -> str | None:
     of seconds above 0, in words naming the field; None when every one can price a forward."""
     fields = {"prefill": entry["prefill"], **{f"decode step after {c}": v for c, v in entry["decode"].items()},
               **{k: entry[k] for k in ("verify", "verify_short", "catch_up") if k in entry},
-              **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()}}
+              **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()},
+              **{f"one-row read of {m} tokens": v for m, v in entry.get("read_by_tokens", {}).items()}}
     for name, timed in fields.items():
         value = timed["median_s"]
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

@@ -17,6 +17,10 @@ Only the tokens drafted before the first rejection lie on the trace. After it th
 token, where the trace says nothing of its confidence: each further token is drafted with the chance
 ``continues`` that a token on the traces clears ``p_min`` (exact at ``p_min`` 0, where every round drafts
 ``n_max``). Those tokens are never kept: they change what a round costs, not what it keeps.
+
+The replay is of a target whose cache can drop the rejected tail of a sequence (every transformer llama.cpp runs);
+for a recurrent target, which llama.cpp restores from a checkpoint instead, each partly kept round costs one more
+target batch and draft re-read, which is not priced here.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def draft_simple_counts(match: np.ndarray, top_prob: np.ndarray, n_max: int, p_m
     whether the response's token i is the draft's top token at the text before it; ``top_prob[i]``, that token's
     probability under the draft sampler; ``max_new_tokens``: the generation's budget (None: L). Each round's start
     and kept tokens are the one generation's; its length past the first rejection is expected (``continues``)."""
+    if n_max < 1:
+        raise ValueError(f"n_max must be at least 1, got {n_max}")
     length = len(match)
     budget = length if max_new_tokens is None else max_new_tokens
     calls, reads = np.zeros(n_max + 2), np.zeros(n_max + 2)

@@ -12,33 +12,31 @@ from evaluation.plots import _plt
 
 
 def verdict(settings: list[Setting]) -> tuple[Setting | None, str]:
-    """(the setting to run, or None for target-only, and the verdict in one sentence): the fastest predicted setting
-    a runtime users run executes (llama.cpp's), when its interval over the prompts clears 1.0."""
-    pick = best(settings, LLAMA_CPP)
-    if pick is None or pick.speedup.low <= 1.0:
-        shown = "" if pick is None else f" (the best, {pick.label}, is predicted at {pick.speedup}x)"
-        return None, f"do not speculate here: no setting's interval clears 1.0{shown}"
-    return pick, f"speculate: {pick.drafter} with llama.cpp's {pick.label}, predicted {pick.speedup}x target-only"
+    """(the setting to run, or None for target-only, and the verdict in one sentence): among the settings a runtime
+    users run executes (llama.cpp's) whose interval over the prompts lies above 1.0, the fastest predicted."""
+    paying = best([s for s in settings if s.speedup.low > 1.0], LLAMA_CPP)
+    if paying is None:
+        top = best(settings, LLAMA_CPP)
+        shown = "" if top is None else f" (the fastest, {top.label}, is predicted at {top.speedup}x)"
+        return None, f"do not speculate here: no setting's interval lies above 1.0{shown}"
+    return paying, (f"speculate: {paying.drafter} with llama.cpp's {paying.label}, predicted {paying.speedup}x "
+                    "target-only")
 
 
 def llama_flags(pick: Setting | None, threads: int | None) -> dict[str, str]:
-    """The setting as llama.cpp's users give it: ``llama-server`` / ``llama-cli`` flags and the server's
-    per-request fields."""
+    """The setting as llama.cpp's users give it: ``llama-server`` / ``llama-cli`` flags (its server takes no
+    per-request speculative fields: they are compiled out of ``tools/server/server-schema.cpp``)."""
     t = [] if threads is None else ["-t", str(threads)]
     if pick is None:
-        return {"flags": " ".join(["-m TARGET.gguf", *t]), "request": "{}"}
+        return {"flags": " ".join(["-m TARGET.gguf", *t])}
     if pick.rule == "draft-simple":
         flags = ["-m TARGET.gguf", "-md DRAFT.gguf", "--spec-type draft-simple",
                  f"--spec-draft-n-max {pick.params['n_max']}", f"--spec-draft-p-min {pick.params['p_min']:g}", *t,
                  *([] if threads is None else ["-td", str(threads)])]
-        request = (f'{{"speculative.n_max": {pick.params["n_max"]}, '
-                   f'"speculative.p_min": {pick.params["p_min"]:g}}}')
     else:
         flags = ["-m TARGET.gguf", "--spec-type ngram-simple", f"--spec-ngram-simple-size-n {pick.params['n']}",
                  f"--spec-ngram-simple-size-m {pick.params['m']}", *t]
-        request = (f'{{"speculative.type": "ngram-simple", "speculative.ngram_size_n": {pick.params["n"]}, '
-                   f'"speculative.ngram_size_m": {pick.params["m"]}}}')
-    return {"flags": " ".join(flags), "request": request}
+    return {"flags": " ".join(flags)}
 
 
 def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, sentence: str, flags: dict,
@@ -51,7 +49,8 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
              f"target step {1e3 * inputs['target_step']:.1f} ms, draft step {1e3 * inputs['draft_step']:.1f} ms",
              "", "## In llama.cpp's terms", "",
              "`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",
-             f"    {flags['flags']}", "", f"`llama-server` request fields: `{flags['request']}`", "",
+             f"    {flags['flags']}", "", "(llama-server takes them at start only: this llama.cpp compiles its "
+             "per-request speculative fields out.)", "",
              "Checked on this machine: " + ("the setting above, llama.cpp's defaults and one more, through "
                                             "`llama-speculative-simple` (below)" if checked else
                                             "nothing (run with `--check` to measure them)") + ".", ""]

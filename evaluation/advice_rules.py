@@ -28,11 +28,14 @@ RUNTIMES = (LLAMA_CPP, OURS, CEILING)
 
 DRAFT_SIMPLE_DEFAULTS = {"n_max": 3, "p_min": 0.0}
 """llama.cpp's defaults for ``draft-simple`` (``common/common.h``)."""
-DRAFT_SIMPLE_GRID = [{"n_max": n, "p_min": p} for p in (0.0, 0.5, 0.75, 0.9, 0.95) for n in (1, 2, 3, 4, 6, 8, 12, 16)]
+DRAFT_SIMPLE_GRID = [{"n_max": n, "p_min": p} for p in (0.0, 0.5, 0.75, 0.9, 0.95)
+                     for n in (1, 2, 3, 4, 6, 8, 12, 16)]
+"""The draft-simple settings replayed: every n_max at every p_min."""
 NGRAM_SIMPLE_DEFAULTS = {"n": 12, "m": 48}
 """llama.cpp's defaults for ``ngram-simple`` (``--spec-ngram-simple-size-n``, ``-size-m``)."""
 NGRAM_SIMPLE_GRID = [{"n": n, "m": m} for n, m in ((12, 48), (8, 32), (6, 32), (4, 48), (4, 32), (4, 16), (3, 32),
                                                      (3, 16), (2, 8))]
+"""The ngram-simple settings replayed: its defaults, then shorter n-grams and copies."""
 OUR_GRID = [("sd", {"k": k}) for k in (1, 2, 3, 4, 6, 8, 12, 16)] + [("confidence", {"threshold": t})
                                                                      for t in (0.3, 0.5, 0.7, 0.9)]
 """Our decoder's rules: the confidence stop only over sampled traces (under greedy sampling the draft's warped
@@ -48,7 +51,8 @@ class Setting:
     drafter: str
     """``draft model``, ``prompt lookup`` or ``none``."""
     rule: str
-    """The runtime's name for it: ``draft-simple``, ``ngram-simple``, ``target only``, our policy families, ``oracle``."""
+    """The runtime's name for it: ``draft-simple``, ``ngram-simple``, ``target only``, our policy families,
+    ``oracle``."""
     params: dict
     counts: list[Counts] = field(repr=False)
     """Per trace."""
@@ -109,6 +113,12 @@ def ceilings(traces: list[AdviceTrace], costs: CostModel, lookup: dict, max_new_
                     [prompt_lookup_oracle_counts(t.prompt, t.response, n, m, max_new_tokens, costs,
                                                  trace=LookupTrace(t.prompt, t.response, n, m, max_new_tokens))
                      for t in traces])]
+
+
+def budget(sampling: dict) -> int:
+    """The tokens llama.cpp is asked for (``-n``) on a trace of ``sampling``'s length: one more, as the eval decodes
+    256 where the labels hold 255 (llama.cpp caps a round by the tokens left less one)."""
+    return int(sampling["max_new_tokens"]) + 1
 
 
 def best(settings: list[Setting], runtime: str, drafter: str | None = None) -> Setting | None:

@@ -10,40 +10,49 @@ alone, on N prompts that are not among the traces, and prints measured beside pr
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from core.arguments import CommandParser, description
 from core.device import describe_device, same_device
 from core.errors import SettingError, UserError
-from core.identity import prompt_digest
-from core.intervals import speedup_interval
 from core.interrupt import run_main
-from core.models import ModelSpec, gguf_file, llama_tokenizer
-from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
+from core.models import ModelSpec
+from core.prompts import PromptConfig
 from core.runfolder import RunFolder, read_json
-from core.sampling import Sampling, prompt_seed
+from core.sampling import Sampling
 from core.shards import read_manifest
 from decoding.costs import read_timing
-from evaluation import llama_peer
 from evaluation.advice_report import llama_flags, markdown, picture, verdict
-from evaluation.advice_rules import (CEILING, LLAMA_CPP, Setting, best, ceilings, llama_settings, our_settings,
-                                     price)
+from evaluation.advice_rules import CEILING, LLAMA_CPP, best, budget, ceilings, llama_settings, our_settings, price
+from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
 
-OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl")
+OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml")
 
 
 def parse_args(argv: list[str] | None = None):
     p = CommandParser(prog="specheads advise", description=description(__doc__))
-    p.add_argument("--labels", required=True, metavar="FOLDER",
+    p.add_argument("--labels", default=None, metavar="FOLDER",
                    help="a label folder made on llama.cpp (`backend: llama_cpp`); its `target` responses are the "
-                        "traces, whatever their split")
-    p.add_argument("--timing", required=True, metavar="FILE",
-                   help="this device's costs: `specheads bench-timing --backend llama_cpp --verify_lengths …`")
-    p.add_argument("--out", required=True, metavar="FOLDER", help="folder for advice.md, advice.json, advice.png")
+                        "traces, whatever their split (default: traced here, from --pair and --prompts)")
+    p.add_argument("--timing", default=None, metavar="FILE",
+                   help="this device's costs: `specheads bench-timing --backend llama_cpp --verify_lengths …` "
+                        "(default: timed here, from --pair)")
+    p.add_argument("--out", required=True, metavar="FOLDER",
+                   help="folder for advice.md, advice.json, advice.png (and traces/, timing/ where made here)")
+    p.add_argument("--pair", default=None, metavar="FILE",
+                   help="a pair file (configs/models/*.yaml) of two GGUF files, traced and timed here in llama.cpp "
+                        "where --labels or --timing is not given")
+    p.add_argument("--draft", default=None, metavar="GGUF", help="instead of --pair: the draft's GGUF file")
+    p.add_argument("--target", default=None, metavar="GGUF", help="instead of --pair: the target's GGUF file")
+    p.add_argument("--prompts", default="humaneval", metavar="SOURCE",
+                   help="the prompts traced with --pair: a .jsonl with a `prompt` field, or humaneval (default)")
+    p.add_argument("--traces", type=int, default=20, help="prompts traced with --pair (default 20)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the target's sampling temperature for the traces (0, the default: greedy)")
+    p.add_argument("--max_new_tokens", type=int, default=255, help="tokens of each traced response (default 255)")
+    p.add_argument("--chat_template", action="store_true", help="read each prompt as a user turn of the chat template")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads of the timing made here (default 2)")
     p.add_argument("--other_device", action="store_true",
                    help="advise from a timing file of another device: the advice is then for that device")
     p.add_argument("--check", type=int, default=0, metavar="N",
@@ -60,17 +69,79 @@ def parse_args(argv: list[str] | None = None):
         raise SettingError(f"--check is a number of prompts, got {a.check}")
     if a.check and not a.check_prompts:
         raise SettingError("--check needs --check_prompts: prompts that are not among the traces")
+    if a.check and a.other_device:
+        raise SettingError("--check measures this machine, --other_device advises another: give one of them")
+    if (a.draft is None) != (a.target is None) or (a.draft is not None and a.pair is not None):
+        raise SettingError("name the pair once: --pair FILE, or both --draft and --target")
+    if a.pair is None and a.draft is None and (a.labels is None or a.timing is None):
+        raise SettingError("give --labels and --timing, or the pair (--pair, or --draft and --target) to trace and "
+                           "time it here")
+    if a.traces < 2 or a.max_new_tokens < 1 or a.threads < 1 or not a.temperature >= 0:
+        raise SettingError("--traces must be at least 2, --max_new_tokens and --threads at least 1, --temperature "
+                           "0 or more")
     return a
+
+
+TIMED_LENGTHS = (24, 28, 32, 36, 40, 44, 49)
+"""Verification lengths timed beyond the decoder's own (up to 21 tokens): prompt lookup's copies, up to 48 + 1."""
+
+
+def make_inputs(a, folder: RunFolder) -> None:
+    """The traces (``--labels``) and the costs (``--timing``) not given, made in ``--out`` from the pair (a pair file
+    written there from ``--draft`` and ``--target``)."""
+    if a.pair is None:
+        import yaml
+
+        pair = {role: {"path": str(Path(path).resolve()), "name": Path(path).stem}
+                for role, path in (("draft", a.draft), ("target", a.target))}
+        a.pair = str(folder.write_text(folder.root / "pair.yaml", yaml.safe_dump(pair)))
+    if a.labels is None:
+        a.labels = str(trace(a, folder.root / "traces"))
+    if a.timing is None:
+        from evaluation import bench_timing
+
+        timed = folder.root / "timing" / f"timing-llama_cpp-{a.threads}t.json"
+        if not timed.is_file():  # a rerun reuses this device's timing
+            bench_timing.main(["--backend", "llama_cpp", "--pair", a.pair, "--threads", str(a.threads), "--out",
+                               str(timed.parent), "--verify_lengths", *map(str, TIMED_LENGTHS)])
+        a.timing = str(timed)
+
+
+def trace(a, out: Path) -> Path:
+    """The target's responses to the first ``--traces`` prompts, labeled on llama.cpp (``target`` rows only), into
+    ``out`` (resumed like any labeling run)."""
+    import yaml
+
+    from data_gen.config import LabelConfig
+    from data_gen.run import run_labels
+
+    try:
+        pair = yaml.safe_load(Path(a.pair).read_text())
+        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
+    cfg = LabelConfig(**specs, prompts=PromptConfig(source=a.prompts, response_field=None, limit=a.traces,
+                                                    chat_template=a.chat_template),
+                      sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens),
+                      output_dir=str(out), categories=["target"], split_fractions=(0.0, 0.0, 1.0),
+                      backend="llama_cpp", threads=a.threads)
+    run_labels(cfg, quiet=a.quiet)
+    return out
+
+
+def check_labels(labels: str) -> tuple[dict, dict]:
+    """The manifest and run settings of labels made on llama.cpp, or one line."""
+    manifest = read_manifest(labels)
+    made_on = manifest["models"]["draft"].get("backend", "transformers")
+    if made_on != "llama_cpp":
+        raise SettingError(f"--labels {labels}: labeled on {made_on}; advise replays llama.cpp's rules and reads the "
+                           "draft's tops in llama.cpp: label with `backend: llama_cpp`")
+    return manifest, read_json(Path(labels) / "run.json", "label the folder again")
 
 
 def check_inputs(a) -> tuple:
     """The labels' manifest and run settings, and the costs, each refused in one line where it cannot serve."""
-    manifest = read_manifest(a.labels)
-    if manifest["models"]["draft"].get("backend") != "llama_cpp":
-        raise SettingError(f"--labels {a.labels}: labeled on {manifest['models']['draft'].get('backend', 'transformers')}"
-                           "; advise replays llama.cpp's rules and reads the draft's tops in llama.cpp: label with "
-                           "`backend: llama_cpp`")
-    run = read_json(Path(a.labels) / "run.json", "label the folder again")
+    manifest, run = check_labels(a.labels)
     costs = read_timing(a.timing)
     if costs.backend != "llama_cpp":
         raise SettingError(f"--timing {a.timing} timed backend {costs.backend}; advise prices llama.cpp's rules: time "
@@ -91,22 +162,35 @@ def check_inputs(a) -> tuple:
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
-    manifest, run, costs = check_inputs(a)
-    a.threads = costs.threads or 1
     folder = RunFolder(a.out, "advise", "--out", OUTPUTS)
+    # bad input in one line before the folder is touched, or minutes are spent on the other input
+    if a.labels is not None and a.timing is not None:
+        check_inputs(a)
+    elif a.labels is not None:
+        check_labels(a.labels)
+    elif a.timing is not None:
+        read_timing(a.timing)
     folder.check(beside=None)
-    sampling = manifest["sampling"]
-    max_new = int(sampling["max_new_tokens"])
     with folder.hold("an advice"):
+        if a.labels is None or a.timing is None:
+            folder.start()
+            make_inputs(a, folder)
+        manifest, run, costs = check_inputs(a)
+        a.threads = costs.threads or 1
+        sampling = manifest["sampling"]
+        max_new = int(sampling["max_new_tokens"])
         draft = load_draft(a.labels, a.threads)
-        traces = advice_traces(a.labels, draft, a.quiet)
-        draft.close()
+        try:
+            traces = advice_traces(a.labels, draft, a.quiet)
+        finally:
+            draft.close()
         if len(traces) < 2:
-            raise UserError(f"{a.labels}: {len(traces)} traced response; the advice needs at least 2 (its intervals "
-                            "are over prompts)")
-        settings = llama_settings(traces, max_new, a.quiet) + our_settings(traces, sampling["temperature"] == 0, a.quiet)
+            raise UserError(f"{a.labels}: {len(traces)} traced responses; the advice needs at least 2 (its "
+                            "intervals are over prompts)")
+        greedy = sampling["temperature"] == 0
+        settings = llama_settings(traces, budget(sampling), a.quiet) + our_settings(traces, greedy, a.quiet)
         lookup = best(price(settings, costs), LLAMA_CPP, "prompt lookup")
-        settings += price(ceilings(traces, costs, lookup.params, max_new), costs)
+        settings += price(ceilings(traces, costs, lookup.params, budget(sampling)), costs)
         pick, sentence = verdict(settings)
         flags = llama_flags(pick, costs.threads)
         folder.start()
@@ -133,85 +217,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x  measured {c['measured']}x")
     print(f"report: {folder.root / 'advice.md'}")
     return {"verdict": sentence, "advised": pick, "settings": settings, "checked": checked}
-
-
-MORE_DRAFT_SIMPLE = {"n_max": 16, "p_min": 0.0}
-"""The one more draft-simple setting ``--check`` measures: llama.cpp's former default n_max with today's p_min, where
-users report acceptance falling apart."""
-
-
-def check_settings(settings: list[Setting], pick: Setting | None) -> list[Setting]:
-    """What ``--check`` runs beside target-only: the advised setting (or, when none is, the best predicted), each
-    llama.cpp rule's defaults, the best predicted setting of each drafter, and ``MORE_DRAFT_SIMPLE``."""
-    chosen = [pick or best(settings, LLAMA_CPP)] + [s for s in settings if s.runtime == LLAMA_CPP and s.default]
-    chosen += [best(settings, LLAMA_CPP, "draft model"), best(settings, LLAMA_CPP, "prompt lookup")]
-    chosen += [s for s in settings if s.rule == "draft-simple" and s.params == MORE_DRAFT_SIMPLE]
-    return list(dict.fromkeys(chosen))
-
-
-def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, sampling: dict,
-          folder: RunFolder) -> list[dict]:
-    """llama.cpp's own binaries on ``--check`` prompts that are not among the traces, each prompt's runs one after
-    another (a paired ratio meets the machine's speed of that minute); measured against predicted. Each run is kept
-    in ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
-    missing, one with others starts the file again."""
-    peer = llama_peer.LlamaPeer(enabled=True, tools=a.tools)
-    for name in ("llama-completion", "llama-speculative-simple"):
-        peer.binary(name)  # missing binaries: one line, before anything runs
-    target_spec, draft_spec = ModelSpec(**run["target"]), ModelSpec(**run["draft"])
-    target_path, target_id = gguf_file(target_spec)
-    draft_path, draft_id = gguf_file(draft_spec)
-    tok = llama_tokenizer(target_spec, target_path, target_id)
-    template = bool(run["prompts"].get("chat_template"))
-    seen = {prompt_digest(t.prompt) for t in traces}
-    rows = load_prompt_table(PromptConfig(source=a.check_prompts, response_field=None, chat_template=template),
-                             need_response=False)
-    prompts = [ids for ids in (tokenize_prompt(tok, r["text"], template) for r in rows)
-               if prompt_digest(ids) not in seen][:a.check]
-    if len(prompts) < 2:
-        raise UserError(f"--check_prompts {a.check_prompts}: {len(prompts)} prompts not among the traces; --check "
-                        "needs at least 2")
-    chosen = check_settings(settings, pick)
-    s = Sampling(temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
-                 max_new_tokens=int(sampling["max_new_tokens"]) + 1)
-    made_with = {"target": target_id, "draft": draft_id, "sampling": vars(s), "threads": a.threads,
-                 "tools": str(Path(a.tools).resolve())}
-    record = folder.claim(folder.root / "check.jsonl")
-    done = read_check(record, made_with)
-    if not done:
-        record.write_text(json.dumps({"made_with": made_with}) + "\n")
-    family = {"draft-simple": llama_peer.SPECULATIVE, "ngram-simple": llama_peer.PROMPT_LOOKUP}
-    runs = [("target only", llama_peer.TARGET_ONLY, {}), *[(c.label, family[c.rule], c.params) for c in chosen]]
-    todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
-            if (prompt_digest(ids), run_[0]) not in done]
-    for i, ids, (label, fam, params) in tqdm(todo, desc="advise: --check", disable=a.quiet, file=sys.stderr):
-        _, stats = llama_peer.run(peer, fam, params, target_path, draft_path, tok.decode(ids), s, prompt_seed(0, i),
-                                  a.threads)
-        done[prompt_digest(ids), label] = stats
-        with record.open("a") as f:
-            f.write(json.dumps({"prompt": prompt_digest(ids), "run": label, "stats": stats}) + "\n")
-    measured = {label: [done[prompt_digest(ids), label] for ids in prompts] for label, _, _ in runs}
-    return [{"setting": c, "label": c.label, "predicted": c.speedup.value, "prompts": len(prompts),
-             "measured": speedup_interval(measured[c.label], measured["target only"])} for c in chosen]
-
-
-def read_check(path: Path, made_with: dict) -> dict:
-    """(prompt digest, run) → stats of the runs ``check.jsonl`` holds, when made with ``made_with``; else none. A
-    line a killed run left half-written is skipped (its run is made again)."""
-    lines = path.read_text().splitlines() if path.is_file() else []
-    try:
-        if not lines or json.loads(lines[0]).get("made_with") != json.loads(json.dumps(made_with)):
-            return {}
-    except (ValueError, AttributeError):
-        return {}
-    done = {}
-    for line in lines[1:]:
-        try:
-            r = json.loads(line)
-            done[r["prompt"], r["run"]] = r["stats"]
-        except (ValueError, KeyError, TypeError):
-            continue
-    return done
 
 
 if __name__ == "__main__":

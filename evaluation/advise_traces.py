@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.identity import check_same_model
-from core.models import ModelSpec, load_llama_model
+from core.models import load_llama_model
 from core.runfolder import read_json
 from core.shards import SPLITS, load_sequences, read_manifest
+from data_gen.config import recorded_model
 from decoding.runtime_replay import DRAFT_TOP_K
 from decoding.traces import TRACE_CATEGORY, Trace, filled_splits, load_label_traces
 
@@ -43,7 +44,7 @@ class AdviceTrace:
 
 def draft_tops(logits: torch.Tensor, response: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(match, top_prob) of ``AdviceTrace`` from the draft's raw logits (L, V) at each position of ``response``."""
-    top = logits.float().topk(DRAFT_TOP_K, dim=-1)
+    top = logits.float().topk(min(DRAFT_TOP_K, logits.shape[-1]), dim=-1)
     probs = torch.softmax(top.values, dim=-1)[:, 0]
     return (top.indices[:, 0] == torch.tensor(response)).numpy(), probs.double().numpy()
 
@@ -61,8 +62,8 @@ def labeled_responses(labels: str | Path) -> dict[int, tuple[list[int], list[int
 def load_draft(labels: str | Path, threads: int):
     """The draft of labels made on llama.cpp, on ``threads`` threads, checked to be the model they were made with."""
     manifest = read_manifest(labels)
-    spec = read_json(Path(labels) / "run.json", "label the folder again")["draft"]
-    model, _, identity = load_llama_model(ModelSpec(**spec), threads=threads)
+    spec = recorded_model(read_json(Path(labels) / "run.json", "label the folder again"), "draft")
+    model, _, identity = load_llama_model(spec, threads=threads)
     check_same_model(manifest["models"]["draft"], identity, f"the draft of {labels}")
     return model
 

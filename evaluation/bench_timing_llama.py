@@ -17,6 +17,10 @@ from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forw
                                timing_file, write_json)
 
 
+DRAFT_READ_LENGTHS = (2, 3, 5, 9, 17)
+"""Tokens of the draft's one-row reads timed: llama.cpp's draft re-reads each verified batch (up to n_max + 1)."""
+
+
 def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5,
                     verify_lengths: tuple[int, ...] = ()) -> dict:
     """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
@@ -33,9 +37,13 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
         prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
         prefill = median_time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
         catch_up = None if name == "target" else catch_up_entry(model, "eager", cache, repeats)["median_s"]
+        # the draft's re-read of each verified batch in llama.cpp's draft-simple: one row out
+        reads = {} if name == "target" else {"read_by_tokens": {
+            str(m): {"cache": cache, "median_s": s} for m, s in
+            decoder_forward_times(model, "eager", cache, DRAFT_READ_LENGTHS, repeats, rows=1).items()}}
         result["models"].append(timing_entry(name, model.description, (prompt_tokens, prefill), cache, seconds,
                                              verify, 3, by_tokens=name == "target", catch_up=catch_up,
-                                             shape=model.path.name, threads=model.threads))
+                                             shape=model.path.name, threads=model.threads, **reads))
     return result
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,18 +121,6 @@ def test_the_draft_simple_replay_counts_what_llama_cpps_loop_does(prompt, n_max,
     assert counts.discarded == ran["drafted"] - ran["accepted"]
 
 
-def test_a_replay_that_forgets_the_failing_forward_is_caught():
-    """The comparison above fails for a replay one forward short per stopped round: the loop's count differs."""
-    prompt, n_predict = (1, 2, 3), 40
-    response = target_response(prompt, n_predict + 20)
-    top = stub_draft(prompt, response)
-    ran = llama_speculative_simple(prompt, top, 8, 0.6, n_predict)
-    match, top_prob = replay_inputs(prompt, ran["response"], top)
-    counts = draft_simple_counts(match, top_prob, 8, 0.6, continues=1.0, max_new_tokens=n_predict)
-    stopped = sum(1 for p in top_prob if p < 0.6)
-    assert stopped > 0 and counts.draft - stopped != ran["forwards"]
-
-
 def test_past_the_first_rejection_the_draft_goes_on_with_the_traces_chance():
     """At p_min 0 every round drafts its cap; past a rejection each further token is drafted with ``continues``:
     the lengths' chances sum to 1 and the expected forwards follow them."""
@@ -147,27 +136,31 @@ def test_past_the_first_rejection_the_draft_goes_on_with_the_traces_chance():
     assert at_zero.draft > half.draft > 6  # fewer drafted past each rejection, and never fewer than one forward
 
 
-def test_a_draft_read_is_priced_from_the_drafts_timed_lengths():
+def test_a_draft_read_is_priced_from_the_drafts_timed_one_row_reads():
+    """A batch read of m tokens with one row out at the draft's timed ``read_by_tokens`` (interpolated), else on the
+    line through its step and its two-token catch-up read; a round's reads are added to its price."""
     entry = timing_entry("draft", "q4", (64, 0.5), 64, {1: 0.04, 3: 0.06, 8: 0.1}, verify=8, verify_short=3,
                          catch_up=0.05)
     target = timing_entry("target", "q4", (64, 1.0), 64, {1: 0.1, 2: 0.12, 3: 0.14, 8: 0.25}, verify=8,
                           verify_short=3, by_tokens=True, catch_up=0.15)
-    costs = CostModel.from_timing({"models": [entry, target], "backend": "llama_cpp"})
-    assert costs.draft_read(1) == pytest.approx(0.04) and costs.draft_read(2) == pytest.approx(0.05)
-    assert costs.draft_read(5) == pytest.approx(0.06 + 2 * (0.1 - 0.06) / 5)
+    line = CostModel.from_timing({"models": [entry, target], "backend": "llama_cpp"})
+    assert line.draft_read(1) == pytest.approx(0.04) and line.draft_read(5) == pytest.approx(0.04 + 4 * 0.01)
+    entry["read_by_tokens"] = {"2": {"cache": 64, "median_s": 0.045}, "5": {"cache": 64, "median_s": 0.05},
+                               "9": {"cache": 64, "median_s": 0.07}}
+    timed = CostModel.from_timing({"models": [entry, target], "backend": "llama_cpp"})
+    assert timed.draft_read(1) == pytest.approx(0.04) and timed.draft_read(7) == pytest.approx(0.06)
+    assert timed.draft_read(13) == pytest.approx(0.09)  # past the longest: on the line through the last two
     plain = Counts(n=4, draft=2, target=1, calls=np.array([0, 0, 0, 1.0]))
     reading = dataclasses.replace(plain, draft_reads=np.array([0, 0, 0, 1.0]))
-    assert costs.price(reading) - costs.price(plain) == pytest.approx(costs.draft_read(3))
+    assert timed.price(reading) - timed.price(plain) == pytest.approx(timed.draft_read(3))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the command, on a tiny GGUF pair's labels made on llama.cpp
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make install` (make test needs it)")
-
-
 @pytest.fixture(scope="module")
 def llama_labels(tiny_pair, tmp_path_factory):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make install` (make test needs it)")
     from core.device import describe_device
     from core.models import ModelSpec
     from data_gen.run import run_labels
@@ -192,7 +185,30 @@ def llama_labels(tiny_pair, tmp_path_factory):
                                verify_short=3, by_tokens=True, catch_up=0.011, shape="tiny-target")]}
     path = d / "timing.json"
     path.write_text(json.dumps(timing))
-    return {"labels": d / "labels", "timing": path, "prompts": prompts, "dir": d}
+    pair = d / "pair.yaml"
+    pair.write_text(json.dumps({role: {"path": str(g), "tokenizer": str(t), "name": f"tiny-{role}"}
+                                for role, g, t in zip(("draft", "target"), gguf, tiny_pair)}))
+    return {"labels": d / "labels", "timing": path, "prompts": prompts, "dir": d, "pair": pair}
+
+
+def test_the_drafts_tops_are_read_at_each_position_of_the_response(llama_labels):
+    """One batched read of prompt + response gives, at row j, the draft's distribution after the prompt and the
+    first j response tokens: the same top token and draft-sampler probability as a read of that prefix alone."""
+    import torch
+
+    from evaluation.advise_traces import draft_tops, labeled_responses, load_draft
+
+    draft = load_draft(llama_labels["labels"], threads=1)
+    try:
+        prompt, response = next(iter(labeled_responses(llama_labels["labels"]).values()))
+        _, batched = draft.read(prompt + response[:-1], rows=len(response))
+        alone = torch.cat([draft.read(prompt + response[:j], rows=1)[1] for j in range(len(response))])
+    finally:
+        draft.close()
+    match, prob = draft_tops(batched, response)
+    match_alone, prob_alone = draft_tops(alone, response)
+    assert (match == match_alone).all() and np.allclose(prob, prob_alone, atol=1e-3)
+    assert ((prob > 0.1 - 1e-9) & (prob <= 1 + 1e-9)).all()  # a softmax over 10 logits: at least a tenth
 
 
 def advise(argv, capsys):
@@ -230,6 +246,24 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
              "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
     assert {f for f in flags if f.startswith("-")} <= known
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
+
+
+def test_a_pair_file_is_traced_and_timed_here(llama_labels, tmp_path, capsys):
+    """Without --labels and --timing: the pair's responses to the prompts labeled on llama.cpp into traces/, the
+    device timed into timing/, then the same advice; a second run reuses both."""
+    out = tmp_path / "advice"
+    argv = ["--pair", llama_labels["pair"], "--prompts", llama_labels["prompts"], "--traces", 4, "--max_new_tokens",
+            8, "--threads", 1, "--out", out]
+    code, printed, err = advise(argv, capsys)
+    assert code in (0, None), err
+    saved = json.loads((out / "advice.json").read_text())
+    assert saved["inputs"]["traces"] == 4 and saved["inputs"]["sampling"] == "greedy"
+    assert (out / "traces" / "manifest.json").is_file() and (out / "timing" / "timing-llama_cpp-1t.json").is_file()
+    stamp = (out / "timing" / "timing-llama_cpp-1t.json").stat().st_mtime_ns
+    code, _, err = advise([*argv[:-2], "--timing", out / "timing" / "timing-llama_cpp-1t.json", "--labels",
+                           out / "traces", "--out", out], capsys)
+    assert code in (0, None), err
+    assert (out / "timing" / "timing-llama_cpp-1t.json").stat().st_mtime_ns == stamp
 
 
 def test_check_runs_llama_cpps_binaries_beside_the_prediction(llama_labels, tmp_path, capsys):
@@ -300,3 +334,24 @@ def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tm
         code, _, err = advise([*argv, "--out", out], capsys)
         assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0], (argv, err)
         assert not out.exists()
+
+
+LLAMA_BIN = Path(".llama.cpp/build/bin/llama-speculative-simple")
+
+
+@pytest.mark.skipif(not LLAMA_BIN.is_file(), reason="llama.cpp's binaries are built by `make llama-tools`")
+@pytest.mark.parametrize("rule, params", [("draft-simple", {"n_max": 12, "p_min": 0.75}),
+                                          ("ngram-simple", {"n": 6, "m": 32})])
+def test_the_flags_advised_are_accepted_by_llama_cpps_own_binary(llama_labels, rule, params):
+    """The flags of an advised setting, with the two files put in, run llama.cpp's speculative example."""
+    import subprocess
+
+    from evaluation.advice_report import llama_flags
+    from evaluation.advice_rules import Setting
+
+    flags = llama_flags(Setting("llama.cpp", "", rule, params, []), threads=1)["flags"]
+    for name in ("TARGET", "DRAFT"):
+        flags = flags.replace(f"{name}.gguf", str(llama_labels["dir"] / f"{name.lower()}.gguf"))
+    done = subprocess.run([str(LLAMA_BIN), *flags.split(), "-p", "def f():", "-n", "4", "--temp", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-600:]
