@@ -207,6 +207,24 @@ class LlamaCppModel:
             raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed with status {status}")
         self.ids.extend(int(t) for t in tokens)
 
+    def read_last(self, tokens: list[int]) -> None:
+        """Read ``tokens`` after the cache in one ``llama_decode`` with the last row's logits only and no hidden
+        states: how llama.cpp's own draft reads a verified batch (its context computes no embeddings), which
+        ``read`` cannot (with embeddings on, llama.cpp computes every row)."""
+        if self._embeddings:
+            self._lib.llama_set_embeddings(self._ctx, False)
+            self._embeddings = False
+        start, b = len(self.ids), self._batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, start + i, 1, i == len(tokens) - 1
+            b.seq_id[i][0] = 0
+        status = self._lib.llama_decode(self._ctx, b)
+        if status != 0:
+            self.crop(start)
+            raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed with status {status}")
+        self.ids.extend(int(t) for t in tokens)
+
     def decode(self, tokens: list[int], positions: list[int], seqs: list[list[int]],
                outputs: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens at their ``positions``, each stored for the sequences it lists in ``seqs``: a token attends to the

@@ -7,6 +7,7 @@ cache (keyed by the GGUF file's sha256); later loads take seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import logging
@@ -350,3 +351,18 @@ def check_vocabularies(draft: dict, target: dict, same_tokens: bool = True) -> N
             f"{target['name']}: {target['vocab_size']} ids, tokenizers {'equal' if same_tokens else 'differ'}); "
             "speculative decoding needs one vocabulary"
         )
+
+
+MODEL_FILES = "model_files"
+"""``run.json``'s record of each local model path as an absolute one, so that a folder made with relative paths can
+be audited or snapshotted from another directory; not a setting (a resume from elsewhere is the same run)."""
+
+
+def recorded_model(record: dict, role: str) -> ModelSpec:
+    """The ``role`` model of a ``run.json``: its spec, with a relative path that does not exist from here replaced
+    by the absolute one the run recorded (``MODEL_FILES``)."""
+    spec = ModelSpec(**record[role])
+    recorded = record.get(MODEL_FILES, {}).get(role)
+    if spec.path and not Path(spec.path).exists() and recorded and Path(recorded).exists():
+        spec = dataclasses.replace(spec, path=recorded)
+    return spec

@@ -28,7 +28,7 @@ from core.shards import SPLITS, load_sequences, load_split, read_manifest, shard
 from data_gen.audit_compare import (EXACT_COLUMNS, FAR, MIN_ROWS, PLACE, differences, judge, tolerances,
                                     unit_roundoff)
 from data_gen.audit_recompute import ACCESS, Labeling, Reader, fixed, misplaced, recompute
-from data_gen.config import recorded_model
+from core.models import recorded_model
 
 
 def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "plain", quiet: bool = False) -> dict:

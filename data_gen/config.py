@@ -13,7 +13,7 @@ import torch
 from core import label_math as lm
 from core import shards
 from core.backends import BACKENDS, backend
-from core.models import DTYPES, ModelSpec, resolve_dtype
+from core.models import DTYPES, MODEL_FILES, ModelSpec, recorded_model, resolve_dtype
 from core.prompts import PromptConfig
 from core.sampling import Sampling
 from data_gen.errors import LabelingError
@@ -132,16 +132,3 @@ class LabelConfig:
         return {"schema_version": shards.SCHEMA_VERSION, **d}
 
 
-MODEL_FILES = "model_files"
-"""``run.json``'s record of each local model path as an absolute one, so that a folder made with relative paths can
-be audited or snapshotted from another directory; not a setting (a resume from elsewhere is the same run)."""
-
-
-def recorded_model(record: dict, role: str) -> ModelSpec:
-    """The ``role`` model of a ``run.json``: its spec, with a relative path that does not exist from here replaced
-    by the absolute one the run recorded (``MODEL_FILES``)."""
-    spec = ModelSpec(**record[role])
-    recorded = record.get(MODEL_FILES, {}).get(role)
-    if spec.path and not Path(spec.path).exists() and recorded and Path(recorded).exists():
-        spec = dataclasses.replace(spec, path=recorded)
-    return spec

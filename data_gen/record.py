@@ -8,7 +8,8 @@ from pathlib import Path
 
 from core.models import context_window
 from core.runfolder import read_json, write_json
-from data_gen.config import MODEL_FILES, LabelConfig
+from core.models import MODEL_FILES
+from data_gen.config import LabelConfig
 from data_gen.errors import LabelingError
 from data_gen.llama_labeler import is_llama
 

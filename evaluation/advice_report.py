@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.runfolder import write_figure
 from evaluation.advice_rules import CEILING, LLAMA_CPP, OURS, Setting, best
-from evaluation.plots import _plt
+from evaluation.plots import pyplot, save
 
 
 def verdict(settings: list[Setting]) -> tuple[Setting | None, str]:
@@ -70,11 +69,15 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
     if checked:
         lines += ["", "## Measured (`--check`)", "",
                   f"llama.cpp's own binaries on {checked[0]['prompts']} prompts not among the traces, interleaved; "
-                  "tokens/s over its target alone with a 95 % paired bootstrap interval.", "",
-                  "| setting | predicted | measured | measured / predicted |", "|---|---|---|---|"]
+                  "tokens/s over its target alone with a 95 % paired bootstrap interval; N_t/N and N_x/N as "
+                  "predicted and as llama.cpp counted them (where they agree and the speedups do not, the costs are "
+                  "off, not the replay).", "",
+                  "| setting | predicted | measured | measured / predicted | N_t/N pred., meas. | N_x/N pred., meas. |",
+                  "|---|---|---|---|---|---|"]
         for c in checked:
+            (pt, px), (mt, mx) = c["predicted_rates"], c["measured_rates"]
             lines.append(f"| {c['label']} | {c['predicted']:.3f} | {c['measured']} | "
-                         f"{c['measured'].value / c['predicted']:.3f} |")
+                         f"{c['measured'].value / c['predicted']:.3f} | {pt:.3f}, {mt:.3f} | {px:.3f}, {mx:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -92,7 +95,7 @@ def _shown(settings: list[Setting]) -> list[Setting]:
 def picture(settings: list[Setting], path: Path, checked: list[dict] | None = None) -> Path:
     """Predicted speedup over llama.cpp's own settings: draft-simple over n_max, a line per p_min; ngram-simple per
     (n, m); the ceilings dashed; measured points (``--check``) as crosses."""
-    plt = _plt()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     simple = [s for s in settings if s.rule == "draft-simple"]
     for p_min in sorted({s.params["p_min"] for s in simple}):
@@ -123,8 +126,4 @@ def picture(settings: list[Setting], path: Path, checked: list[dict] | None = No
         ax.set_xlabel(xlabel)
         ax.set_ylabel("predicted speedup over target-only")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        return write_figure(fig, path)
-    finally:
-        plt.close(fig)
+    return save(plt, fig, path)

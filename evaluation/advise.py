@@ -13,13 +13,11 @@ import json
 from pathlib import Path
 
 from core.arguments import CommandParser, description
+from core.backends import backend, backend_of
 from core.device import describe_device, same_device
 from core.errors import SettingError, UserError
 from core.interrupt import run_main
-from core.models import ModelSpec
-from core.prompts import PromptConfig
 from core.runfolder import RunFolder, read_json
-from core.sampling import Sampling
 from core.shards import read_manifest
 from decoding.costs import read_timing
 from evaluation.advice_report import llama_flags, markdown, picture, verdict
@@ -27,7 +25,7 @@ from evaluation.advice_rules import CEILING, LLAMA_CPP, best, budget, ceilings, 
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
 
-OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml")
+OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml", "traces.yaml")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -96,7 +94,7 @@ def make_inputs(a, folder: RunFolder) -> None:
                 for role, path in (("draft", a.draft), ("target", a.target))}
         a.pair = str(folder.write_text(folder.root / "pair.yaml", yaml.safe_dump(pair)))
     if a.labels is None:
-        a.labels = str(trace(a, folder.root / "traces"))
+        a.labels = str(trace(a, folder))
     if a.timing is None:
         from evaluation import bench_timing
 
@@ -107,35 +105,40 @@ def make_inputs(a, folder: RunFolder) -> None:
         a.timing = str(timed)
 
 
-def trace(a, out: Path) -> Path:
-    """The target's responses to the first ``--traces`` prompts, labeled on llama.cpp (``target`` rows only), into
-    ``out`` (resumed like any labeling run)."""
-    import yaml
+def trace(a, folder: RunFolder) -> Path:
+    """The target's responses to the first ``--traces`` prompts, labeled on llama.cpp (``target`` rows only) by the
+    labeling command, as a user runs it, from a config written beside them (``traces.yaml``); resumed like any
+    labeling run."""
+    import subprocess
+    import sys
 
-    from data_gen.config import LabelConfig
-    from data_gen.run import run_labels
+    import yaml
 
     try:
         pair = yaml.safe_load(Path(a.pair).read_text())
-        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        specs = {role: dict(pair[role]) for role in ("draft", "target")}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
         raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
-    cfg = LabelConfig(**specs, prompts=PromptConfig(source=a.prompts, response_field=None, limit=a.traces,
-                                                    chat_template=a.chat_template),
-                      sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens),
-                      output_dir=str(out), categories=["target"], split_fractions=(0.0, 0.0, 1.0),
-                      backend="llama_cpp", threads=a.threads)
-    run_labels(cfg, quiet=a.quiet)
+    out = folder.root / "traces"
+    config = {**specs, "prompts": {"source": a.prompts, "response_field": None, "limit": a.traces,
+                                   "chat_template": a.chat_template},
+              "sampling": {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens},
+              "output_dir": str(out), "categories": ["target"], "split_fractions": [0.0, 0.0, 1.0],
+              "backend": "llama_cpp", "threads": a.threads}
+    written = folder.write_text(folder.root / "traces.yaml", yaml.safe_dump(config, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "data_gen", "--config", str(written)])
+    if done.returncode != 0:  # the labeling command said why, in its own line
+        raise UserError(f"labeling the traces failed (exit {done.returncode}); its config: {written}")
     return out
 
 
 def check_labels(labels: str) -> tuple[dict, dict]:
     """The manifest and run settings of labels made on llama.cpp, or one line."""
     manifest = read_manifest(labels)
-    made_on = manifest["models"]["draft"].get("backend", "transformers")
-    if made_on != "llama_cpp":
-        raise SettingError(f"--labels {labels}: labeled on {made_on}; advise replays llama.cpp's rules and reads the "
-                           "draft's tops in llama.cpp: label with `backend: llama_cpp`")
+    made_on = backend_of(manifest["models"]["draft"])
+    if not made_on.advisable:
+        raise SettingError(f"--labels {labels}: labeled on {made_on.name}; advise replays llama.cpp's rules and reads "
+                           "the draft's tops in llama.cpp: label with `backend: llama_cpp`")
     return manifest, read_json(Path(labels) / "run.json", "label the folder again")
 
 
@@ -143,7 +146,7 @@ def check_inputs(a) -> tuple:
     """The labels' manifest and run settings, and the costs, each refused in one line where it cannot serve."""
     manifest, run = check_labels(a.labels)
     costs = read_timing(a.timing)
-    if costs.backend != "llama_cpp":
+    if not backend(costs.backend).advisable:
         raise SettingError(f"--timing {a.timing} timed backend {costs.backend}; advise prices llama.cpp's rules: time "
                            "this device with `specheads bench-timing --backend llama_cpp`")
     here = describe_device("cpu", threads=costs.threads)
@@ -205,8 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
             "advised": None if pick is None else {"rule": pick.rule, "params": pick.params},
             "settings": [{"runs_in": s.runtime, "drafter": s.drafter, "rule": s.rule, "params": s.params,
                           "default": s.default, "speedup": vars(s.speedup), "rates": s.rates()} for s in settings],
-            "checked": None if checked is None else [{"label": c["label"], "predicted": c["predicted"],
-                                                      "measured": vars(c["measured"])} for c in checked]})
+            "checked": None if checked is None else [
+                {"label": c["label"], "predicted": c["predicted"], "measured": vars(c["measured"]),
+                 "predicted_rates": c["predicted_rates"], "measured_rates": c["measured_rates"]} for c in checked]})
         picture(settings, folder.claim(folder.root / "advice.png"), checked)
     print(sentence)
     print(f"llama.cpp: {flags['flags']}")
@@ -214,7 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
               *[s for s in settings if s.runtime == CEILING]):
         print(f"  {s.runtime:<10}{s.drafter:<15}{s.label:<40}{s.speedup}x")
     for c in checked or []:
-        print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x  measured {c['measured']}x")
+        print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x  measured {c['measured']}x  "
+              f"(N_t/N {c['predicted_rates'][0]:.3f}, measured {c['measured_rates'][0]:.3f})")
     print(f"report: {folder.root / 'advice.md'}")
     return {"verdict": sentence, "advised": pick, "settings": settings, "checked": checked}
 

@@ -13,11 +13,10 @@ from tqdm.auto import tqdm
 from core.errors import UserError
 from core.identity import prompt_digest
 from core.intervals import speedup_interval
-from core.models import gguf_file, llama_tokenizer
+from core.models import gguf_file, llama_tokenizer, recorded_model
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.runfolder import RunFolder
 from core.sampling import Sampling, prompt_seed
-from data_gen.config import recorded_model
 from evaluation import llama_peer
 from evaluation.advice_rules import LLAMA_CPP, Setting, best, budget
 
@@ -84,7 +83,15 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
             f.write(json.dumps({"prompt": prompt_digest(ids), "run": label, "stats": stats}) + "\n")
     measured = {label: [done[prompt_digest(ids), label] for ids in prompts] for label, _, _ in runs}
     return [{"setting": c, "label": c.label, "predicted": c.speedup.value, "prompts": len(prompts),
-             "measured": speedup_interval(measured[c.label], measured["target only"])} for c in chosen]
+             "measured": speedup_interval(measured[c.label], measured["target only"]),
+             "predicted_rates": c.rates(), "measured_rates": rates(measured[c.label])} for c in chosen]
+
+
+def rates(runs: list[dict]) -> tuple[float, float]:
+    """(target calls, drafted tokens discarded) per token over llama.cpp's runs, as ``Setting.rates`` predicts them:
+    where these agree and the speedups do not, the costs are off, not the replay."""
+    tokens = sum(r["new_tokens"] for r in runs)
+    return sum(r["target_calls"] for r in runs) / tokens, sum(r["discarded"] for r in runs) / tokens
 
 
 def read_check(path: Path, made_with: dict) -> dict:

@@ -20,10 +20,9 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.identity import check_same_model
-from core.models import load_llama_model
+from core.models import load_llama_model, recorded_model
 from core.runfolder import read_json
 from core.shards import SPLITS, load_sequences, read_manifest
-from data_gen.config import recorded_model
 from decoding.runtime_replay import DRAFT_TOP_K
 from decoding.traces import TRACE_CATEGORY, Trace, filled_splits, load_label_traces
 

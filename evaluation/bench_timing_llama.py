@@ -21,6 +21,30 @@ DRAFT_READ_LENGTHS = (2, 3, 5, 9, 17)
 """Tokens of the draft's one-row reads timed: llama.cpp's draft re-reads each verified batch (up to n_max + 1)."""
 
 
+def batch_read_times(model, cache: int, repeats: int) -> dict[int, float]:
+    """Median seconds of llama.cpp's draft re-reading a verified batch of m tokens after ``cache`` cached ones, for
+    each m of ``DRAFT_READ_LENGTHS``: one batch, the last row's logits only (``LlamaCppModel.read_last``), timed in
+    turns, other tokens each time."""
+    import statistics
+    import time
+
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, model.config.vocab_size, (cache,), generator=g).tolist()
+    model.reset()
+    model.read(prefix)
+    times: dict[int, list[float]] = {m: [] for m in DRAFT_READ_LENGTHS}
+    for r in range(repeats + 2):  # two rounds of warm-up
+        for m in DRAFT_READ_LENGTHS:
+            new = torch.randint(0, model.config.vocab_size, (m,), generator=g).tolist()
+            t = time.perf_counter()
+            model.read_last(new)
+            if r >= 2:
+                times[m].append(time.perf_counter() - t)
+            model.crop(cache)
+    model.reset()
+    return {m: statistics.median(ts) for m, ts in times.items()}
+
+
 def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: int = 9, repeats: int = 5,
                     verify_lengths: tuple[int, ...] = ()) -> dict:
     """``time_pair`` for a pair run by llama.cpp (``core.llama_cpp``): every figure is the decoder's own forward
@@ -37,10 +61,8 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
         prompt = [i % model.config.vocab_size for i in range(100, 100 + prompt_tokens)]
         prefill = median_time(lambda: (model.reset(), model.read(prompt)), device, max(1, repeats // 2))["median_s"]
         catch_up = None if name == "target" else catch_up_entry(model, "eager", cache, repeats)["median_s"]
-        # the draft's re-read of each verified batch in llama.cpp's draft-simple: one row out
         reads = {} if name == "target" else {"read_by_tokens": {
-            str(m): {"cache": cache, "median_s": s} for m, s in
-            decoder_forward_times(model, "eager", cache, DRAFT_READ_LENGTHS, repeats, rows=1).items()}}
+            str(m): {"cache": cache, "median_s": s} for m, s in batch_read_times(model, cache, repeats).items()}}
         result["models"].append(timing_entry(name, model.description, (prompt_tokens, prefill), cache, seconds,
                                              verify, 3, by_tokens=name == "target", catch_up=catch_up,
                                              shape=model.path.name, threads=model.threads, **reads))

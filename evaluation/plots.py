@@ -10,7 +10,7 @@ from decoding.policies import POLICIES
 from evaluation.config import PEER_FAMILIES
 
 
-def _save(plt, fig, path: Path) -> Path:
+def save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     try:
         return write_figure(fig, path)
@@ -18,7 +18,7 @@ def _save(plt, fig, path: Path) -> Path:
         plt.close(fig)
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +39,7 @@ def _pareto_curve(policy: type) -> bool:
 
 def plot_pareto(summary: dict, path: Path) -> Path:
     """SpecDec++ Fig. 3: verification rate N_target/N against discard rate N_discarded/N, h sweep vs fixed K."""
-    plt = _plt()
+    plt = pyplot()
     modes = list(summary["modes"].items())
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.5), squeeze=False)
     for ax, (name, m) in zip(axes[0], modes):
@@ -63,12 +63,12 @@ def plot_pareto(summary: dict, path: Path) -> Path:
         ax.set(title=f"{name}: lower-left is better", xlabel="discard rate N_discarded / N",
                ylabel="verification rate N_target / N")
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def plot_speedup(summary: dict, path: Path) -> Path:
     """Per-policy speedup over target-only: mean over prompts with ±1 std error bars, prompts as dots."""
-    plt = _plt()
+    plt = pyplot()
     modes = list(summary["modes"].items())
     fig, axes = plt.subplots(len(modes), 1, figsize=(max(7, 0.7 * max(len(m["table"]) for _, m in modes)),
                                                      3.8 * len(modes)), squeeze=False)
@@ -83,12 +83,12 @@ def plot_speedup(summary: dict, path: Path) -> Path:
         ax.set_xticks(list(xs), [r["run"] for r in rows], rotation=30, ha="right", fontsize=8)
         ax.set(title=f"{name}: speedup over target-only (bars: mean per prompt ± std)", ylabel="speedup")
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def plot_quality(summary: dict, path: Path) -> Path:
     """SPRINTER (τ sweep) and Fuzzy SD (T sweep): pass@1 (or ROUGE-L vs SD) against speedup over target-only."""
-    plt = _plt()
+    plt = pyplot()
     modes = list(summary["modes"].items())
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.5), squeeze=False)
     for ax, (name, m) in zip(axes[0], modes):
@@ -116,4 +116,4 @@ def plot_quality(summary: dict, path: Path) -> Path:
                 ax.plot(r["speedup_vs_target"], y(r), "*", ms=12, label=r["run"])
         ax.set(title=f"{name}: quality vs speed", xlabel="speedup over target-only (measured)", ylabel=metric)
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)

@@ -211,6 +211,28 @@ def test_the_drafts_tops_are_read_at_each_position_of_the_response(llama_labels)
     assert ((prob > 0.1 - 1e-9) & (prob <= 1 + 1e-9)).all()  # a softmax over 10 logits: at least a tenth
 
 
+def test_a_batch_read_with_the_last_row_only_leaves_the_cache_a_read_would(llama_labels):
+    """``read_last`` (what the timing of llama.cpp's draft re-read runs) caches the same keys and values as ``read``:
+    the next token's logits after it equal those after reading the whole sequence afresh."""
+    import torch
+
+    from evaluation.advise_traces import load_draft
+
+    draft = load_draft(llama_labels["labels"], threads=1)
+    try:
+        seq = [3, 17, 5, 9, 40, 2, 11]
+        draft.reset()
+        draft.read(seq[:3])
+        draft.read_last(seq[3:-1])
+        assert draft.ids == seq[:-1]
+        _, after = draft.read(seq, rows=1)
+        draft.reset()
+        _, fresh = draft.read(seq, rows=1)
+    finally:
+        draft.close()
+    assert torch.allclose(after, fresh, atol=1e-3)
+
+
 def advise(argv, capsys):
     from specheads.cli import main
 
