@@ -92,11 +92,10 @@ eval: $(MODELS) ## every policy and transformers' peer on the real pair: runs/ev
 simulate: $(STAMP) ## replay every policy over label traces, beside the oracle (ARGS="--c 0.12")
 	$(SPECHEADS) simulate $(ARGS)
 
-# llama.cpp labels of your prompts (`backend: llama_cpp`) and this device's llama.cpp timing: docs/advise.md
-ADVISE_LABELS ?= runs/labels/humaneval-heldout-llama
-ADVISE_TIMING ?= runs/bench/timing-llama_cpp-2t.json
+# the pair traced on 20 HumanEval prompts (128 tokens) and timed here; ARGS="--labels … --timing …": yours
+ADVISE_PAIR ?= configs/models/qwen2.5-coder-0.5b-1.5b.yaml
 advise: $(MODELS) ## does speculation pay here, and with which llama.cpp flags: runs/advise
-	$(SPECHEADS) advise --labels $(ADVISE_LABELS) --timing $(ADVISE_TIMING) --out runs/advise $(ARGS)
+	$(SPECHEADS) advise --pair $(ADVISE_PAIR) --max_new_tokens 128 --out runs/advise $(ARGS)
 
 CALIBRATION ?= checkpoints/calibration$(SUFFIX).json
 calibrate: $(STAMP) ## calibrate the draft's confidence (LABELS=<folder> CALIBRATION=<file>)
