@@ -366,3 +366,18 @@ def recorded_model(record: dict, role: str) -> ModelSpec:
     if spec.path and not Path(spec.path).exists() and recorded and Path(recorded).exists():
         spec = dataclasses.replace(spec, path=recorded)
     return spec
+
+
+def read_pair_file(path: str | Path, flag: str = "--pair") -> dict[str, dict]:
+    """The draft's and the target's entries of a pair file (``configs/models/*.yaml``), each checked to be a
+    ``ModelSpec``; one line naming ``flag`` where the file is not one."""
+    import yaml
+
+    try:
+        pair = yaml.safe_load(Path(path).read_text())
+        entries = {role: dict(pair[role]) for role in ("draft", "target")}
+        for entry in entries.values():
+            ModelSpec(**entry)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{flag} {path}: not a pair file with draft and target ({str(e).splitlines()[0]})") from None
+    return entries

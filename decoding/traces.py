@@ -83,14 +83,20 @@ def load_responses(folder: str | Path, splits: tuple[str, ...],
                    prompts: set[int] | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, the target's response ids) of each of ``prompts`` (None: every prompt) in ``splits``, from the
     sequences a label folder stores (what prompt lookup copies from); none where it stores none."""
+    return list(responses_by_prompt(folder, splits, prompts).values())
+
+
+def responses_by_prompt(folder: str | Path, splits: tuple[str, ...],
+                        prompts: set[int] | None = None) -> dict[int, tuple[list[int], list[int]]]:
+    """``load_responses`` by prompt id, in the same order."""
     from core.shards import load_sequences
 
-    out = []
+    out = {}
     for split in filled_splits(folder, splits):
         sequences = load_sequences(folder, split)
         for row in [] if sequences is None else sequences:
             if row["category"] == TRACE_CATEGORY and (prompts is None or row["prompt_id"] in prompts):
-                out.append((list(row["prompt_ids"]), list(row["response_ids"])))
+                out[int(row["prompt_id"])] = (list(row["prompt_ids"]), list(row["response_ids"]))
     return out
 
 

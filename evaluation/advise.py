@@ -17,6 +17,7 @@ from core.backends import backend, backend_of
 from core.device import describe_device, same_device
 from core.errors import SettingError, UserError
 from core.interrupt import run_main
+from core.models import read_pair_file
 from core.runfolder import RunFolder, read_json
 from core.shards import read_manifest
 from decoding.costs import read_timing
@@ -114,11 +115,7 @@ def trace(a, folder: RunFolder) -> Path:
 
     import yaml
 
-    try:
-        pair = yaml.safe_load(Path(a.pair).read_text())
-        specs = {role: dict(pair[role]) for role in ("draft", "target")}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
+    specs = read_pair_file(a.pair)
     out = folder.root / "traces"
     config = {**specs, "prompts": {"source": a.prompts, "response_field": None, "limit": a.traces,
                                    "chat_template": a.chat_template},
@@ -167,22 +164,26 @@ def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     folder = RunFolder(a.out, "advise", "--out", OUTPUTS)
     # bad input in one line before the folder is touched, or minutes are spent on the other input
-    if a.labels is not None and a.timing is not None:
-        check_inputs(a)
+    given = a.labels is not None and a.timing is not None
+    if given:
+        inputs = check_inputs(a)
     elif a.labels is not None:
         check_labels(a.labels)
     elif a.timing is not None:
         read_timing(a.timing)
+    if not given and a.pair is not None:
+        read_pair_file(a.pair)
     folder.check(beside=None)
     with folder.hold("an advice"):
-        if a.labels is None or a.timing is None:
+        if not given:
             folder.start()
             make_inputs(a, folder)
-        manifest, run, costs = check_inputs(a)
+            inputs = check_inputs(a)
+        manifest, run, costs = inputs
         a.threads = costs.threads or 1
         sampling = manifest["sampling"]
         max_new = int(sampling["max_new_tokens"])
-        draft = load_draft(a.labels, a.threads)
+        draft = load_draft(manifest, run, a.labels, a.threads)
         try:
             traces = advice_traces(a.labels, draft, a.quiet)
         finally:

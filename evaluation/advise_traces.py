@@ -21,10 +21,9 @@ from tqdm.auto import tqdm
 from core.errors import UserError
 from core.identity import check_same_model
 from core.models import load_llama_model, recorded_model
-from core.runfolder import read_json
-from core.shards import SPLITS, load_sequences, read_manifest
+from core.shards import SPLITS
 from decoding.runtime_replay import DRAFT_TOP_K
-from decoding.traces import TRACE_CATEGORY, Trace, filled_splits, load_label_traces
+from decoding.traces import Trace, filled_splits, load_label_traces, responses_by_prompt
 
 
 @dataclass
@@ -48,21 +47,10 @@ def draft_tops(logits: torch.Tensor, response: list[int]) -> tuple[np.ndarray, n
     return (top.indices[:, 0] == torch.tensor(response)).numpy(), probs.double().numpy()
 
 
-def labeled_responses(labels: str | Path) -> dict[int, tuple[list[int], list[int]]]:
-    """prompt id → (prompt ids, response ids) of every ``target`` response the label folder stores."""
-    out = {}
-    for split in filled_splits(labels, SPLITS):
-        for row in load_sequences(labels, split) or []:
-            if row["category"] == TRACE_CATEGORY:
-                out[int(row["prompt_id"])] = (list(row["prompt_ids"]), list(row["response_ids"]))
-    return out
-
-
-def load_draft(labels: str | Path, threads: int):
-    """The draft of labels made on llama.cpp, on ``threads`` threads, checked to be the model they were made with."""
-    manifest = read_manifest(labels)
-    spec = recorded_model(read_json(Path(labels) / "run.json", "label the folder again"), "draft")
-    model, _, identity = load_llama_model(spec, threads=threads)
+def load_draft(manifest: dict, run: dict, labels: str | Path, threads: int):
+    """The draft of labels made on llama.cpp (their ``manifest`` and ``run.json``), on ``threads`` threads, checked
+    to be the model they were made with."""
+    model, _, identity = load_llama_model(recorded_model(run, "draft"), threads=threads)
     check_same_model(manifest["models"]["draft"], identity, f"the draft of {labels}")
     return model
 
@@ -70,7 +58,7 @@ def load_draft(labels: str | Path, threads: int):
 def advice_traces(labels: str | Path, draft, quiet: bool = False) -> list[AdviceTrace]:
     """Every ``target`` response of the label folder (all its splits: none of them trained what is replayed), read
     by ``draft`` (a llama.cpp model) for its tops."""
-    responses = labeled_responses(labels)
+    responses = responses_by_prompt(labels, SPLITS)
     if not responses:
         raise UserError(f"{labels}: stores no token sequences of `target` responses; label with categories: "
                         "[target]")

@@ -11,7 +11,6 @@ import torch
 from tqdm import tqdm
 
 from core.device import describe_device
-from core.errors import SettingError
 from decoding.costs import find_entry, step_s, timing_entry, verify_table
 from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, median_time,
                                timing_file, write_json)
@@ -72,15 +71,9 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
 def llama_main(a: argparse.Namespace) -> list[dict]:
     """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``, each
     thread count's file written as soon as it is timed (a Ctrl-C keeps the ones done)."""
-    import yaml
+    from core.models import ModelSpec, load_llama_model, read_pair_file
 
-    from core.models import ModelSpec, load_llama_model
-
-    try:
-        pair = yaml.safe_load(Path(a.pair).read_text())
-        specs = {role: ModelSpec(**pair[role]) for role in ("draft", "target")}
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise SettingError(f"--pair {a.pair}: not a pair file with draft and target ({e})") from None
+    specs = {role: ModelSpec(**entry) for role, entry in read_pair_file(a.pair).items()}
     results = []
     for threads in tqdm(a.threads, desc="bench-timing", unit="thread count", file=sys.stderr):
         models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]

@@ -196,11 +196,13 @@ def test_the_drafts_tops_are_read_at_each_position_of_the_response(llama_labels)
     first j response tokens: the same top token and draft-sampler probability as a read of that prefix alone."""
     import torch
 
-    from evaluation.advise_traces import draft_tops, labeled_responses, load_draft
+    from decoding.traces import responses_by_prompt
+    from core.shards import SPLITS
+    from evaluation.advise_traces import draft_tops, load_draft
 
-    draft = load_draft(llama_labels["labels"], threads=1)
+    draft = load_draft(*labels_of(llama_labels["labels"]), llama_labels["labels"], threads=1)
     try:
-        prompt, response = next(iter(labeled_responses(llama_labels["labels"]).values()))
+        prompt, response = next(iter(responses_by_prompt(llama_labels["labels"], SPLITS).values()))
         _, batched = draft.read(prompt + response[:-1], rows=len(response))
         alone = torch.cat([draft.read(prompt + response[:j], rows=1)[1] for j in range(len(response))])
     finally:
@@ -218,7 +220,7 @@ def test_a_batch_read_with_the_last_row_only_leaves_the_cache_a_read_would(llama
 
     from evaluation.advise_traces import load_draft
 
-    draft = load_draft(llama_labels["labels"], threads=1)
+    draft = load_draft(*labels_of(llama_labels["labels"]), llama_labels["labels"], threads=1)
     try:
         seq = [3, 17, 5, 9, 40, 2, 11]
         draft.reset()
@@ -231,6 +233,13 @@ def test_a_batch_read_with_the_last_row_only_leaves_the_cache_a_read_would(llama
     finally:
         draft.close()
     assert torch.allclose(after, fresh, atol=1e-3)
+
+
+def labels_of(folder):
+    from core.runfolder import read_json
+    from core.shards import read_manifest
+
+    return read_manifest(folder), read_json(folder / "run.json", "")
 
 
 def advise(argv, capsys):
@@ -351,6 +360,7 @@ def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tm
         (["--labels", llama_labels["labels"], "--timing", tmp_path / "no.json"], "no such file"),
         (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--check", 3],
          "--check needs --check_prompts"),
+        (["--pair", llama_labels["prompts"]], "not a pair file with draft and target"),
     ]
     for argv, words in cases:
         code, _, err = advise([*argv, "--out", out], capsys)
