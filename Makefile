@@ -94,7 +94,7 @@ simulate: $(STAMP) ## replay every policy over label traces, beside the oracle (
 
 # the pair traced on 20 HumanEval prompts (128 tokens) and timed here; ARGS="--labels … --timing …": yours
 ADVISE_PAIR ?= configs/models/qwen2.5-coder-0.5b-1.5b.yaml
-advise: $(MODELS) ## does speculation pay here, and with which llama.cpp flags: runs/advise
+advise: $(MODELS) llama-tools ## does speculation pay here, and with which llama.cpp flags: runs/advise
 	$(SPECHEADS) advise --pair $(ADVISE_PAIR) --max_new_tokens 128 --out runs/advise $(ARGS)
 
 CALIBRATION ?= checkpoints/calibration$(SUFFIX).json

@@ -113,7 +113,7 @@ def fit_lookup(a: argparse.Namespace, out: OutputFile):
         found = lookup_goodput_rate(responses, n, m, manifest["sampling"]["max_new_tokens"], calibration, costs)
         calibration.rate = found["at"]
         print(f"λ {found['at']:.3f} tokens/s under {a.timing}: the goodput stop's replay over the responses fitted "
-              f"on runs at {found['rate'] * costs.verify(1):.3f}x target-only ({found['stopped']})")
+              f"on runs at {found['rate'] / costs.target_only_rate():.3f}x target-only ({found['stopped']})")
     calibration.save(out.claim())
     print(f"{a.out}: prompt lookup's keep chance by isotonic regression on the match length, "
           f"{len(calibration.length)} knots")

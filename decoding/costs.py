@@ -98,6 +98,14 @@ class CostModel:
     """Seconds of a draft forward that reads m tokens (one row out), timed at a few m: what a runtime pays where its
     draft re-reads each verified batch (llama.cpp's ``draft-simple``, ``decoding.runtime_replay``); None: the step
     plus ``draft_catch_up`` per token beyond one."""
+    sample_s: float = 0.0
+    """Seconds the runtime's sampler spends on each token the target emits, beyond the forwards (llama.cpp builds
+    each sampled row's candidates over the whole vocabulary): target-only pays it per token, a round per token it
+    keeps plus the one it adds, so per token either way. 0 where the forwards timed include the sampling (our
+    decoder's warp)."""
+    draft_sample_s: float = 0.0
+    """The part of ``draft_step`` that is the draft's sampler (a draft step samples its token, a batch re-read
+    does not); 0 where the forwards timed include the sampling."""
 
     @classmethod
     def eq51(cls, c: float) -> "CostModel":
@@ -139,7 +147,7 @@ class CostModel:
     def draft_read(self, tokens: int) -> float:
         """Seconds of a draft forward that reads ``tokens`` tokens with one row out."""
         if self.draft_read_s is None:
-            return self.draft + self.catch_up * max(0, tokens - 1)
+            return self.draft - self.draft_sample_s + self.catch_up * max(0, tokens - 1)
         return on_table(self.draft_read_s, tokens)
 
     def verify_table(self, max_tokens: int) -> np.ndarray:
@@ -153,30 +161,39 @@ class CostModel:
         return self.draft * n + self.verify_table(int(n.max(initial=0)) + 1)[n + 1]
 
     def target_only_rate(self) -> float:
-        """Target-only decoding's tokens per unit of cost, 1 / verify(1): the goodput stop's λ when none is given."""
-        return 1.0 / float(self.verify(1))
+        """Target-only decoding's tokens per unit of cost, 1 / (verify(1) + its sampler): the goodput stop's λ when
+        none is given."""
+        return 1.0 / (float(self.verify(1)) + self.sample_s)
+
+    def forward_rate(self, rate: float) -> float:
+        """λ as a stop rule sets it against a round's forwards alone: a token the round adds also costs the sampler
+        (``sample_s``), so it pays where it gains more than λ·Δforwards / (1 − λ·``sample_s``); λ itself without a
+        sampler."""
+        return rate / (1.0 - rate * self.sample_s) if self.sample_s else rate
 
     # -------------------------------------------------------------- counts and rounds
     def price(self, counts) -> float:
         """The expected cost of ``counts`` (``decoding.replay.Counts``): each call at its own length's price where
-        the counts know their lengths, else on the line; the draft's batch reads (``draft_reads``) at theirs."""
+        the counts know their lengths, else on the line; the draft's batch reads (``draft_reads``) at theirs; the
+        sampler per token emitted."""
         reads = 0.0 if counts.draft_reads is None else sum(
             float(k) * self.draft_read(m) for m, k in enumerate(counts.draft_reads) if k)
+        besides = self.catch_up * counts.catch_up + reads + self.sample_s * counts.n
         if counts.calls is None:
-            return float(self.t_draft * counts.draft + self.t_target * counts.target
-                         + self.catch_up * counts.catch_up + reads)
+            return float(self.t_draft * counts.draft + self.t_target * counts.target + besides)
         table = self.verify_table(max(len(counts.calls) - 1, 1))
-        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)]
-                     + self.catch_up * counts.catch_up + reads)
+        return float(self.draft * counts.draft + counts.calls @ table[:len(counts.calls)] + besides)
 
     def speedup(self, counts) -> float:
         """Target-only's cost over ``counts``'s."""
-        return counts.n * float(self.verify(1)) / self.price(counts)
+        return counts.n / self.target_only_rate() / self.price(counts)
 
     def price_rounds(self, rounds: list[tuple[int, int]], catch_up: int = 0) -> float:
         """Seconds of the rounds (n candidates, k kept) of one generation: n draft steps and one target forward of
-        n + 1 tokens each, and ``catch_up`` tokens the draft read beyond one (``decoding.schedule.catch_up``)."""
-        return float(sum(self.draft * n + self.verify(n + 1) for n, _ in rounds) + self.catch_up * catch_up)
+        n + 1 tokens each, the sampler for the k + 1 tokens each adds, and ``catch_up`` tokens the draft read beyond
+        one (``decoding.schedule.catch_up``)."""
+        return float(sum(self.draft * n + self.verify(n + 1) + self.sample_s * (k + 1) for n, k in rounds)
+                     + self.catch_up * catch_up)
 
     def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None,
                 catch_up=0.0):
@@ -200,8 +217,10 @@ class CostModel:
         rates, per-run costs included."""
         scale = tokens / counts.n
         calls = None if counts.calls is None else counts.calls * scale
-        return float(self.predict(0, tokens) / self.predict(counts.draft * scale, counts.target * scale, calls=calls,
-                                                            catch_up=counts.catch_up * scale))
+        sampler = self.sample_s * tokens  # the same on both sides: a token is sampled once either way
+        return float((self.predict(0, tokens) + sampler)
+                     / (self.predict(counts.draft * scale, counts.target * scale, calls=calls,
+                                     catch_up=counts.catch_up * scale) + sampler))
 
     def verify_time(self, tokens: int) -> float:
         """``verify_s`` at ``tokens``: interpolated between the lengths timed, the one-token step at one, and
@@ -232,17 +251,19 @@ class CostModel:
         measured, the target's verify slope, and both prefills; a name is an entry's (its first precision) or
         ``name@precision``."""
         d, t = find_entry(timing, draft), find_entry(timing, target)
-        d_step, t_step = step_s(d), step_s(t)
+        d_forward, t_step = step_s(d), step_s(t)
+        d_step = d_forward + sampler_s(d)  # a draft step samples its token; a batch re-read does not
         v0, v1 = verify_costs(t)
         table = verify_table(t)
         return cls(t_draft=d_step + v1, t_target=v0 + v1, t_target_step=t_step,
                    intercept=max(0.0, t["prefill"]["median_s"] - t_step),
-                   draft_intercept=max(0.0, d["prefill"]["median_s"] - d_step),
-                   verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_step),
+                   draft_intercept=max(0.0, d["prefill"]["median_s"] - d_forward),
+                   verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_forward),
                    round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"),
                    backend=timing.get("backend", TRANSFORMERS), threads=timing.get("threads"),
-                   decoder=timing.get("decoder", "eager"), draft_read_s=read_table(d, d_step))
+                   decoder=timing.get("decoder", "eager"), draft_read_s=read_table(d, d_forward),
+                   sample_s=sampler_s(t), draft_sample_s=sampler_s(d))
 
 
 def on_table(table: Mapping[int, float], tokens: int) -> float:
@@ -262,16 +283,17 @@ SCHEMA_VERSION = 1
 
 
 def timing_entry(name: str, precision: str, prefill: tuple[int, float], cache: int, seconds: dict[int, float],
-                 verify: int, verify_short: int | None = None, by_tokens: bool = False,
+                 verify: int | None, verify_short: int | None = None, by_tokens: bool = False,
                  catch_up: float | None = None, **extra) -> dict:
     """One model's entry of a timing file, the layout ``read_timing`` reads, from the seconds of its forwards of m
     new tokens after ``cache`` cached ones (``seconds[1]``: its decode step): ``verify`` (and ``verify_short``)
-    tokens as its verifications, every length of ``seconds`` beyond one as its ``verify_by_tokens`` table where
-    ``by_tokens``, ``catch_up`` the seconds of its two-token catch-up read; ``prefill``: (tokens, seconds);
-    ``extra``: fields of the entry's own (``shape``, ``threads``)."""
+    tokens as its verifications (None: it verifies nothing, a draft), every length of ``seconds`` beyond one as its
+    ``verify_by_tokens`` table where ``by_tokens``, ``catch_up`` the seconds of its two-token catch-up read;
+    ``prefill``: (tokens, seconds); ``extra``: fields of the entry's own (``shape``, ``threads``)."""
     entry = {"name": name, "precision": precision, **extra, "prefill": {"tokens": prefill[0], "median_s": prefill[1]},
-             "decode": {str(cache): {"median_s": seconds[1]}},
-             "verify": {"tokens": verify, "cache": cache, "median_s": seconds[verify]}}
+             "decode": {str(cache): {"median_s": seconds[1]}}}
+    if verify is not None:
+        entry["verify"] = {"tokens": verify, "cache": cache, "median_s": seconds[verify]}
     if verify_short is not None:
         entry["verify_short"] = {"tokens": verify_short, "cache": cache, "median_s": seconds[verify_short]}
     if by_tokens:
@@ -280,6 +302,12 @@ def timing_entry(name: str, precision: str, prefill: tuple[int, float], cache: i
     if catch_up is not None:
         entry["catch_up"] = {"tokens": 2, "cache": cache, "median_s": catch_up}
     return entry
+
+
+def sampler_s(entry: dict) -> float:
+    """Seconds an entry's sampler spends per token beyond its forward (``evaluation.bench_timing_binaries`` times
+    llama.cpp's); 0 where its forwards were timed with their warp."""
+    return float(entry.get("sample", {}).get("median_s", 0.0))
 
 
 def catch_up_s(entry: dict, step: float) -> float:
@@ -409,7 +437,7 @@ def unusable_times(entry: dict) -> str | None:
     """The first time of a timing entry (its prefill, decode steps and verifications) that is not a finite number
     of seconds above 0, in words naming the field; None when every one can price a forward."""
     fields = {"prefill": entry["prefill"], **{f"decode step after {c}": v for c, v in entry["decode"].items()},
-              **{k: entry[k] for k in ("verify", "verify_short", "catch_up") if k in entry},
+              **{k: entry[k] for k in ("verify", "verify_short", "catch_up", "sample") if k in entry},
               **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()},
               **{f"one-row read of {m} tokens": v for m, v in entry.get("read_by_tokens", {}).items()}}
     for name, timed in fields.items():

@@ -153,6 +153,7 @@ class LookupGoodput:
 
     def __init__(self, calibration: LookupCalibration, costs: CostModel, rate: float, m: int):
         self.calibration, self.rate = calibration, float(rate)
+        self.forward_rate = costs.forward_rate(self.rate)  # λ against the forwards, each token's sampler aside
         self.verify = costs.verify_table(m + 1)
         if costs.verify_s is not None and max(costs.verify_s) < m + 1:
             warnings.warn(f"the costs were timed up to verifications of {max(costs.verify_s)} tokens, the rule prices "
@@ -161,4 +162,4 @@ class LookupGoodput:
 
     def __call__(self, seq: list[int], source: int, proposal: list[int]) -> int:
         chances = self.calibration.chances(rules.match_length(seq, source), len(proposal))
-        return best_length(chances, self.verify, self.rate)
+        return best_length(chances, self.verify, self.forward_rate)

@@ -80,11 +80,12 @@ class GoodputStop:
 
     def __init__(self, costs, rate: float, cap: int, future: float | None = None, extra_candidate: bool = False):
         self.rate, self.cap, self.future, self.extra = rate, cap, future, int(extra_candidate)
+        self.forward_rate = costs.forward_rate(rate)  # λ against the forwards, each token's sampler aside
         n = np.arange(cap + 1)
         self.round_seconds = costs.round_seconds(n)  # by candidates n
         # at full acceptance a round of n candidates adds n tokens over a round of none
-        self.drafting_pays = bool(np.any(n[1:] > rate * (self.round_seconds[1:] + costs.catch_up
-                                                          - self.round_seconds[0])))
+        self.drafting_pays = bool(np.any(n[1:] > self.forward_rate * (self.round_seconds[1:] + costs.catch_up
+                                                                      - self.round_seconds[0])))
         self.reset()
 
     def reset(self) -> None:
@@ -103,7 +104,7 @@ class GoodputStop:
         more = np.arange(now + 1, self.cap + 1)  # the longer rounds still open
         # expected tokens a round of n candidates adds beyond one of `now`: s_k (a^(now−k+1) + … + a^(n−k))
         gain = math.exp(self.log_all_accepted) * np.cumsum(a ** (more - self.k))
-        return not np.any(gain > self.rate * (self.round_seconds[more] - self.round_seconds[now]))
+        return not np.any(gain > self.forward_rate * (self.round_seconds[more] - self.round_seconds[now]))
 
 
 def round_length(stops: Callable[[int], bool], cap: int, reads_candidate: bool) -> int:

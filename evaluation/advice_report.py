@@ -45,7 +45,8 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
              f"- traces: {inputs['traces']} responses of the target from `{inputs['labels']}` "
              f"({inputs['sampling']}, at most {inputs['max_new_tokens']} tokens)",
              f"- costs: `{inputs['timing']}` ({inputs['device']}, {inputs['backend']}, {inputs['threads']} threads): "
-             f"target step {1e3 * inputs['target_step']:.1f} ms, draft step {1e3 * inputs['draft_step']:.1f} ms",
+             f"target step {1e3 * inputs['target_step']:.1f} ms, draft step {1e3 * inputs['draft_step']:.1f} ms, "
+             f"sampler {1e3 * inputs['sampler']:.2f} ms a token; timed by {inputs['timed_with']}",
              "", "## In llama.cpp's terms", "",
              "`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",
              f"    {flags['flags']}", "", "(llama-server takes them at start only: this llama.cpp compiles its "

@@ -10,6 +10,7 @@ alone, on N prompts that are not among the traces, and prints measured beside pr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from core.arguments import CommandParser, description
@@ -25,6 +26,7 @@ from evaluation.advice_report import llama_flags, markdown, picture, verdict
 from evaluation.advice_rules import CEILING, LLAMA_CPP, best, budget, ceilings, llama_settings, our_settings, price
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
+from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, TIMED_WITH
 
 OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml", "traces.yaml")
 
@@ -81,8 +83,10 @@ def parse_args(argv: list[str] | None = None):
     return a
 
 
-TIMED_LENGTHS = (24, 28, 32, 36, 40, 44, 49)
-"""Verification lengths timed beyond the decoder's own (up to 21 tokens): prompt lookup's copies, up to 48 + 1."""
+TIMED_LENGTHS = (24, 28, 32, 33, 36, 40, 44, 48, 49)
+"""Verification lengths timed beyond the decoder's own (up to 21 tokens): prompt lookup's copies, up to 48 + 1.
+A full copy of m = 32 or 48 verifies m + 1 tokens, one past the kernels' blocks of 16 rows, where the cost jumps
+(evaluation/DESIGN.md, "The advice"): those lengths are timed, not interpolated."""
 
 
 def make_inputs(a, folder: RunFolder) -> None:
@@ -100,9 +104,16 @@ def make_inputs(a, folder: RunFolder) -> None:
         from evaluation import bench_timing
 
         timed = folder.root / "timing" / f"timing-llama_cpp-{a.threads}t.json"
-        if not timed.is_file():  # a rerun reuses this device's timing
+        # llama.cpp's own binaries where built: the costs its users' runs pay (evaluation.bench_timing_binaries)
+        built = (Path(a.tools) / "llama-bench").is_file()
+        # a rerun reuses this device's timing, unless the binaries have been built since it was made without them
+        if not timed.is_file() or (built and timed_with(timed) != TIMED_WITH):
+            binaries = ["--tools", a.tools, "--repeats", "5"] if built else []
+            if not built:
+                print(f"advise: {a.tools} has no llama-bench (`make llama-tools`): timing through llama-cpp-python, "
+                      "without llama.cpp's sampler", file=sys.stderr)
             bench_timing.main(["--backend", "llama_cpp", "--pair", a.pair, "--threads", str(a.threads), "--out",
-                               str(timed.parent), "--verify_lengths", *map(str, TIMED_LENGTHS)])
+                               str(timed.parent), "--verify_lengths", *map(str, TIMED_LENGTHS), *binaries])
         a.timing = str(timed)
 
 
@@ -111,7 +122,6 @@ def trace(a, folder: RunFolder) -> Path:
     labeling command, as a user runs it, from a config written beside them (``traces.yaml``); resumed like any
     labeling run."""
     import subprocess
-    import sys
 
     import yaml
 
@@ -139,8 +149,14 @@ def check_labels(labels: str) -> tuple[dict, dict]:
     return manifest, read_json(Path(labels) / "run.json", "label the folder again")
 
 
+def timed_with(path: str | Path) -> str:
+    """What timed the timing file at ``path``: llama.cpp's binaries, or the decoder through the binding."""
+    return json.loads(Path(path).read_text()).get("timed_with", TIMED_THROUGH_BINDING)
+
+
 def check_inputs(a) -> tuple:
-    """The labels' manifest and run settings, and the costs, each refused in one line where it cannot serve."""
+    """The labels' manifest and run settings, the costs and what timed them, each refused in one line where it
+    cannot serve."""
     manifest, run = check_labels(a.labels)
     costs = read_timing(a.timing)
     if not backend(costs.backend).advisable:
@@ -157,7 +173,7 @@ def check_inputs(a) -> tuple:
         if timed is not None and timed != labeled:
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
-    return manifest, run, costs
+    return manifest, run, costs, timed_with(a.timing)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -179,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
             folder.start()
             make_inputs(a, folder)
             inputs = check_inputs(a)
-        manifest, run, costs = inputs
+        manifest, run, costs, timed_by = inputs
         a.threads = costs.threads or 1
         sampling = manifest["sampling"]
         max_new = int(sampling["max_new_tokens"])
@@ -202,7 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = {"labels": a.labels, "traces": len(traces), "timing": a.timing, "device": costs.device,
                   "backend": costs.backend, "threads": costs.threads, "max_new_tokens": max_new,
                   "sampling": "greedy" if sampling["temperature"] == 0 else f"temperature {sampling['temperature']}",
-                  "target_step": costs.verify(1), "draft_step": costs.draft}
+                  "target_step": costs.verify(1), "draft_step": costs.draft, "timed_with": timed_by,
+                  "sampler": costs.sample_s}
         folder.write_text(folder.root / "advice.md", markdown(settings, inputs, pick, sentence, flags, checked))
         folder.write_json(folder.root / "advice.json", {
             "inputs": inputs, "verdict": sentence, "llama_cpp": flags,

@@ -60,7 +60,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     s = Sampling(temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
                  max_new_tokens=budget(sampling))
     made_with = {"target": target_id, "draft": draft_id, "sampling": vars(s), "threads": a.threads,
-                 "tools": str(Path(a.tools).resolve())}
+                 "tools": str(Path(a.tools).resolve()), "wall": llama_peer.WALL}
     record = folder.claim(folder.root / "check.jsonl")
     done = read_check(record, made_with)
     if not done:

@@ -211,6 +211,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pair", default="configs/models/qwen2.5-coder-0.5b-1.5b.yaml",
                    help="the model pair file (--backend llama_cpp)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU threads (--backend llama_cpp)")
+    p.add_argument("--tools", default=None, metavar="DIR",
+                   help="--backend llama_cpp: time llama.cpp's own binaries in DIR (`make llama-tools`: llama-bench's "
+                        "forwards, llama-completion's sampler), as its users run them, instead of the decoder's "
+                        "forwards through llama-cpp-python; the costs `specheads advise` prices llama.cpp with")
     a = p.parse_args(argv)
     # each bad value in one line (run_main), not under argparse's usage
     if any(m < 2 for m in a.verify_lengths):
@@ -222,6 +226,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif a.verify_short != 0 and not 1 < a.verify_short < a.verify:
         raise SettingError(f"--verify_short must be 0 (skip) or from 2 to --verify - 1 ({a.verify - 1}), got "
                            f"{a.verify_short}")
+    if a.tools is not None and not backend(a.backend).own_threads:
+        raise SettingError(f"--tools times llama.cpp's binaries: it needs --backend llama_cpp, not {a.backend}")
     if any(t < 1 for t in a.threads):
         raise SettingError(f"--threads must be at least 1, got {' '.join(map(str, a.threads))}")
     per_threads = backend(a.backend).own_threads  # one file per thread count, into a folder

@@ -11,7 +11,8 @@ import torch
 from tqdm import tqdm
 
 from core.device import describe_device
-from decoding.costs import find_entry, step_s, timing_entry, verify_table
+from decoding.costs import find_entry, sampler_s, step_s, timing_entry, verify_table
+from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, time_binaries
 from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, median_time,
                                timing_file, write_json)
 
@@ -71,21 +72,27 @@ def time_llama_pair(draft, target, prompt_tokens: int, new_tokens: int, verify: 
 def llama_main(a: argparse.Namespace) -> list[dict]:
     """``--backend llama_cpp``: the pair file's GGUF files as llama.cpp runs them, at each of ``--threads``, each
     thread count's file written as soon as it is timed (a Ctrl-C keeps the ones done)."""
-    from core.models import ModelSpec, load_llama_model, read_pair_file
+    from core.models import ModelSpec, gguf_file, load_llama_model, read_pair_file
 
     specs = {role: ModelSpec(**entry) for role, entry in read_pair_file(a.pair).items()}
     results = []
     for threads in tqdm(a.threads, desc="bench-timing", unit="thread count", file=sys.stderr):
-        models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
-                  for role, spec in specs.items()}
-        result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
-                                 a.verify, a.repeats, tuple(a.verify_lengths))
-        for m, (role, spec) in zip(result["models"], specs.items()):
-            m["shape"] = spec.display_name
+        if a.tools is not None:
+            paths = {role: gguf_file(spec)[0] for role, spec in specs.items()}
+            result = time_binaries(a.tools, paths, threads, a.prefill, a.cache[0],
+                                   {3, a.verify, *PAIR_VERIFY_LENGTHS, *a.verify_lengths}, DRAFT_READ_LENGTHS,
+                                   a.verify, a.repeats)
+        else:
+            models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
+                      for role, spec in specs.items()}
+            result = time_llama_pair(models["draft"], models["target"], a.prefill, 2 * (a.cache[0] - a.prefill),
+                                     a.verify, a.repeats, tuple(a.verify_lengths))
+            del models
+        for role, spec in specs.items():
+            find_entry(result, role)["shape"] = spec.display_name
         print(llama_table(result))
         write_json(result, timing_file(Path(a.out or "runs/bench") / f"timing-{a.backend}-{threads}t.json"))
         results.append(result)
-        del models
     return results
 
 
@@ -93,12 +100,15 @@ def llama_table(result: dict) -> str:
     """The figures of a llama.cpp profile: the draft step, each verification length, c and T(m)/T(1)."""
     draft, target = (find_entry(result, n) for n in ("draft", "target"))
     t1, d1 = step_s(target), step_s(draft)
-    lines = [f"llama.cpp, {result['threads']} thread(s), {result['device']}: times in ms (median)",
+    lines = [f"llama.cpp timed by {result.get('timed_with', TIMED_THROUGH_BINDING)}, {result['threads']} thread(s), "
+             f"{result['device']}: times in ms (median)",
              f"draft step {d1 * 1e3:.1f}, target step {t1 * 1e3:.1f}, c = {d1 / t1:.3f}; "
              f"prefill of {result['prefill']}: draft {draft['prefill']['median_s'] * 1e3:.0f}, "
              f"target {target['prefill']['median_s'] * 1e3:.0f}",
              *([f"draft catch-up (2 tokens read, 1 row out) {draft['catch_up']['median_s'] * 1e3:.1f}: "
                 f"{draft['catch_up']['median_s'] / d1:.2f} steps"] if "catch_up" in draft else []),
+             *([f"sampler per token: draft {sampler_s(draft) * 1e3:.2f}, target {sampler_s(target) * 1e3:.2f}"]
+               if "sample" in target else []),
              "target verification of m tokens: T(m) ms, T(m)/T(1)"]
     table = verify_table(target)
     lines += [f"  m={m:>2}: {table[m] * 1e3:8.1f}  {table[m] / t1:5.2f}" for m in sorted(table)]

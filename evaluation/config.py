@@ -16,6 +16,7 @@ from core.arguments import parse_settings, settings_parser
 from core.errors import UserError
 from core.backends import BACKENDS, backend
 from evaluation.llama_peer import FAMILIES as LLAMA_FAMILIES
+from evaluation.llama_peer import WALL as LLAMA_WALL
 from evaluation.llama_peer import LlamaPeer
 from core.models import ModelSpec, resolve_device, resolve_dtype
 from core.prompts import PromptConfig
@@ -368,6 +369,8 @@ class EvalConfig:
             **({"backend": self.backend, "threads": self.model_threads()}
                if backend(self.backend).named_in_records else {}),
             **({"untimed_prefill": True} if self.untimed_prefill else {}),
+            # what llama.cpp's own runs count as their time: named where they run, so runs timed otherwise do not mix
+            **({"llama_peer_wall": LLAMA_WALL} if self.llama_peer.enabled else {}),
             **({"timing_repeats": self.timing_repeats} if self.timing_repeats > 1 else {}),
             "heads": {h: file_sha256(Path(h)) if Path(h).is_file() else None for h in sorted(heads)},
             "goodput_timing": {t: file_sha256(Path(t)) if Path(t).is_file() else None

@@ -12,7 +12,8 @@ source llama-cpp-python vendors, so the kernels are our backend's), one process 
 Both read the prompt as text (the text our tokenizer's ids decode to, special tokens included, which llama.cpp
 parses back into the same ids), sample as the mode does (top-k, top-p and min-p off unless the mode sets them,
 greedy at temperature 0), stop at the end of generation or ``max_new_tokens``, and report their own decoding time
-with the prompt's prefill excluded: a run's ``wall_s`` is that time, so ours run with ``untimed_prefill``.
+with the prompt's prefill excluded and the sampler included (``WALL``): a run's ``wall_s`` is that time, so ours run
+with ``untimed_prefill``.
 Its tokens are our tokenizer's reading of the text it printed (the peer prints text, not ids). llama.cpp's
 verification keeps a draft token only when the target's own sample equals it (not with min(1, p/q)): at temperature
 1 it is exact but accepts less than speculative sampling does.
@@ -124,10 +125,12 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
     if family == TARGET_ONLY:
         # it prints the generation, " [end of text]\n" at an end-of-generation token, and "\n\n" as it exits
         text = done.stdout.removesuffix("\n\n").removesuffix(" [end of text]\n")
-        eval_ms = _number(r"(?<!prompt )eval time =\s*([\d.]+) ms", done.stderr, "llama-completion")
         runs = _number(r"(?<!prompt )eval time =\s*[\d.]+ ms /\s*(\d+) runs", done.stderr, "llama-completion")
-        # its first token is drawn from the prompt's forward, timed as prefill; each later one is one run
-        return text, {"wall_s": eval_ms / 1e3, "new_tokens": int(runs), "target_calls": int(runs),
+        # its first token is drawn from the prompt's forward, timed as prefill; each later one is one run. Its
+        # decoding time is each token's forward and its sampler, as llama-speculative-simple's "decoded in" counts
+        eval_ms = _number(r"(?<!prompt )eval time =\s*([\d.]+) ms", done.stderr, "llama-completion")
+        sampler_ms = _number(r"sampling time =\s*([\d.]+) ms", done.stderr, "llama-completion")
+        return text, {"wall_s": (eval_ms + sampler_ms) / 1e3, "new_tokens": int(runs), "target_calls": int(runs),
                       "draft_calls": 0}
     # it prints "\n\n", the prompt, the generation, and "\n\n" twice as it ends
     out = done.stdout.removeprefix("\n\n").removesuffix("\n\n\n\n")
@@ -140,3 +143,7 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
     return text, {"wall_s": seconds, "new_tokens": int(new),
                   "draft_calls": 0 if family == PROMPT_LOOKUP else int(drafted),
                   "discarded": int(drafted - accepted), "target_calls": int(new - accepted)}
+
+
+WALL = "decoding with the sampler, prefill excluded"
+"""What a run's ``wall_s`` counts (``run``): a record of runs names it, so runs timed otherwise are not mixed in."""

@@ -24,7 +24,8 @@ def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] |
     def runs(cs):
         return [{"new_tokens": c.n, "wall_s": costs.price(c)} for c in cs]
 
-    base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n * costs.verify(1)} for c in counts]
+    base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n / costs.target_only_rate()}
+                                                 for c in counts]
     if len(counts) < 2:  # nothing to resample
         value = sum(r["new_tokens"] for r in runs(counts)) / sum(r["wall_s"] for r in runs(counts)) \
             / (sum(r["new_tokens"] for r in base) / sum(r["wall_s"] for r in base))

@@ -1,6 +1,6 @@
-"""Stand-ins for llama.cpp's binaries (``make llama-tools``): scripts that print what ``llama-completion`` and
-``llama-speculative-simple`` print, with fixed numbers, and record the arguments of every call beside them
-(``<name>.calls``, one JSON list a line)."""
+"""Stand-ins for llama.cpp's binaries (``make llama-tools``): scripts that print what ``llama-completion``,
+``llama-speculative-simple`` and ``llama-bench`` print, with fixed numbers, and record the arguments of every call
+beside them (``<name>.calls``, one JSON list a line)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ if "{name}" == "llama-completion":
           "tokens per second)", file=sys.stderr)
     print("common_perf_print:        eval time =     100.00 ms /     4 runs   (   25.00 ms per token,    40.00 "
           "tokens per second)", file=sys.stderr)
+    print("common_perf_print:    sampling time =       5.00 ms\n"
+          "common_perf_print:    samplers time =       4.00 ms /     5 tokens\n"
+          "common_perf_print:       total time =     116.00 ms /    16 tokens", file=sys.stderr)
 else:
     n_max = int(args[args.index("--spec-draft-n-max" if "-md" in args else "--spec-ngram-simple-size-m") + 1])
     sys.stdout.write("\n\n" + prompt + text + "\n\n" + "\n\n")
@@ -30,11 +33,32 @@ else:
 '''
 
 
+BENCH_STUB = r'''#!{python}
+"""Prints what llama.cpp's llama-bench prints with ``-o jsonl``: one line per test, a forward of m tokens taking
+(10 + 2 m) ms, 1.5 times that with every row out (``-embd 1``), a generated token 8 ms; records its arguments."""
+import json, sys
+args = sys.argv[1:]
+with open(__file__ + ".calls", "a") as log:
+    log.write(json.dumps(args) + "\n")
+def value(flag, default):
+    return args[args.index(flag) + 1] if flag in args else default
+prompts = [int(p) for p in value("-p", "512").split(",") if int(p) > 0]
+gen, depth, rows = int(value("-n", "128")), int(value("-d", "0")), value("-embd", "0") == "1"
+reps = int(value("-r", "5"))
+tests = [(p, 0) for p in prompts] + ([(0, gen)] if gen else [])
+for p, n in tests:
+    ns = int(1e6 * (8 * n if n else (10 + 2 * p) * (1.5 if rows else 1.0)))
+    print(json.dumps({{"model_type": "stub 1B Q4_K - Medium", "n_prompt": p, "n_gen": n, "n_depth": depth,
+                      "embeddings": rows, "avg_ns": ns, "samples_ns": [ns] * reps}}))
+'''
+
+
 def write_stub_tools(folder: Path) -> Path:
-    """The two stand-ins in ``folder`` (created)."""
+    """The stand-ins in ``folder`` (created)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("llama-completion", "llama-speculative-simple"):
+    for name in ("llama-completion", "llama-speculative-simple", "llama-bench"):
         path = folder / name
-        path.write_text(STUB.format(python=sys.executable, name=name))
+        text = BENCH_STUB if name == "llama-bench" else STUB
+        path.write_text(text.format(python=sys.executable, name=name))
         path.chmod(0o755)
     return folder

@@ -279,16 +279,23 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
 
 
-def test_a_pair_file_is_traced_and_timed_here(llama_labels, tmp_path, capsys):
+@pytest.mark.parametrize("built", [True, False])
+def test_a_pair_file_is_traced_and_timed_here(llama_labels, tmp_path, capsys, built):
     """Without --labels and --timing: the pair's responses to the prompts labeled on llama.cpp into traces/, the
-    device timed into timing/, then the same advice; a second run reuses both."""
+    device timed into timing/ (by llama.cpp's own binaries where built, else through llama-cpp-python, said in a
+    line), then the same advice; a second run reuses both."""
+    from testing.llama_tools import write_stub_tools
+
+    tools = write_stub_tools(tmp_path / "tools") if built else tmp_path / "unbuilt"
     out = tmp_path / "advice"
     argv = ["--pair", llama_labels["pair"], "--prompts", llama_labels["prompts"], "--traces", 4, "--max_new_tokens",
-            8, "--threads", 1, "--out", out]
+            8, "--threads", 1, "--tools", tools, "--out", out]
     code, printed, err = advise(argv, capsys)
     assert code in (0, None), err
     saved = json.loads((out / "advice.json").read_text())
     assert saved["inputs"]["traces"] == 4 and saved["inputs"]["sampling"] == "greedy"
+    assert saved["inputs"]["timed_with"] == ("llama-bench" if built else "llama-cpp-python")
+    assert built != any("has no llama-bench" in line for line in err)
     assert (out / "traces" / "manifest.json").is_file() and (out / "timing" / "timing-llama_cpp-1t.json").is_file()
     stamp = (out / "timing" / "timing-llama_cpp-1t.json").stat().st_mtime_ns
     code, _, err = advise([*argv[:-2], "--timing", out / "timing" / "timing-llama_cpp-1t.json", "--labels",

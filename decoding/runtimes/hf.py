@@ -173,7 +173,7 @@ class HeadDecoding:
         self.online = rate == "online"
         if self.online and costs is None:
             raise ValueError('rate="online" follows the goodput stop\'s λ: give costs')
-        self.rate = None if costs is None else 1.0 / costs.verify_table(1)[1] if rate in (None, "online") \
+        self.rate = None if costs is None else costs.target_only_rate() if rate in (None, "online") \
             else float(rate)
 
     def rule(self, tap: DraftTap, warp: dict) -> DraftRule:
