@@ -37,6 +37,7 @@ DRAFT_SAMPLER_TOP_K = 10
 SAMPLED_TOKENS = 32
 """Tokens ``llama-completion`` samples to time its sampler."""
 SAMPLER_PROMPT = "def fibonacci(n):"
+SAMPLER_TRIES = 5
 
 
 def run_binary(tools: str | Path, name: str, model: Path, args: list[str]) -> str:
@@ -104,11 +105,16 @@ def sampler_seconds(tools, model: Path, threads: int, tokens: int, top_k: int | 
     ``draft-simple``)."""
     chain = (["--samplers", "top_k", "--top-k", str(top_k)] if top_k
              else llama_peer.sampling_flags(Sampling(temperature=0.0)))
-    out = run_binary(tools, "llama-completion", model, ["-p", SAMPLER_PROMPT, "-n", str(tokens), "-t", str(threads),
-                                                        "-tb", str(threads), "--ignore-eos", "-no-cnv",
-                                                        "--no-display-prompt", *chain])
-    ms = re.search(r"sampling time =\s*([\d.]+) ms", out)
-    sampled = re.search(r"samplers time =\s*[\d.]+ ms /\s*(\d+) tokens", out)
+    # llama.cpp's log thread may lose its last lines (these) when a run ends within milliseconds, as a tiny
+    # model's does: a run that printed none is made again, a few times
+    for _ in range(SAMPLER_TRIES):
+        out = run_binary(tools, "llama-completion", model, ["-p", SAMPLER_PROMPT, "-n", str(tokens), "-t",
+                                                            str(threads), "-tb", str(threads), "--ignore-eos",
+                                                            "-no-cnv", "--no-display-prompt", *chain])
+        ms = re.search(r"sampling time =\s*([\d.]+) ms", out)
+        sampled = re.search(r"samplers time =\s*[\d.]+ ms /\s*(\d+) tokens", out)
+        if ms is not None and sampled is not None:
+            break
     if ms is None or sampled is None or int(sampled.group(1)) == 0:
         raise UserError(f"llama-completion printed no time of its sampler on {model.name}")
     # it prints hundredths of a millisecond: a tiny vocabulary's sampler may print 0.00, below that resolution
