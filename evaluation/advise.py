@@ -37,8 +37,8 @@ def parse_args(argv: list[str] | None = None):
                    help="a label folder made on llama.cpp (`backend: llama_cpp`); its `target` responses are the "
                         "traces, whatever their split (default: traced here, from --pair and --prompts)")
     p.add_argument("--timing", default=None, metavar="FILE",
-                   help="this device's costs: `specheads bench-timing --backend llama_cpp --verify_lengths …` "
-                        "(default: timed here, from --pair)")
+                   help="this device's costs: `specheads bench-timing --backend llama_cpp --tools … "
+                        "--verify_lengths …` (default: timed here, from --pair)")
     p.add_argument("--out", required=True, metavar="FOLDER",
                    help="folder for advice.md, advice.json, advice.png (and traces/, timing/ where made here)")
     p.add_argument("--pair", default=None, metavar="FILE",
@@ -107,7 +107,7 @@ def make_inputs(a, folder: RunFolder) -> None:
         # llama.cpp's own binaries where built: the costs its users' runs pay (evaluation.bench_timing_binaries)
         built = (Path(a.tools) / "llama-bench").is_file()
         # a rerun reuses this device's timing, unless the binaries have been built since it was made without them
-        if not timed.is_file() or (built and timed_with(timed) != TIMED_WITH):
+        if not timed.is_file() or (built and timed_with(json.loads(timed.read_text())) != TIMED_WITH):
             binaries = ["--tools", a.tools, "--repeats", "5"] if built else []
             if not built:
                 print(f"advise: {a.tools} has no llama-bench (`make llama-tools`): timing through llama-cpp-python, "
@@ -149,9 +149,9 @@ def check_labels(labels: str) -> tuple[dict, dict]:
     return manifest, read_json(Path(labels) / "run.json", "label the folder again")
 
 
-def timed_with(path: str | Path) -> str:
-    """What timed the timing file at ``path``: llama.cpp's binaries, or the decoder through the binding."""
-    return json.loads(Path(path).read_text()).get("timed_with", TIMED_THROUGH_BINDING)
+def timed_with(timing: dict) -> str:
+    """What timed a timing file: llama.cpp's binaries, or the decoder through the binding."""
+    return timing.get("timed_with", TIMED_THROUGH_BINDING)
 
 
 def check_inputs(a) -> tuple:
@@ -173,7 +173,7 @@ def check_inputs(a) -> tuple:
         if timed is not None and timed != labeled:
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
-    return manifest, run, costs, timed_with(a.timing)
+    return manifest, run, costs, timed_with(timing)
 
 
 def main(argv: list[str] | None = None) -> dict:

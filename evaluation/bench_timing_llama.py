@@ -80,7 +80,7 @@ def llama_main(a: argparse.Namespace) -> list[dict]:
         if a.tools is not None:
             paths = {role: gguf_file(spec)[0] for role, spec in specs.items()}
             result = time_binaries(a.tools, paths, threads, a.prefill, a.cache[0],
-                                   {3, a.verify, *PAIR_VERIFY_LENGTHS, *a.verify_lengths}, DRAFT_READ_LENGTHS,
+                                   (*PAIR_VERIFY_LENGTHS, *a.verify_lengths), DRAFT_READ_LENGTHS,
                                    a.verify, a.repeats)
         else:
             models = {role: load_llama_model(spec, threads=threads, n_ctx=a.prefill + 2 * max(a.cache) + 64)[0]
