@@ -59,8 +59,6 @@ class Transformers:
     taps_layers = True
     """Whether a forward gives the outputs of any layer (llama.cpp gives the last hidden state only)."""
     named_in_records = False
-    advisable = False
-    """Whether ``specheads advise`` replays this runtime's own speculative rules and runs its binaries."""
     """Whether a run's record names the backend and its threads: the default backend is recorded by leaving both
     out, so that its records compare equal whatever else a backend adds."""
 
@@ -97,7 +95,6 @@ class LlamaCpp(Transformers):
     taps_layers = False
     max_sequences = MAX_SEQUENCES
     named_in_records = True
-    advisable = True
 
     def threads(self, requested: int | None) -> int:
         return requested or torch.get_num_threads()

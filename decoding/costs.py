@@ -83,7 +83,8 @@ class CostModel:
     round_overhead: float = 0.0
     """Seconds a round that drafts pays beyond its forwards (the host's synchronisations between the draft's steps
     and the verification, which a timing of bare forwards does not see); target-only's one-token steps pay none.
-    From a timing file's ``round_overhead`` (its median), 0 where it has none."""
+    From a timing file's ``round_overhead`` (its median), else its draft's ``generate_call`` (a transformers
+    ``generate()`` call's setup, which its assisted generation pays each round), 0 where it has neither."""
     name: str = ""
     """How the model prices a round, for tables: ``by length``, ``per call``, ``c=…``."""
     device: str | None = None
@@ -106,6 +107,11 @@ class CostModel:
     draft_sample_s: float = 0.0
     """The part of ``draft_step`` that is the draft's sampler (a draft step samples its token, a batch re-read
     does not); 0 where the forwards timed include the sampling."""
+    prefill_token_s: float = 0.0
+    """Seconds per prompt token of the target's prefill (the timed prefill over its tokens): what a call of a
+    runtime whose time includes its prompt (transformers' ``generate()``) pays before its first token."""
+    draft_prefill_token_s: float = 0.0
+    """The same of the draft, paid by a call that drafts."""
 
     @classmethod
     def eq51(cls, c: float) -> "CostModel":
@@ -164,6 +170,11 @@ class CostModel:
         """Target-only decoding's tokens per unit of cost, 1 / (verify(1) + its sampler): the goodput stop's λ when
         none is given."""
         return 1.0 / (float(self.verify(1)) + self.sample_s)
+
+    def prefill(self, tokens: int, drafting: bool) -> float:
+        """Seconds a call pays to read a prompt of ``tokens`` tokens: the target's prefill, and the draft's where
+        it drafts (both proportional to the prompt, as the prefills timed)."""
+        return tokens * (self.prefill_token_s + (self.draft_prefill_token_s if drafting else 0.0))
 
     def forward_rate(self, rate: float) -> float:
         """λ as a stop rule sets it against a round's forwards alone: a token the round adds also costs the sampler
@@ -259,11 +270,13 @@ class CostModel:
                    intercept=max(0.0, t["prefill"]["median_s"] - t_step),
                    draft_intercept=max(0.0, d["prefill"]["median_s"] - d_forward),
                    verify_s=table, draft_step=d_step if table else None, draft_catch_up=catch_up_s(d, d_forward),
-                   round_overhead=float(timing.get("round_overhead", {}).get("median_s", 0.0)),
+                   round_overhead=float(timing.get("round_overhead", d.get("generate_call", {})).get("median_s", 0.0)),
                    name="by length" if table else "per call", device=timing.get("device"),
                    backend=timing.get("backend", TRANSFORMERS), threads=timing.get("threads"),
                    decoder=timing.get("decoder", "eager"), draft_read_s=read_table(d, d_forward),
-                   sample_s=sampler_s(t), draft_sample_s=sampler_s(d))
+                   sample_s=sampler_s(t), draft_sample_s=sampler_s(d),
+                   prefill_token_s=t["prefill"]["median_s"] / t["prefill"]["tokens"],
+                   draft_prefill_token_s=d["prefill"]["median_s"] / d["prefill"]["tokens"])
 
 
 def on_table(table: Mapping[int, float], tokens: int) -> float:

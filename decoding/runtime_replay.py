@@ -25,7 +25,7 @@ target batch and draft re-read, which is not priced here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -85,3 +85,88 @@ def continuation(room: int, continues: float) -> list[tuple[int, float, bool]]:
     that may draft ``room`` more tokens, each with chance ``continues``."""
     out = [(t, continues ** t * (1.0 - continues), True) for t in range(room)]
     return [o for o in out if o[1] > 0] + [(room, continues ** room, False)]
+
+
+ASSISTED_DEFAULTS = {"schedule": "constant", "k": 20, "threshold": 0.4}
+"""transformers' defaults for assisted generation (``GenerationConfig``: ``num_assistant_tokens_schedule``,
+``num_assistant_tokens``, ``assistant_confidence_threshold``)."""
+HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
+"""The schedules that move K each round: + 2 after a round whose every candidate was kept, else − 1 (at least 1).
+Within one ``generate()`` call the two agree (the candidate generator copies the draft's config per call)."""
+
+
+def assisted_counts(match: np.ndarray, top_prob: np.ndarray, k: int, schedule: str = "constant",
+                    threshold: float = 0.0, clears: Callable[[float], float] | None = None,
+                    max_new_tokens: int | None = None) -> Counts:
+    """transformers' assisted generation (``generation/candidate_generator.py``, ``AssistedCandidateGenerator``),
+    greedy, along one response of L tokens: ``match[i]``, whether the response's token i is the draft's top token
+    at the text before it; ``top_prob[i]``, that token's probability (softmax over the whole vocabulary: what its
+    ``ConfidenceCriteria`` reads); ``k``, ``schedule``, ``threshold``: ``num_assistant_tokens``,
+    ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``; ``max_new_tokens`` the call's budget
+    (None: L). ``clears(t)``: the chance a drafted token off the trace has probability ≥ t (None: 1).
+
+    One round: the draft generates up to K tokens (the tokens left less one), stopping after a token whose
+    probability is below the threshold (that token is still a candidate); its first forward reads two tokens (its
+    cache is cut one short of the text); the target reads the last token and the candidates in one forward and
+    keeps them up to the first that is not its argmax. With a threshold, each round's probabilities of the drafted
+    tokens up to the first rejected and whether each was kept are kept, and from six of them on (both outcomes
+    seen) the threshold becomes the one minimising FPR + 3·FNR on their ROC curve (sklearn's ``roc_curve``, as
+    transformers calls it). Both the schedule and the threshold move on what lies on the trace only; the tokens
+    drafted past the first rejection are expected, as in ``draft_simple_counts``."""
+    from sklearn.metrics import roc_curve
+
+    if k < 1:
+        raise ValueError(f"num_assistant_tokens must be at least 1, got {k}")
+    clears = clears or (lambda t: 1.0)
+    length = len(match)
+    budget = length if max_new_tokens is None else max_new_tokens
+    calls, probs, kept_flags = np.zeros(2), [], []
+    forwards = discarded = catch_up = 0.0
+    s, rounds = 0, 0
+    while s < length:
+        cap = min(int(k), budget - s - 1)
+        if cap <= 0:  # nothing to draft: the target's own step
+            calls = _add(calls, 1, 1.0)
+            s += 1
+            continue
+        drafted, stopped = 0, False
+        while True:  # on the trace: up to its first token off it
+            drafted += 1
+            stopped = threshold > 0 and top_prob[s + drafted - 1] < threshold
+            if stopped or drafted == cap or not match[s + drafted - 1] or s + drafted == length:
+                break
+        kept = drafted if match[s:s + drafted].all() else int(np.argmin(match[s:s + drafted]))
+        goes_on = kept < drafted and not stopped and drafted < cap
+        tails = _assisted_tail(cap - drafted, clears(threshold)) if goes_on else [(0, 1.0)]
+        for extra, chance in tails:
+            n = drafted + extra
+            forwards += chance * n
+            calls = _add(calls, n + 1, chance)
+            discarded += chance * (n - kept)
+        catch_up += 1.0 if rounds else 0.0  # the first round's draft forward is its prefill
+        rounds += 1
+        if schedule in HEURISTIC_SCHEDULES:
+            k = k + 2 if kept == drafted else max(1, k - 1)
+        if threshold > 0:
+            probs += list(top_prob[s:s + min(kept + 1, drafted)])
+            kept_flags += [1] * kept + ([0] if kept < drafted else [])
+            if len(probs) > 5 and 0 in kept_flags and 1 in kept_flags:
+                fpr, tpr, cuts = roc_curve(kept_flags, probs)
+                threshold = float(cuts[np.argmin(fpr + 3 * (1 - tpr))])
+        s += kept + 1
+    return Counts(n=length, draft=forwards, target=float(calls.sum()), discarded=discarded, calls=calls,
+                  catch_up=catch_up)
+
+
+def _assisted_tail(room: int, clears: float) -> list[tuple[int, float]]:
+    """(tokens drafted past the first rejection, chance) for a draft that may draft ``room`` more: each is a
+    candidate, and the one below the threshold is the last."""
+    out = [(t, clears ** (t - 1) * (1.0 - clears)) for t in range(1, room)]
+    return [o for o in out if o[1] > 0] + [(room, clears ** (room - 1))]
+
+
+def _add(calls: np.ndarray, tokens: int, chance: float) -> np.ndarray:
+    if tokens >= len(calls):
+        calls = np.pad(calls, (0, tokens + 1 - len(calls)))
+    calls[tokens] += chance
+    return calls

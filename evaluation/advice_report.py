@@ -6,20 +6,47 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluation.advice_rules import CEILING, LLAMA_CPP, OURS, Setting, best
+from evaluation.advice_rules import CEILING, LLAMA_CPP, RUNTIMES, TRANSFORMERS, Setting, best
 from evaluation.plots import pyplot, save
 
 
-def verdict(settings: list[Setting]) -> tuple[Setting | None, str]:
-    """(the setting to run, or None for target-only, and the verdict in one sentence): among the settings a runtime
-    users run executes (llama.cpp's) whose interval over the prompts lies above 1.0, the fastest predicted."""
-    paying = best([s for s in settings if s.speedup.low > 1.0], LLAMA_CPP)
+def owning(runtime: str) -> str:
+    """The runtime's name with its possessive: llama.cpp's, transformers'."""
+    return runtime + ("'" if runtime.endswith("s") else "'s")
+
+
+def verdict(settings: list[Setting], runtime: str = LLAMA_CPP) -> tuple[Setting | None, str]:
+    """(the setting to run, or None for target-only, and the verdict in one sentence): among the settings the
+    runtime users run executes whose interval over the prompts lies above 1.0, the fastest predicted."""
+    paying = best([s for s in settings if s.speedup.low > 1.0], runtime)
     if paying is None:
-        top = best(settings, LLAMA_CPP)
+        top = best(settings, runtime)
         shown = "" if top is None else f" (the fastest, {top.label}, is predicted at {top.speedup}x)"
         return None, f"do not speculate here: no setting's interval lies above 1.0{shown}"
-    return paying, (f"speculate: {paying.drafter} with llama.cpp's {paying.label}, predicted {paying.speedup}x "
+    return paying, (f"speculate: {paying.drafter} with {owning(runtime)} {paying.label}, predicted {paying.speedup}x "
                     "target-only")
+
+
+def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict[str, str]:
+    """The setting as the runtime's users give it (``flags``: one line to paste)."""
+    return llama_flags(pick, threads) if runtime == LLAMA_CPP else assisted_fields(pick, max_new_tokens)
+
+
+def generation_fields(params: dict) -> dict:
+    """An assisted-generation setting as the fields of the draft's ``GenerationConfig`` transformers reads them
+    from (``AssistedCandidateGenerator`` copies the assistant's config; keyword arguments of ``generate()`` set the
+    target's)."""
+    return {"num_assistant_tokens": int(params["k"]), "num_assistant_tokens_schedule": params["schedule"],
+            "assistant_confidence_threshold": float(params["threshold"])}
+
+
+def assisted_fields(pick: Setting | None, max_new_tokens: int) -> dict[str, str]:
+    """transformers' setting: the draft's generation-config fields, then the ``generate()`` call."""
+    if pick is None:
+        return {"flags": f"target.generate(**inputs, do_sample=False, max_new_tokens={max_new_tokens})"}
+    fields = "; ".join(f"draft.generation_config.{k} = {v!r}" for k, v in generation_fields(pick.params).items())
+    return {"flags": f"{fields}; target.generate(**inputs, assistant_model=draft, do_sample=False, "
+                     f"max_new_tokens={max_new_tokens})", "fields": generation_fields(pick.params)}
 
 
 def llama_flags(pick: Setting | None, threads: int | None) -> dict[str, str]:
@@ -39,7 +66,7 @@ def llama_flags(pick: Setting | None, threads: int | None) -> dict[str, str]:
 
 
 def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, sentence: str, flags: dict,
-             checked: list[dict] | None = None) -> str:
+             checked: list[dict] | None = None, runtime: str = LLAMA_CPP) -> str:
     """The report."""
     lines = ["# Does speculative decoding pay here?", "", f"**{sentence}.**", "",
              f"- traces: {inputs['traces']} responses of the target from `{inputs['labels']}` "
@@ -47,17 +74,25 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
              f"- costs: `{inputs['timing']}` ({inputs['device']}, {inputs['backend']}, {inputs['threads']} threads): "
              f"target step {1e3 * inputs['target_step']:.1f} ms, draft step {1e3 * inputs['draft_step']:.1f} ms, "
              f"sampler {1e3 * inputs['sampler']:.2f} ms a token; timed by {inputs['timed_with']}",
-             "", "## In llama.cpp's terms", "",
-             "`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",
-             f"    {flags['flags']}", "", "(llama-server takes them at start only: this llama.cpp compiles its "
-             "per-request speculative fields out.)", "",
-             "Checked on this machine: " + ("the setting above, llama.cpp's defaults and one more, through "
-                                            "`llama-speculative-simple` (below)" if checked else
-                                            "nothing (run with `--check` to measure them)") + ".", ""]
+             "", f"## In {owning(runtime)} terms", ""]
+    if runtime == LLAMA_CPP:
+        lines += ["`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",
+                  f"    {flags['flags']}", "", "(llama-server takes them at start only: this llama.cpp compiles its "
+                  "per-request speculative fields out.)", ""]
+    else:
+        lines += ["The draft's generation config (transformers reads the assistant's settings there, not from "
+                  "`generate()`'s keyword arguments), then the call (greedy, as the traces):", "",
+                  *[f"    {line.strip()}" for line in flags["flags"].split(";")], "",
+                  "Its predictions include each call's prefill (a `generate()` call's time does); "
+                  "`heuristic_transient` starts every call at K, `heuristic` would carry K over from the last.", ""]
+    how = {LLAMA_CPP: "through `llama-speculative-simple`", TRANSFORMERS: "through `generate()`"}[runtime]
+    lines += ["Checked on this machine: " + (f"the setting above, {owning(runtime)} defaults and one more, {how} (below)"
+                                             if checked else "nothing (run with `--check` to measure them)") + ".", ""]
     lines += ["## Every rule priced", "",
               "Predicted tokens/s over target-only with a 95 % bootstrap interval over the prompts; N_t/N is target "
               "calls per token, N_x/N drafted tokens discarded per token. `runs in`: llama.cpp (its binaries and "
-              "server), specheads (our decoder: `specheads generate`), ceiling (an oracle no decoder runs).", "",
+              "server), transformers (its `generate()`), specheads (our decoder: `specheads generate`), ceiling (an "
+              "oracle no decoder runs).", "",
               "| runs in | drafter | rule | speedup | N_t/N | N_x/N |", "|---|---|---|---|---|---|"]
     shown = _shown(settings)
     for s in shown:
@@ -69,23 +104,24 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
         lines += ["", f"{hidden} more settings are in `advice.json`."]
     if checked:
         lines += ["", "## Measured (`--check`)", "",
-                  f"llama.cpp's own binaries on {checked[0]['prompts']} prompts not among the traces, interleaved; "
+                  f"{runtime} itself ({how}) on {checked[0]['prompts']} prompts not among the traces, interleaved; "
                   "tokens/s over its target alone with a 95 % paired bootstrap interval; N_t/N and N_x/N as "
-                  "predicted and as llama.cpp counted them (where they agree and the speedups do not, the costs are "
-                  "off, not the replay).", "",
+                  f"predicted and as {runtime} counted them (where they agree and the speedups do not, the costs are "
+                  "off, not the replay; transformers does not count the discarded tokens).", "",
                   "| setting | predicted | measured | measured / predicted | N_t/N pred., meas. | N_x/N pred., meas. |",
                   "|---|---|---|---|---|---|"]
         for c in checked:
             (pt, px), (mt, mx) = c["predicted_rates"], c["measured_rates"]
+            shown_mx = "–" if mx is None else f"{mx:.3f}"
             lines.append(f"| {c['label']} | {c['predicted']:.3f} | {c['measured']} | "
-                         f"{c['measured'].value / c['predicted']:.3f} | {pt:.3f}, {mt:.3f} | {px:.3f}, {mx:.3f} |")
+                         f"{c['measured'].value / c['predicted']:.3f} | {pt:.3f}, {mt:.3f} | {px:.3f}, {shown_mx} |")
     return "\n".join(lines) + "\n"
 
 
 def _shown(settings: list[Setting]) -> list[Setting]:
     """The table's rows: every default, the three best of each (runtime, rule), every ceiling and target-only."""
     keep = []
-    for runtime in (LLAMA_CPP, OURS, CEILING):
+    for runtime in RUNTIMES:
         for rule in dict.fromkeys(s.rule + s.drafter for s in settings if s.runtime == runtime):
             group = [s for s in settings if s.runtime == runtime and s.rule + s.drafter == rule]
             top = sorted(group, key=lambda s: -s.speedup.value)[:3]
@@ -93,38 +129,55 @@ def _shown(settings: list[Setting]) -> list[Setting]:
     return keep
 
 
+DRAFT_RULES = {"draft-simple": ("n_max", "llama.cpp draft-simple (draft model)", "--spec-draft-n-max"),
+               "assisted": ("k", "transformers assisted generation (draft model)", "num_assistant_tokens")}
+"""Each runtime's draft-model rule as the picture draws it: its length setting on the x axis, a line per setting of
+its others."""
+
+
 def picture(settings: list[Setting], path: Path, checked: list[dict] | None = None) -> Path:
-    """Predicted speedup over llama.cpp's own settings: draft-simple over n_max, a line per p_min; ngram-simple per
-    (n, m); the ceilings dashed; measured points (``--check``) as crosses."""
+    """Predicted speedup over the runtime's own settings: its draft-model rule over its length, a line per setting
+    of the others; ngram-simple per (n, m) where traced in llama.cpp; the ceilings dashed; measured points
+    (``--check``) as crosses."""
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
-    simple = [s for s in settings if s.rule == "draft-simple"]
-    for p_min in sorted({s.params["p_min"] for s in simple}):
-        row = sorted((s for s in simple if s.params["p_min"] == p_min), key=lambda s: s.params["n_max"])
-        x = [s.params["n_max"] for s in row]
-        left.plot(x, [s.speedup.value for s in row], "o-", label=f"p_min {p_min:g}")
-        left.fill_between(x, [s.speedup.low for s in row], [s.speedup.high for s in row], alpha=0.12)
     lookup = [s for s in settings if s.rule == "ngram-simple"]
-    right.bar(range(len(lookup)), [s.speedup.value for s in lookup],
-              yerr=[[s.speedup.value - s.speedup.low for s in lookup], [s.speedup.high - s.speedup.value
-                                                                         for s in lookup]], color="tab:green")
-    right.set_xticks(range(len(lookup)), [f"{s.params['n']},{s.params['m']}" for s in lookup], rotation=45)
+    if lookup:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    else:  # a runtime whose prompt lookup is not replayed: its draft model alone
+        fig, left = plt.subplots(1, 1, figsize=(8, 4.5))
+        right = None
+    rule = next((r for r in DRAFT_RULES if any(s.rule == r for s in settings)), "draft-simple")
+    length, title, xlabel = DRAFT_RULES[rule]
+    drafted = [s for s in settings if s.rule == rule]
+    others = sorted({tuple((k, v) for k, v in s.params.items() if k != length) for s in drafted}, key=str)
+    for other in others:
+        row = sorted((s for s in drafted if all(s.params[k] == v for k, v in other)), key=lambda s: s.params[length])
+        x = [s.params[length] for s in row]
+        left.plot(x, [s.speedup.value for s in row], "o-", ms=3, label=", ".join(f"{k} {v}" for k, v in other))
+        left.fill_between(x, [s.speedup.low for s in row], [s.speedup.high for s in row], alpha=0.08)
+    if right is not None:
+        right.bar(range(len(lookup)), [s.speedup.value for s in lookup],
+                  yerr=[[s.speedup.value - s.speedup.low for s in lookup], [s.speedup.high - s.speedup.value
+                                                                             for s in lookup]], color="tab:green")
+        right.set_xticks(range(len(lookup)), [f"{s.params['n']},{s.params['m']}" for s in lookup], rotation=45)
     for s in settings:
-        if s.runtime == CEILING:
+        if s.runtime == CEILING and (right is not None or s.drafter == "draft model"):
             ax = left if s.drafter == "draft model" else right
             ax.axhline(s.speedup.value, ls="--", color="gray", label=f"oracle ({s.drafter})")
     for c in checked or []:
         s = c["setting"]
         value = c["measured"].value
-        if s.rule == "draft-simple":
-            left.plot(s.params["n_max"], value, "kx", ms=10, mew=2)
+        if s.rule == rule:
+            left.plot(s.params[length], value, "kx", ms=10, mew=2)
         elif s.rule == "ngram-simple":
             right.plot(lookup.index(s), value, "kx", ms=10, mew=2)
-    for ax, title, xlabel in ((left, "llama.cpp draft-simple (draft model)", "--spec-draft-n-max"),
-                              (right, "llama.cpp ngram-simple (prompt lookup)", "n-gram size n, copy m")):
+    panels = [(left, title, xlabel)] + ([(right, "llama.cpp ngram-simple (prompt lookup)", "n-gram size n, copy m")]
+                                        if right is not None else [])
+    for ax, name, xname in panels:
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
+        ax.set_title(name)
+        ax.set_xlabel(xname)
         ax.set_ylabel("predicted speedup over target-only")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     return save(plt, fig, path)

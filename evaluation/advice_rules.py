@@ -1,6 +1,8 @@
 """Every drafter and stop rule ``specheads advise`` prices, at every setting of its grid, replayed over the advice
 traces (``evaluation.advise_traces``) at one device's costs: llama.cpp's own ``draft-simple`` and ``ngram-simple``
-(``decoding.runtime_replay``, ``decoding.replay.prompt_lookup_counts``), our decoder's rules (``decoding.simulate``),
+(``decoding.runtime_replay``, ``decoding.replay.prompt_lookup_counts``) on traces made in llama.cpp, transformers'
+assisted generation (``decoding.runtime_replay.assisted_counts``) on traces made in transformers, our decoder's
+rules (``decoding.simulate``),
 and the two oracles, each setting with its predicted speedup over target-only and a bootstrap interval over the
 prompts. A setting says whether a runtime its users run executes it today (llama.cpp's), or only our decoder
 (``specheads generate``), or no decoder at all (an oracle, a ceiling)."""
@@ -15,16 +17,24 @@ from tqdm.auto import tqdm
 from core.intervals import Interval
 from decoding.costs import CostModel
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
-from decoding.runtime_replay import continue_chance, draft_simple_counts
+from decoding.runtime_replay import (ASSISTED_DEFAULTS, DRAFT_TOP_K, assisted_counts, continue_chance,
+                                     draft_simple_counts)
 from decoding.simulate import simulate
 from evaluation.advise_traces import AdviceTrace
 from evaluation.simulate_lookup import priced_interval, total
 
 LLAMA_CPP = "llama.cpp"
+TRANSFORMERS = "transformers"
 OURS = "specheads"
 CEILING = "ceiling"
-RUNTIMES = (LLAMA_CPP, OURS, CEILING)
-"""Who runs a setting: llama.cpp's own binaries and server, our decoder only, or nothing (an oracle)."""
+RUNTIMES = (LLAMA_CPP, TRANSFORMERS, OURS, CEILING)
+"""Who runs a setting: llama.cpp's own binaries and server, transformers' ``generate()``, our decoder only, or
+nothing (an oracle)."""
+RUNTIME_OF_BACKEND = {"llama_cpp": LLAMA_CPP, "transformers": TRANSFORMERS}
+"""The runtime whose own rules are advised on traces and costs of a backend (``core.backends``)."""
+DRAFT_PROBABILITY_TOP_K = {LLAMA_CPP: DRAFT_TOP_K, TRANSFORMERS: None}
+"""The logits each runtime's draft probability is a softmax over: llama.cpp's draft sampler's top k, transformers'
+whole vocabulary (its ``ConfidenceCriteria``)."""
 
 DRAFT_SIMPLE_DEFAULTS = {"n_max": 3, "p_min": 0.0}
 """llama.cpp's defaults for ``draft-simple`` (``common/common.h``)."""
@@ -36,6 +46,11 @@ NGRAM_SIMPLE_DEFAULTS = {"n": 12, "m": 48}
 NGRAM_SIMPLE_GRID = [{"n": n, "m": m} for n, m in ((12, 48), (8, 32), (6, 32), (4, 48), (4, 32), (4, 16), (3, 32),
                                                      (3, 16), (2, 8))]
 """The ngram-simple settings replayed: its defaults, then shorter n-grams and copies."""
+ASSISTED_GRID = [{"schedule": schedule, "k": k, "threshold": t} for schedule in ("constant", "heuristic_transient")
+                 for t in (0.0, 0.2, 0.4, 0.6, 0.8) for k in (1, 2, 3, 4, 6, 8, 12, 20)]
+"""transformers' assisted-generation settings replayed: ``num_assistant_tokens_schedule`` (``heuristic_transient``
+starts each ``generate()`` call at K, as the replay of one call does; ``heuristic`` carries K over from the last
+call), ``num_assistant_tokens``, ``assistant_confidence_threshold`` (0: off)."""
 OUR_GRID = [("sd", {"k": k}) for k in (1, 2, 3, 4, 6, 8, 12, 16)] + [("confidence", {"threshold": t})
                                                                      for t in (0.3, 0.5, 0.7, 0.9)]
 """Our decoder's rules: the confidence stop only over sampled traces (under greedy sampling the draft's warped
@@ -63,7 +78,7 @@ class Setting:
 
     @property
     def label(self) -> str:
-        shown = ", ".join(f"{k} {v:g}" for k, v in self.params.items())
+        shown = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in self.params.items())
         return f"{self.rule}" + (f" ({shown})" if shown else "")
 
     def rates(self) -> tuple[float, float]:
@@ -72,17 +87,43 @@ class Setting:
         return all_of.target / all_of.n, all_of.discarded / all_of.n
 
 
-def price(settings: list[Setting], costs: CostModel) -> list[Setting]:
+def price(settings: list[Setting], costs: CostModel, prompts: list[int] | None = None) -> list[Setting]:
+    """Each setting's speedup; ``prompts``: the traces' prompt lengths, where each run pays its prefill (a
+    ``generate()`` call's time includes it)."""
     for s in settings:
-        s.speedup = priced_interval(s.counts, costs)
+        s.speedup = priced_interval(s.counts, costs, prompts=prompts)
     return settings
 
 
-def llama_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:
-    """llama.cpp's own rules at every setting of their grids, and target-only."""
-    out = [Setting(LLAMA_CPP, "none", "target only", {},
+def target_only(runtime: str, traces: list[AdviceTrace]) -> Setting:
+    return Setting(runtime, "none", "target only", {},
                    [Counts(n=len(t.response), target=len(t.response), calls=np.array([0.0, len(t.response)]))
-                    for t in traces])]
+                    for t in traces])
+
+
+def runtime_settings(runtime: str, traces: list[AdviceTrace], max_new_tokens: int,
+                     quiet: bool = False) -> list[Setting]:
+    """The runtime's own rules at every setting of their grids, and its target alone."""
+    rules = {LLAMA_CPP: llama_settings, TRANSFORMERS: transformers_settings}[runtime]
+    return [target_only(runtime, traces)] + rules(traces, max_new_tokens, quiet)
+
+
+def transformers_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:
+    """transformers' assisted generation at every setting of ``ASSISTED_GRID``."""
+    every = np.sort(np.concatenate([t.top_prob for t in traces]))
+
+    def clears(threshold: float) -> float:  # the chance a drafted token's probability reaches the threshold
+        return 1.0 - np.searchsorted(every, threshold, side="left") / len(every)
+
+    return [Setting(TRANSFORMERS, "draft model", "assisted", dict(params),
+                    [assisted_counts(t.match, t.top_prob, params["k"], params["schedule"], params["threshold"],
+                                     clears, max_new_tokens) for t in traces], default=params == ASSISTED_DEFAULTS)
+            for params in tqdm(ASSISTED_GRID, desc="advise: transformers assisted generation", disable=quiet)]
+
+
+def llama_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:
+    """llama.cpp's own rules at every setting of their grids."""
+    out = []
     tops = [t.top_prob for t in traces]
     for params in tqdm(DRAFT_SIMPLE_GRID, desc="advise: llama.cpp draft-simple", disable=quiet):
         goes_on = continue_chance(tops, params["p_min"])
@@ -104,21 +145,26 @@ def our_settings(traces: list[AdviceTrace], greedy: bool, quiet: bool = False) -
             for family, params in tqdm(grid, desc="advise: our rules", disable=quiet)]
 
 
-def ceilings(traces: list[AdviceTrace], costs: CostModel, lookup: dict, max_new_tokens: int) -> list[Setting]:
+def ceilings(traces: list[AdviceTrace], costs: CostModel, lookup: dict | None, max_new_tokens: int) -> list[Setting]:
     """The oracle over the draft model's candidates (it knows each one's fate and stops where the costs say), and
-    over prompt lookup's proposals at ``lookup``'s (n, m)."""
+    over prompt lookup's proposals at ``lookup``'s (n, m) where given."""
+    drafted = Setting(CEILING, "draft model", "oracle", {}, [simulate([t.trace], "oracle", costs=costs)
+                                                             for t in traces])
+    if lookup is None:
+        return [drafted]
     n, m = lookup["n"], lookup["m"]
-    return [Setting(CEILING, "draft model", "oracle", {}, [simulate([t.trace], "oracle", costs=costs) for t in traces]),
+    return [drafted,
             Setting(CEILING, "prompt lookup", "oracle", dict(lookup),
                     [prompt_lookup_oracle_counts(t.prompt, t.response, n, m, max_new_tokens, costs,
                                                  trace=LookupTrace(t.prompt, t.response, n, m, max_new_tokens))
                      for t in traces])]
 
 
-def budget(sampling: dict) -> int:
-    """The tokens llama.cpp is asked for (``-n``) on a trace of ``sampling``'s length: one more, as the eval decodes
-    256 where the labels hold 255 (llama.cpp caps a round by the tokens left less one)."""
-    return int(sampling["max_new_tokens"]) + 1
+def budget(sampling: dict, runtime: str = LLAMA_CPP) -> int:
+    """The tokens the runtime is asked for on a trace of ``sampling``'s length: llama.cpp (``-n``) one more, as the
+    eval decodes 256 where the labels hold 255 (llama.cpp caps a round by the tokens left less one); transformers'
+    ``max_new_tokens`` the trace's own."""
+    return int(sampling["max_new_tokens"]) + (1 if runtime == LLAMA_CPP else 0)
 
 
 def best(settings: list[Setting], runtime: str, drafter: str | None = None) -> Setting | None:

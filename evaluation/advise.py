@@ -1,10 +1,12 @@
 """``specheads advise``: does speculative decoding pay for this pair, on this machine, and with which settings of
-llama.cpp? From a label folder's traces of the target's responses (``make labels`` with ``backend: llama_cpp``) and
-this device's timing file (``specheads bench-timing --backend llama_cpp``), every drafter and rule llama.cpp offers
-is replayed at every setting of its grid beside our rules and the oracles (``evaluation.advice_rules``); the
-fastest setting whose interval over the prompts clears 1.0 is advised in llama.cpp's flags, or "do not speculate
-here". ``--check N`` runs llama.cpp's own binaries at the advised setting, its defaults and one more, and its target
-alone, on N prompts that are not among the traces, and prints measured beside predicted.
+the runtime it runs on, llama.cpp or transformers? From a label folder's traces of the target's responses (``make
+labels``, on the runtime's backend) and this device's timing file of that backend (``specheads bench-timing``),
+every drafter and rule the runtime offers is replayed at every setting of its grid beside our rules and the oracles
+(``evaluation.advice_rules``); the fastest setting whose interval over the prompts clears 1.0 is advised in the
+runtime's own terms (llama.cpp's flags, transformers' assisted-generation fields), or "do not speculate here".
+``--check N`` runs the runtime itself (llama.cpp's binaries, transformers' ``generate()``) at the advised setting,
+its defaults and one more, and its target alone, on N prompts that are not among the traces, and prints measured
+beside predicted.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from core.models import read_pair_file
 from core.runfolder import RunFolder, read_json
 from core.shards import read_manifest
 from decoding.costs import read_timing
-from evaluation.advice_report import llama_flags, markdown, picture, verdict
-from evaluation.advice_rules import CEILING, LLAMA_CPP, best, budget, ceilings, llama_settings, our_settings, price
+from evaluation.advice_report import markdown, paste, picture, verdict
+from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, RUNTIME_OF_BACKEND, TRANSFORMERS,
+                                     best, budget, ceilings, our_settings, price, runtime_settings)
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
 from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, TIMED_WITH
@@ -34,11 +37,13 @@ OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml",
 def parse_args(argv: list[str] | None = None):
     p = CommandParser(prog="specheads advise", description=description(__doc__))
     p.add_argument("--labels", default=None, metavar="FOLDER",
-                   help="a label folder made on llama.cpp (`backend: llama_cpp`); its `target` responses are the "
-                        "traces, whatever their split (default: traced here, from --pair and --prompts)")
+                   help="a label folder made on llama.cpp (`backend: llama_cpp`) or transformers; its `target` "
+                        "responses are the traces, whatever their split, and its backend the runtime advised "
+                        "(default: traced here in llama.cpp, from --pair and --prompts)")
     p.add_argument("--timing", default=None, metavar="FILE",
-                   help="this device's costs: `specheads bench-timing --backend llama_cpp --tools … "
-                        "--verify_lengths …` (default: timed here, from --pair)")
+                   help="this device's costs on the labels' backend: `specheads bench-timing --backend llama_cpp "
+                        "--tools … --verify_lengths …`, or `--backend transformers --precision …` (default: timed "
+                        "here in llama.cpp, from --pair)")
     p.add_argument("--out", required=True, metavar="FOLDER",
                    help="folder for advice.md, advice.json, advice.png (and traces/, timing/ where made here)")
     p.add_argument("--pair", default=None, metavar="FILE",
@@ -140,40 +145,68 @@ def trace(a, folder: RunFolder) -> Path:
 
 
 def check_labels(labels: str) -> tuple[dict, dict]:
-    """The manifest and run settings of labels made on llama.cpp, or one line."""
-    manifest = read_manifest(labels)
-    made_on = backend_of(manifest["models"]["draft"])
-    if not made_on.advisable:
-        raise SettingError(f"--labels {labels}: labeled on {made_on.name}; advise replays llama.cpp's rules and reads "
-                           "the draft's tops in llama.cpp: label with `backend: llama_cpp`")
-    return manifest, read_json(Path(labels) / "run.json", "label the folder again")
+    """The manifest and run settings of a label folder, or one line."""
+    return read_manifest(labels), read_json(Path(labels) / "run.json", "label the folder again")
+
+
+def precision(model: dict) -> str:
+    """How a model of a label manifest ran, as a transformers timing file names its entries' precision."""
+    return model["quantization"] if model.get("quantization", "none") != "none" else model["dtype"]
 
 
 def timed_with(timing: dict) -> str:
-    """What timed a timing file: llama.cpp's binaries, or the decoder through the binding."""
-    return timing.get("timed_with", TIMED_THROUGH_BINDING)
+    """What timed a timing file: llama.cpp's binaries, the decoder through the binding, or transformers' forwards."""
+    default = TIMED_THROUGH_BINDING if timing.get("backend") == "llama_cpp" else "bench-timing (transformers)"
+    return timing.get("timed_with", default)
 
 
 def check_inputs(a) -> tuple:
     """The labels' manifest and run settings, the costs and what timed them, each refused in one line where it
     cannot serve."""
     manifest, run = check_labels(a.labels)
-    costs = read_timing(a.timing)
-    if not backend(costs.backend).advisable:
-        raise SettingError(f"--timing {a.timing} timed backend {costs.backend}; advise prices llama.cpp's rules: time "
-                           "this device with `specheads bench-timing --backend llama_cpp`")
+    made_on = backend_of(manifest["models"]["draft"]).name
+    try:
+        timing = json.loads(Path(a.timing).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        timing = None  # read_timing says what is wrong with it
+    if isinstance(timing, dict) and timing.get("backend", "transformers") != made_on:
+        raise SettingError(f"--timing {a.timing} timed backend {timing.get('backend', 'transformers')}, the labels "
+                           f"were made on {made_on}: time this device with `specheads bench-timing --backend "
+                           f"{made_on}`")
+    temperature = manifest["sampling"]["temperature"]
+    if RUNTIME_OF_BACKEND[made_on] == TRANSFORMERS and temperature != 0:
+        raise SettingError(f"--labels {a.labels}: sampled traces (temperature {temperature}); transformers' assisted "
+                           "generation is replayed along greedy ones: label with temperature 0")
+    roles = {} if backend(made_on).own_threads else {
+        role: f"{role}@{precision(manifest['models'][role])}" for role in ("draft", "target")}
+    costs = read_timing(a.timing, **roles)
     here = describe_device("cpu", threads=costs.threads)
     if not same_device(costs.device, here) and not a.other_device:
         raise SettingError(f"--timing {a.timing} was timed on {costs.device or 'an unnamed device'}, not on this "
                            f"{here}: time this one, or pass --other_device for advice on that device")
-    timing = json.loads(Path(a.timing).read_text())
     for role in ("draft", "target"):
         timed = next((m.get("shape") for m in timing["models"] if m["name"] == role), None)
         labeled = manifest["models"][role]["name"]
-        if timed is not None and timed != labeled:
+        if timed is not None and not same_shape(timed, manifest["models"][role]):
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
     return manifest, run, costs, timed_with(timing)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def same_shape(timed: str, labeled: dict) -> bool:
+    """Whether a timing file's entry (its ``shape``: llama.cpp's model name, or a transformers shape built in to
+    ``bench-timing``) is of the labels' model; a shape given as a path is taken at its word."""
+    from evaluation.bench_timing import BUILTIN
+
+    if timed in BUILTIN:
+        return all(BUILTIN[timed][k] == labeled.get(k, BUILTIN[timed][k]) for k in ("hidden_size", "vocab_size"))
+    return timed == labeled["name"] or Path(timed).exists()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -199,30 +232,36 @@ def main(argv: list[str] | None = None) -> dict:
         a.threads = costs.threads or 1
         sampling = manifest["sampling"]
         max_new = int(sampling["max_new_tokens"])
+        runtime = RUNTIME_OF_BACKEND[costs.backend]
         draft = load_draft(manifest, run, a.labels, a.threads)
         try:
-            traces = advice_traces(a.labels, draft, a.quiet)
+            traces = advice_traces(a.labels, draft, DRAFT_PROBABILITY_TOP_K[runtime], a.quiet)
         finally:
-            draft.close()
+            getattr(draft, "close", lambda: None)()
         if len(traces) < 2:
             raise UserError(f"{a.labels}: {len(traces)} traced responses; the advice needs at least 2 (its "
                             "intervals are over prompts)")
         greedy = sampling["temperature"] == 0
-        settings = llama_settings(traces, budget(sampling), a.quiet) + our_settings(traces, greedy, a.quiet)
-        lookup = best(price(settings, costs), LLAMA_CPP, "prompt lookup")
-        settings += price(ceilings(traces, costs, lookup.params, budget(sampling)), costs)
-        pick, sentence = verdict(settings)
-        flags = llama_flags(pick, costs.threads)
+        # a generate() call's time includes its prompt's prefill; llama.cpp's decode times do not
+        prompts = [len(t.prompt) for t in traces] if runtime == TRANSFORMERS else None
+        settings = runtime_settings(runtime, traces, budget(sampling, runtime), a.quiet) \
+            + our_settings(traces, greedy, a.quiet)
+        lookup = best(price(settings, costs, prompts), runtime, "prompt lookup")
+        settings += price(ceilings(traces, costs, lookup and lookup.params, budget(sampling, runtime)), costs,
+                          prompts)
+        pick, sentence = verdict(settings, runtime)
+        flags = paste(runtime, pick, costs.threads, budget(sampling, runtime))
         folder.start()
-        checked = check(a, run, settings, pick, traces, sampling, folder) if a.check else None
+        checked = check(a, run, settings, pick, traces, sampling, folder, runtime) if a.check else None
         inputs = {"labels": a.labels, "traces": len(traces), "timing": a.timing, "device": costs.device,
-                  "backend": costs.backend, "threads": costs.threads, "max_new_tokens": max_new,
+                  "backend": costs.backend, "threads": costs.threads or torch_threads(), "max_new_tokens": max_new,
                   "sampling": "greedy" if sampling["temperature"] == 0 else f"temperature {sampling['temperature']}",
                   "target_step": costs.verify(1), "draft_step": costs.draft, "timed_with": timed_by,
                   "sampler": costs.sample_s}
-        folder.write_text(folder.root / "advice.md", markdown(settings, inputs, pick, sentence, flags, checked))
+        folder.write_text(folder.root / "advice.md", markdown(settings, inputs, pick, sentence, flags, checked,
+                                                                       runtime))
         folder.write_json(folder.root / "advice.json", {
-            "inputs": inputs, "verdict": sentence, "llama_cpp": flags,
+            "inputs": inputs, "verdict": sentence, "runtime": runtime, "paste": flags,
             "advised": None if pick is None else {"rule": pick.rule, "params": pick.params},
             "settings": [{"runs_in": s.runtime, "drafter": s.drafter, "rule": s.rule, "params": s.params,
                           "default": s.default, "speedup": vars(s.speedup), "rates": s.rates()} for s in settings],
@@ -231,10 +270,12 @@ def main(argv: list[str] | None = None) -> dict:
                  "predicted_rates": c["predicted_rates"], "measured_rates": c["measured_rates"]} for c in checked]})
         picture(settings, folder.claim(folder.root / "advice.png"), checked)
     print(sentence)
-    print(f"llama.cpp: {flags['flags']}")
-    for s in (best(settings, LLAMA_CPP, "draft model"), best(settings, LLAMA_CPP, "prompt lookup"),
+    print(f"{runtime}: {flags['flags']}")
+    for s in (best(settings, runtime, "draft model"), best(settings, runtime, "prompt lookup"),
               *[s for s in settings if s.runtime == CEILING]):
-        print(f"  {s.runtime:<10}{s.drafter:<15}{s.label:<40}{s.speedup}x")
+        if s is None:
+            continue
+        print(f"  {s.runtime:<13}{s.drafter:<15}{s.label:<40} {s.speedup}x")
     for c in checked or []:
         print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x  measured {c['measured']}x  "
               f"(N_t/N {c['predicted_rates'][0]:.3f}, measured {c['measured_rates'][0]:.3f})")

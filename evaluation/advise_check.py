@@ -1,6 +1,6 @@
-"""``specheads advise --check``: llama.cpp's own binaries (``make llama-tools``) at the advised setting, at its
-defaults and at a few more, beside its target alone, on prompts that are not among the traces; measured against
-predicted."""
+"""``specheads advise --check``: the runtime itself at the advised setting, at its defaults and at a few more, beside
+its target alone, on prompts that are not among the traces; measured against predicted. llama.cpp through its own
+binaries (``make llama-tools``), transformers through ``generate()`` (``evaluation.hf_peer``)."""
 
 from __future__ import annotations
 
@@ -18,35 +18,32 @@ from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.runfolder import RunFolder
 from core.sampling import Sampling, prompt_seed
 from evaluation import llama_peer
-from evaluation.advice_rules import LLAMA_CPP, Setting, best, budget
+from evaluation.advice_rules import LLAMA_CPP, TRANSFORMERS, Setting, best, budget
 
-MORE_DRAFT_SIMPLE = {"n_max": 16, "p_min": 0.0}
-"""The one more draft-simple setting ``--check`` measures: llama.cpp's former default n_max with today's p_min, where
-users report acceptance falling apart."""
+MORE = {LLAMA_CPP: ("draft-simple", {"n_max": 16, "p_min": 0.0}),
+        TRANSFORMERS: ("assisted", {"schedule": "heuristic_transient", "k": 20, "threshold": 0.4})}
+"""The one more setting ``--check`` measures: llama.cpp's former default n_max with today's p_min, where users report
+acceptance falling apart; transformers' former default schedule (K moved each round) at its defaults otherwise."""
 
 
-def check_settings(settings: list[Setting], pick: Setting | None) -> list[Setting]:
+def check_settings(settings: list[Setting], pick: Setting | None, runtime: str = LLAMA_CPP) -> list[Setting]:
     """What ``--check`` runs beside target-only: the advised setting (or, when none is, the best predicted), each
-    llama.cpp rule's defaults, the best predicted setting of each drafter, and ``MORE_DRAFT_SIMPLE``."""
-    chosen = [pick or best(settings, LLAMA_CPP)] + [s for s in settings if s.runtime == LLAMA_CPP and s.default]
-    chosen += [best(settings, LLAMA_CPP, "draft model"), best(settings, LLAMA_CPP, "prompt lookup")]
-    chosen += [s for s in settings if s.rule == "draft-simple" and s.params == MORE_DRAFT_SIMPLE]
-    return list(dict.fromkeys(chosen))
+    of the runtime's rules' defaults, the best predicted setting of each drafter, and ``MORE``."""
+    chosen = [pick or best(settings, runtime)] + [s for s in settings if s.runtime == runtime and s.default]
+    chosen += [best(settings, runtime, "draft model"), best(settings, runtime, "prompt lookup")]
+    rule, params = MORE[runtime]
+    chosen += [s for s in settings if s.rule == rule and s.params == params]
+    return [s for s in dict.fromkeys(chosen) if s is not None]
 
 
 def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, sampling: dict,
-          folder: RunFolder) -> list[dict]:
-    """llama.cpp's own binaries on ``--check`` prompts that are not among the traces, each prompt's runs one after
-    another (a paired ratio meets the machine's speed of that minute); measured against predicted. Each run is kept
-    in ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
+          folder: RunFolder, runtime: str = LLAMA_CPP) -> list[dict]:
+    """The runtime on ``--check`` prompts that are not among the traces, each prompt's runs one after another (a
+    paired ratio meets the machine's speed of that minute); measured against predicted. Each run is kept in
+    ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
     missing, one with others starts the file again."""
-    peer = llama_peer.LlamaPeer(enabled=True, tools=a.tools)
-    for name in ("llama-completion", "llama-speculative-simple"):
-        peer.binary(name)  # missing binaries: one line, before anything runs
-    target_spec, draft_spec = recorded_model(run, "target"), recorded_model(run, "draft")
-    target_path, target_id = gguf_file(target_spec)
-    draft_path, draft_id = gguf_file(draft_spec)
-    tok = llama_tokenizer(target_spec, target_path, target_id)
+    opened = (open_llama if runtime == LLAMA_CPP else open_transformers)(a, run, sampling)
+    tok, made_with, run_one = opened
     template = bool(run["prompts"].get("chat_template"))
     seen = {prompt_digest(t.prompt) for t in traces}
     rows = load_prompt_table(PromptConfig(source=a.check_prompts, response_field=None, chat_template=template),
@@ -56,42 +53,86 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     if len(prompts) < 2:
         raise UserError(f"--check_prompts {a.check_prompts}: {len(prompts)} prompts not among the traces; --check "
                         "needs at least 2")
-    chosen = check_settings(settings, pick)
-    s = Sampling(temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
-                 max_new_tokens=budget(sampling))
-    made_with = {"target": target_id, "draft": draft_id, "sampling": vars(s), "threads": a.threads,
-                 "tools": str(Path(a.tools).resolve()), "wall": llama_peer.WALL}
+    chosen = check_settings(settings, pick, runtime)
     record = folder.claim(folder.root / "check.jsonl")
     done = read_check(record, made_with)
     if not done:
         record.write_text(json.dumps({"made_with": made_with}) + "\n")
-    family = {"draft-simple": llama_peer.SPECULATIVE, "ngram-simple": llama_peer.PROMPT_LOOKUP}
-    runs = [("target only", llama_peer.TARGET_ONLY, {}), *[(c.label, family[c.rule], c.params) for c in chosen]]
+    runs = [("target only", None), *[(c.label, c) for c in chosen]]
     todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
             if (prompt_digest(ids), run_[0]) not in done]
     if done and not record.read_text().endswith("\n"):  # a killed run's half line: the next starts on its own
         with record.open("a") as f:
             f.write("\n")
-    for i, ids, (label, fam, params) in tqdm(todo, desc="advise: --check", disable=a.quiet, file=sys.stderr):
-        try:
-            _, stats = llama_peer.run(peer, fam, params, target_path, draft_path, tok.decode(ids), s,
-                                      prompt_seed(0, i), a.threads)
-        except RuntimeError as e:  # the binary failed: its last lines, in one
-            raise UserError(" ".join(str(e).split())) from None
-        done[prompt_digest(ids), label] = stats
+    for i, ids, (label, setting) in tqdm(todo, desc="advise: --check", disable=a.quiet, file=sys.stderr):
+        done[prompt_digest(ids), label] = stats = run_one(setting, ids, prompt_seed(0, i))
         with record.open("a") as f:
             f.write(json.dumps({"prompt": prompt_digest(ids), "run": label, "stats": stats}) + "\n")
-    measured = {label: [done[prompt_digest(ids), label] for ids in prompts] for label, _, _ in runs}
+    measured = {label: [done[prompt_digest(ids), label] for ids in prompts] for label, _ in runs}
     return [{"setting": c, "label": c.label, "predicted": c.speedup.value, "prompts": len(prompts),
              "measured": speedup_interval(measured[c.label], measured["target only"]),
              "predicted_rates": c.rates(), "measured_rates": rates(measured[c.label])} for c in chosen]
 
 
-def rates(runs: list[dict]) -> tuple[float, float]:
-    """(target calls, drafted tokens discarded) per token over llama.cpp's runs, as ``Setting.rates`` predicts them:
-    where these agree and the speedups do not, the costs are off, not the replay."""
+def open_llama(a, run: dict, sampling: dict):
+    """(tokenizer, what the runs are made with, one run of a setting — None: the target alone — on a prompt) of
+    llama.cpp's own binaries."""
+    peer = llama_peer.LlamaPeer(enabled=True, tools=a.tools)
+    for name in ("llama-completion", "llama-speculative-simple"):
+        peer.binary(name)  # missing binaries: one line, before anything runs
+    target_spec, draft_spec = recorded_model(run, "target"), recorded_model(run, "draft")
+    target_path, target_id = gguf_file(target_spec)
+    draft_path, draft_id = gguf_file(draft_spec)
+    tok = llama_tokenizer(target_spec, target_path, target_id)
+    s = Sampling(temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
+                 max_new_tokens=budget(sampling))
+    made_with = {"target": target_id, "draft": draft_id, "sampling": vars(s), "threads": a.threads,
+                 "tools": str(Path(a.tools).resolve()), "wall": llama_peer.WALL}
+    family = {"draft-simple": llama_peer.SPECULATIVE, "ngram-simple": llama_peer.PROMPT_LOOKUP}
+
+    def run_one(setting: Setting | None, ids: list[int], seed: int) -> dict:
+        fam, params = (llama_peer.TARGET_ONLY, {}) if setting is None else (family[setting.rule], setting.params)
+        try:
+            return llama_peer.run(peer, fam, params, target_path, draft_path, tok.decode(ids), s, seed, a.threads)[1]
+        except RuntimeError as e:  # the binary failed: its last lines, in one
+            raise UserError(" ".join(str(e).split())) from None
+
+    return tok, made_with, run_one
+
+
+def open_transformers(a, run: dict, sampling: dict):
+    """``open_llama``'s three of transformers' ``generate()``: the labels' pair loaded as they were labeled, the
+    draft as ``assistant_model`` with the setting on its generation config; greedy, as the traces."""
+    import torch
+
+    from core.backends import backend
+    from core.models import eos_token_ids
+    from evaluation.advice_report import generation_fields
+    from evaluation.hf_peer import hf_generate
+
+    pair = backend(TRANSFORMERS).load_pair(recorded_model(run, "draft"), recorded_model(run, "target"),
+                                           run.get("dtype", "float32"))
+    eos = eos_token_ids(pair.target, pair.tokenizer)
+    s = Sampling(temperature=0.0, max_new_tokens=budget(sampling, TRANSFORMERS))
+    made_with = {"target": pair.models["target"], "draft": pair.models["draft"], "sampling": vars(s),
+                 "threads": torch.get_num_threads(), "wall": "generate"}
+
+    def run_one(setting: Setting | None, ids: list[int], seed: int) -> dict:
+        if setting is None:
+            return hf_generate(pair.draft, pair.target, ids, s, eos, seed, assisted=False)[1]
+        return hf_generate(pair.draft, pair.target, ids, s, eos, seed, generation_fields(setting.params))[1]
+
+    return pair.tokenizer, made_with, run_one
+
+
+def rates(runs: list[dict]) -> tuple[float, float | None]:
+    """(target calls, drafted tokens discarded) per token over the runtime's runs, as ``Setting.rates`` predicts
+    them (None where the runtime does not count them): where these agree and the speedups do not, the costs are
+    off, not the replay."""
     tokens = sum(r["new_tokens"] for r in runs)
-    return sum(r["target_calls"] for r in runs) / tokens, sum(r["discarded"] for r in runs) / tokens
+    discarded = [r["discarded"] for r in runs]
+    return (sum(r["target_calls"] for r in runs) / tokens,
+            None if None in discarded else sum(discarded) / tokens)
 
 
 def read_check(path: Path, made_with: dict) -> dict:

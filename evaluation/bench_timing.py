@@ -46,8 +46,8 @@ from core.quantization import QUANTIZATIONS, quantize
 from decoding.backends import keeps_own_cache
 from decoding.costs import step_s
 from evaluation.bench_timing_llama import llama_main, time_llama_pair
-from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, median_time, time_in_turns,
-                               timing_file, write_json)
+from evaluation.timers import (PAIR_VERIFY_LENGTHS, catch_up_entry, decoder_forward_times, generate_costs, median_time,
+                               time_in_turns, timing_file, write_json)
 
 # Shapes of the real pair (Qwen2.5-Coder-0.5B / 1.5B share them with Qwen2.5-0.5B / 1.5B).
 BUILTIN = {
@@ -211,6 +211,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pair", default="configs/models/qwen2.5-coder-0.5b-1.5b.yaml",
                    help="the model pair file (--backend llama_cpp)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU threads (--backend llama_cpp)")
+    p.add_argument("--generate", action="store_true",
+                   help="--backend transformers: also time what transformers' generate() adds to each model's "
+                        "forwards, per token and per call (the costs its own assisted generation pays, which "
+                        "`specheads advise` prices it with)")
     p.add_argument("--tools", default=None, metavar="DIR",
                    help="--backend llama_cpp: time llama.cpp's own binaries in DIR (`make llama-tools`: llama-bench's "
                         "forwards, llama-completion's sampler), as its users run them, instead of the decoder's "
@@ -226,6 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif a.verify_short != 0 and not 1 < a.verify_short < a.verify:
         raise SettingError(f"--verify_short must be 0 (skip) or from 2 to --verify - 1 ({a.verify - 1}), got "
                            f"{a.verify_short}")
+    if a.generate and backend(a.backend).own_threads:
+        raise SettingError("--generate times transformers' generate(): it needs --backend transformers")
     if a.tools is not None and not backend(a.backend).own_threads:
         raise SettingError(f"--tools times llama.cpp's binaries: it needs --backend llama_cpp, not {a.backend}")
     if any(t < 1 for t in a.threads):
@@ -308,6 +314,8 @@ def time_model(label: str, shape: str, config, precision: str, device: torch.dev
              **bench_model(model, device, a.prefill, a.cache, a.verify, a.repeats, a.verify_short,
                            tuple(a.verify_lengths))}
     entry["catch_up"] = catch_up_entry(model, "eager", a.cache[0], a.repeats)  # priced where it drafts
+    if a.generate:
+        entry.update(generate_costs(model, device, a.cache[0], step_s(entry), a.repeats))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

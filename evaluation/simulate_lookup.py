@@ -18,14 +18,19 @@ PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
 """(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
 
 
-def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None) -> Interval:
+def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None,
+                    prompts: list[int] | None = None) -> Interval:
     """The speedup of ``counts`` (one per prompt) under ``costs`` over target-only (or over the runs ``over``), with
-    a paired bootstrap interval over the prompts."""
-    def runs(cs):
-        return [{"new_tokens": c.n, "wall_s": costs.price(c)} for c in cs]
+    a paired bootstrap interval over the prompts; ``prompts``: each prompt's length, where every run pays its
+    prefill (``CostModel.prefill``)."""
+    lengths = prompts or [0] * len(counts)
 
-    base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n / costs.target_only_rate()}
-                                                 for c in counts]
+    def runs(cs):
+        return [{"new_tokens": c.n, "wall_s": costs.price(c) + costs.prefill(p, c.draft > 0)}
+                for c, p in zip(cs, lengths)]
+
+    base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n / costs.target_only_rate()
+                                                 + costs.prefill(p, False)} for c, p in zip(counts, lengths)]
     if len(counts) < 2:  # nothing to resample
         value = sum(r["new_tokens"] for r in runs(counts)) / sum(r["wall_s"] for r in runs(counts)) \
             / (sum(r["new_tokens"] for r in base) / sum(r["wall_s"] for r in base))

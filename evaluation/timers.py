@@ -95,3 +95,36 @@ def write_json(result: dict, out: OutputFile) -> None:
     """Write a benchmark's figures as JSON, whole or not at all (``core.runfolder``), and say where."""
     write_text(out.claim(), json.dumps(result, indent=2) + "\n")
     print(f"wrote {out.path}")
+
+
+GENERATE_TOKENS = 9
+"""Tokens of the longer ``generate()`` call ``generate_costs`` times beside a one-token call."""
+
+
+@torch.no_grad()
+def generate_costs(model, device: torch.device, cache: int, step_s: float, repeats: int) -> dict:
+    """What a transformers ``generate()`` call adds to the model's bare forwards, after ``cache`` cached tokens
+    (``step_s``: its bare one-token step there): ``sample``, the seconds per token beyond the step (generate's logits
+    processors, stopping criteria and bookkeeping around each forward: what the decoding priced by a timing of bare
+    forwards does not see), and ``generate_call``, the seconds a call costs beyond its tokens (its setup: what an
+    assisted-generation round pays again for each call of its assistant). From greedy calls of 1 and
+    ``GENERATE_TOKENS`` new tokens over a cache cut back to ``cache`` tokens after each, timed in turns."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, cache + 1), generator=g).to(device)
+    past = DynamicCache(config=model.config)
+    model(ids[:, :cache], past_key_values=past, use_cache=True)
+
+    def call(tokens: int):
+        def fn():
+            model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=past, max_new_tokens=tokens,
+                           min_new_tokens=tokens, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                           pad_token_id=0, eos_token_id=None, temperature=None, top_k=None, top_p=None)
+            past.crop(cache - past.get_seq_length())
+        return fn
+
+    timed = time_in_turns({1: call(1), GENERATE_TOKENS: call(GENERATE_TOKENS)}, device, repeats)
+    per_token = (timed[GENERATE_TOKENS]["median_s"] - timed[1]["median_s"]) / (GENERATE_TOKENS - 1)
+    return {"sample": {"tokens": GENERATE_TOKENS, "median_s": max(0.0, per_token - step_s), "by": "generate()"},
+            "generate_call": {"cache": cache, "median_s": max(0.0, timed[1]["median_s"] - per_token)}}

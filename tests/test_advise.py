@@ -8,8 +8,8 @@
 - a draft read's cost comes from the draft's timed lengths, and the rounds are priced with it;
 - the command end to end on a tiny GGUF pair's llama.cpp labels: the verdict, llama.cpp's flags (accepted by its
   flag names), the report, the picture, ``--check`` through stand-ins of llama.cpp's binaries;
-- bad input (a timing file of another backend, device or pair, labels of the transformers backend, ``--check``
-  without prompts): one ``error:`` line, exit 2, nothing written.
+- bad input (a timing file of another backend, device or pair, labels of the transformers backend priced with
+  llama.cpp's costs, ``--check`` without prompts): one ``error:`` line, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
     for s in saved["settings"]:  # no rule over the draft model beats the oracle over its candidates
         if s["drafter"] == "draft model" and s["runs_in"] != "ceiling":
             assert s["speedup"]["value"] <= ceiling + 1e-9, s
-    flags = saved["llama_cpp"]["flags"].split()
+    assert saved["runtime"] == "llama.cpp"
+    flags = saved["paste"]["flags"].split()
     known = {"-m", "-md", "-t", "-td", "--spec-type", "--spec-draft-n-max", "--spec-draft-p-min",
              "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
     assert {f for f in flags if f.startswith("-")} <= known
@@ -362,7 +363,8 @@ def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tm
     capsys.readouterr()
     out = tmp_path / "advice"
     cases = [
-        (["--labels", hf.output_dir, "--timing", llama_labels["timing"]], "advise replays llama.cpp's rules"),
+        (["--labels", hf.output_dir, "--timing", llama_labels["timing"]],
+         "timed backend llama_cpp, the labels were made on transformers"),
         (["--labels", tmp_path / "none", "--timing", llama_labels["timing"]], "none"),
         (["--labels", llama_labels["labels"], "--timing", tmp_path / "no.json"], "no such file"),
         (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--check", 3],
