@@ -55,9 +55,12 @@ def draft_tops(logits: torch.Tensor, response: list[int], top_k: int | None = DR
 
 def load_draft(manifest: dict, run: dict, labels: str | Path, threads: int):
     """The draft of the labels (their ``manifest`` and ``run.json``) on the backend they were made on (llama.cpp on
-    ``threads`` threads), checked to be the model they were made with."""
+    ``threads`` threads), checked to be the model they were made with. Each token is computed as a one-token step
+    computes it (``step_numerics``): an int8 draft's batched read of a whole response would quantize its activations
+    with one scale, and tops that a runtime's steps do not see."""
     made_on = backend_of(manifest["models"]["draft"])
-    model, _, identity = made_on.load(recorded_model(run, "draft"), run.get("dtype", "float32"), threads, Context())
+    model, _, identity = made_on.load(recorded_model(run, "draft"), run.get("dtype", "float32"), threads, Context(),
+                                      step_numerics=True)
     check_same_model(manifest["models"]["draft"], identity, f"the draft of {labels}")
     return model
 
