@@ -23,6 +23,7 @@ from core.errors import UserError
 from core.backends import Context, backend_of
 from core.identity import check_same_model
 from core.models import recorded_model
+from core.quantization import prompt_scales
 from core.shards import SPLITS
 from decoding.backends import open_reader
 from decoding.runtime_replay import DRAFT_TOP_K
@@ -80,7 +81,9 @@ def advice_traces(labels: str | Path, draft, top_k: int | None, quiet: bool = Fa
         if pid not in traces or not response:
             continue
         seq = prompt + response
-        with torch.no_grad():
+        # the prompt read in one batch, as the runtime's prefill reads it, and each token after it on its own
+        layers = draft if isinstance(draft, torch.nn.Module) else None  # llama.cpp's model computes alike in a batch
+        with torch.no_grad(), prompt_scales(layers, torch.ones(1, len(seq) - 1), len(prompt)):
             _, logits, _ = open_reader(draft, owner=object()).read(seq[:-1], 0, rows=len(response))
         match, top_prob = draft_tops(logits, response, top_k)
         trace = traces[pid]

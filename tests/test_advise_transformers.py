@@ -200,3 +200,36 @@ def test_generates_own_costs_are_timed_and_priced(tiny_pair):
     costs = CostModel.from_timing(timing)
     assert costs.draft == pytest.approx(0.003) and costs.sample_s == pytest.approx(0.0005)
     assert costs.verify(4) == pytest.approx(0.012 + 0.005) and costs.verify(1) == pytest.approx(0.0105)
+
+
+def test_an_int8_drafts_tops_are_the_ones_its_steps_compute(tiny_pair, tmp_path):
+    """The tops of an int8 draft are read as ``generate()`` computes them: the prompt in one batch (its output row
+    alone), then one token at a time. A read of a whole response in one batch quantizes its activations with one
+    scale and gives other probabilities (here every one of them)."""
+    import dataclasses
+
+    from core.models import ModelSpec as Spec
+    from core.shards import read_manifest
+    from data_gen.run import run_labels
+    from evaluation.advise_traces import advice_traces, load_draft
+    from testing.tiny import label_config, write_prompts
+
+    prompts = write_prompts(tmp_path / "prompts.jsonl", n=3)
+    base = label_config(*tiny_pair, prompts, tmp_path / "labels", max_new_tokens=10)
+    cfg = dataclasses.replace(base, categories=["target"], sampling=dataclasses.replace(base.sampling, temperature=0.0),
+                              draft=Spec(path=str(tiny_pair[0]), name="tiny-draft",
+                                         quantization="int8-dynamic-per-channel"))
+    run_labels(cfg, quiet=True)
+    labels = tmp_path / "labels"
+    run = json.loads((labels / "run.json").read_text())
+    traces = advice_traces(labels, load_draft(read_manifest(labels), run, labels, 1), top_k=None, quiet=True)
+    stepped, _, _ = load_model(Spec(path=str(tiny_pair[0]), quantization="int8-dynamic-per-channel"))
+    assert traces
+    for t in traces:
+        probs = []
+        with torch.no_grad():
+            out = stepped(torch.tensor([t.prompt]), use_cache=True, logits_to_keep=1)  # as generate() prefills
+            for token in t.response:
+                probs.append(torch.softmax(out.logits[0, -1].float(), -1).max().item())
+                out = stepped(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+        assert t.top_prob == pytest.approx(np.array(probs), rel=1e-5, abs=1e-6)
