@@ -156,7 +156,7 @@ def precision(model: dict) -> str:
 
 def timed_with(timing: dict) -> str:
     """What timed a timing file: llama.cpp's binaries, the decoder through the binding, or transformers' forwards."""
-    default = TIMED_THROUGH_BINDING if timing.get("backend") == "llama_cpp" else "bench-timing (transformers)"
+    default = TIMED_THROUGH_BINDING if backend_of(timing).own_threads else "bench-timing (transformers)"
     return timing.get("timed_with", default)
 
 
