@@ -82,7 +82,7 @@ def flag_other_devices(cfg: EvalConfig) -> None:
     that was timed on another device, or for another backend, than this eval decodes on; ``cfg.timing`` predicts
     another device's latency on purpose and is not one of them."""
     from core.device import describe_device
-    from decoding.costs import other_backend, other_device
+    from decoding.timing_provenance import other_backend, other_device
 
     here = describe_device(cfg.model_device(), cfg.model_threads())
     for path in sorted(cfg.goodput_timing_files()):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.device import describe_device, same_device
-from decoding.costs import other_backend, other_device
+from decoding.timing_provenance import other_backend, other_device
 
 
 def test_the_cpu_is_described_by_its_model_and_threads():

@@ -42,7 +42,8 @@ from core.arguments import CommandParser, description, path_argument, resolve_pa
 from core.errors import UserError
 from core.quantization import NONE, QUANTIZATIONS
 from core.runfolder import RunFolder, replace_folder
-from decoding.costs import read_timing, timing_device
+from decoding.costs import read_timing
+from decoding.timing_provenance import timing_device
 from decoding.estimates import CalibratedConfidence
 from heads.export import load_head
 from heads.registry import HEADS
