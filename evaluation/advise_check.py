@@ -41,7 +41,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     """The runtime on ``--check`` prompts that are not among the traces, each prompt's runs one after another (a
     paired ratio meets the machine's speed of that minute); measured against predicted. Each run is kept in
     ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
-    missing, one with others starts the file again."""
+    missing, one with other settings or other runs to make starts the file again."""
     opened = (open_llama if runtime == LLAMA_CPP else open_transformers)(a, run, sampling)
     tok, made_with, run_one = opened
     template = bool(run["prompts"].get("chat_template"))
@@ -54,11 +54,14 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
         raise UserError(f"--check_prompts {a.check_prompts}: {len(prompts)} prompts not among the traces; --check "
                         "needs at least 2")
     chosen = check_settings(settings, pick, runtime)
+    runs = [("target only", None), *[(c.label, c) for c in chosen]]
+    # the runs kept are reused only for the same runs: a pick that moved would pair new runs with target-only runs
+    # of another hour, which the report calls side by side
+    made_with = {**made_with, "runs": [label for label, _ in runs]}
     record = folder.claim(folder.root / "check.jsonl")
     done = read_check(record, made_with)
     if not done:
         record.write_text(json.dumps({"made_with": made_with}) + "\n")
-    runs = [("target only", None), *[(c.label, c) for c in chosen]]
     todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
             if (prompt_digest(ids), run_[0]) not in done]
     if done and not record.read_text().endswith("\n"):  # a killed run's half line: the next starts on its own

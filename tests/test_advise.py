@@ -322,6 +322,31 @@ def test_check_runs_llama_cpps_binaries_beside_the_prediction(llama_labels, tmp_
     assert "Measured (`--check`)" in (out / "advice.md").read_text()
 
 
+def test_a_rerun_reuses_its_runs_only_when_it_makes_the_same_ones(llama_labels, tmp_path, capsys, monkeypatch):
+    """Runs kept from an earlier check pair with new ones only when the runs to make are the same: a check whose
+    settings changed starts again, target-only included, so every ratio it reports is of runs made side by side."""
+    from evaluation import advise_check
+    from testing.llama_tools import write_stub_tools
+    from testing.tiny import write_prompts
+
+    tools = write_stub_tools(tmp_path / "tools")
+    others = write_prompts(tmp_path / "others.jsonl", n=5, seed=7)
+    out = tmp_path / "advice"
+    argv = ["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--out", out, "--check", 2,
+            "--check_prompts", others, "--tools", tools]
+    calls = tools / "llama-completion.calls"
+
+    def target_only_runs() -> int:
+        return len(calls.read_text().splitlines()) if calls.is_file() else 0
+
+    assert advise(argv, capsys)[0] in (0, None) and target_only_runs() == 2
+    assert advise(argv, capsys)[0] in (0, None) and target_only_runs() == 2  # the same runs: nothing made again
+    monkeypatch.setitem(advise_check.MORE, "llama.cpp", ("draft-simple", {"n_max": 8, "p_min": 0.5}))
+    assert advise(argv, capsys)[0] in (0, None) and target_only_runs() == 4
+    lines = (out / "check.jsonl").read_text().splitlines()
+    assert "draft-simple (n_max 8, p_min 0.5)" in json.loads(lines[0])["made_with"]["runs"]
+
+
 def _timing_with(path, tmp_path, **changes):
     timing = json.loads(path.read_text())
     for key, value in changes.items():
