@@ -4,9 +4,10 @@ priced, and a picture of the predicted speedup over each runtime's own settings 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from evaluation.advice_rules import CEILING, LLAMA_CPP, RUNTIMES, TRANSFORMERS, Setting, best
+from evaluation.advice_rules import CEILING, LLAMA_CPP, RUNTIMES, TRANSFORMERS, VLLM, Setting, best
 from evaluation.plots import pyplot, save
 
 
@@ -29,7 +30,19 @@ def verdict(settings: list[Setting], runtime: str = LLAMA_CPP) -> tuple[Setting 
 
 def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict[str, str]:
     """The setting as the runtime's users give it (``flags``: one line to paste)."""
+    if runtime == VLLM:
+        return vllm_config(pick)
     return llama_flags(pick, threads) if runtime == LLAMA_CPP else assisted_fields(pick, max_new_tokens)
+
+
+def vllm_config(pick: Setting | None) -> dict:
+    """vLLM's setting: ``vllm serve`` with its ``--speculative-config`` (``speculative_config`` of ``LLM(...)``
+    holds the same dict)."""
+    if pick is None:
+        return {"flags": "vllm serve TARGET"}
+    config = {"model": "DRAFT", "num_speculative_tokens": int(pick.params["num_speculative_tokens"]),
+              "method": "draft_model"}
+    return {"flags": f"vllm serve TARGET --speculative-config '{json.dumps(config)}'", "speculative_config": config}
 
 
 def generation_fields(params: dict) -> dict:
@@ -79,20 +92,28 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
         lines += ["`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",
                   f"    {flags['flags']}", "", "(llama-server takes them at start only: this llama.cpp compiles its "
                   "per-request speculative fields out.)", ""]
+    elif runtime == VLLM:
+        lines += ["`vllm serve` (TARGET and DRAFT are your two checkpoints; `LLM(model=TARGET, speculative_config=…)` "
+                  "takes the same dict):", "", f"    {flags['flags']}", "",
+                  "Priced at the timing file's costs, which our decoder's forwards were timed at, not vLLM's: its "
+                  "own step, verification and per-round costs on that device may differ. Its prefill is not "
+                  "charged (vLLM reports the time per output token apart).", ""]
     else:
         lines += ["The draft's generation config (transformers reads the assistant's settings there, not from "
                   "`generate()`'s keyword arguments), then the call (greedy, as the traces):", "",
                   *[f"    {line.strip()}" for line in flags["flags"].split(";")], "",
                   "Its predictions include each call's prefill (a `generate()` call's time does); "
                   "`heuristic_transient` starts every call at K, `heuristic` would carry K over from the last.", ""]
-    how = {LLAMA_CPP: "through `llama-speculative-simple`", TRANSFORMERS: "through `generate()`"}[runtime]
-    lines += ["Checked on this machine: " + (f"the setting above, {owning(runtime)} defaults and one more, {how} (below)"
-                                             if checked else "nothing (run with `--check` to measure them)") + ".", ""]
+    how = {LLAMA_CPP: "through `llama-speculative-simple`", TRANSFORMERS: "through `generate()`", VLLM: ""}[runtime]
+    unchecked = "nothing (`--check` does not run vLLM)" if runtime == VLLM \
+        else "nothing (run with `--check` to measure them)"
+    done = f"the setting above, {owning(runtime)} defaults and one more, {how} (below)"
+    lines += ["Checked on this machine: " + (done if checked else unchecked) + ".", ""]
     lines += ["## Every rule priced", "",
               "Predicted tokens/s over target-only with a 95 % bootstrap interval over the prompts; N_t/N is target "
               "calls per token, N_x/N drafted tokens discarded per token. `runs in`: llama.cpp (its binaries and "
-              "server), transformers (its `generate()`), specheads (our decoder: `specheads generate`), ceiling (an "
-              "oracle no decoder runs).", "",
+              "server), transformers (its `generate()`), vLLM (its engine), specheads (our decoder: `specheads "
+              "generate`), ceiling (an oracle no decoder runs).", "",
               "| runs in | drafter | rule | speedup | N_t/N | N_x/N |", "|---|---|---|---|---|---|"]
     shown = _shown(settings)
     for s in shown:
@@ -130,7 +151,8 @@ def _shown(settings: list[Setting]) -> list[Setting]:
 
 
 DRAFT_RULES = {"draft-simple": ("n_max", "llama.cpp draft-simple (draft model)", "--spec-draft-n-max"),
-               "assisted": ("k", "transformers assisted generation (draft model)", "num_assistant_tokens")}
+               "assisted": ("k", "transformers assisted generation (draft model)", "num_assistant_tokens"),
+               "draft_model": ("num_speculative_tokens", "vLLM draft-model proposer", "num_speculative_tokens")}
 """Each runtime's draft-model rule as the picture draws it: its length setting on the x axis, a line per setting of
 its others."""
 

@@ -1,8 +1,8 @@
 """Every drafter and stop rule ``specheads advise`` prices, at every setting of its grid, replayed over the advice
 traces (``evaluation.advise_traces``) at one device's costs: llama.cpp's own ``draft-simple`` and ``ngram-simple``
 (``decoding.runtime_replay``, ``decoding.replay.prompt_lookup_counts``) on traces made in llama.cpp, transformers'
-assisted generation (``decoding.runtime_replay.assisted_counts``) on traces made in transformers, our decoder's
-rules (``decoding.simulate``),
+assisted generation (``decoding.runtime_replay.assisted_counts``) and vLLM's draft-model proposer (our ``sd``) on
+traces made in transformers, our decoder's rules (``decoding.simulate``),
 and the two oracles, each setting with its predicted speedup over target-only and a bootstrap interval over the
 prompts. A setting says whether a runtime its users run executes it today (llama.cpp's), or only our decoder
 (``specheads generate``), or no decoder at all (an oracle, a ceiling)."""
@@ -25,16 +25,17 @@ from evaluation.simulate_lookup import priced_interval, total
 
 LLAMA_CPP = "llama.cpp"
 TRANSFORMERS = "transformers"
+VLLM = "vLLM"
 OURS = "specheads"
 CEILING = "ceiling"
-RUNTIMES = (LLAMA_CPP, TRANSFORMERS, OURS, CEILING)
-"""Who runs a setting: llama.cpp's own binaries and server, transformers' ``generate()``, our decoder only, or
-nothing (an oracle)."""
+RUNTIMES = (LLAMA_CPP, TRANSFORMERS, VLLM, OURS, CEILING)
+"""Who runs a setting: llama.cpp's own binaries and server, transformers' ``generate()``, vLLM's engine, our
+decoder only, or nothing (an oracle)."""
 RUNTIME_OF_BACKEND = {"llama_cpp": LLAMA_CPP, "transformers": TRANSFORMERS}
 """The runtime whose own rules are advised on traces and costs of a backend (``core.backends``)."""
-DRAFT_PROBABILITY_TOP_K = {LLAMA_CPP: DRAFT_TOP_K, TRANSFORMERS: None}
+DRAFT_PROBABILITY_TOP_K = {LLAMA_CPP: DRAFT_TOP_K, TRANSFORMERS: None, VLLM: None}
 """The logits each runtime's draft probability is a softmax over: llama.cpp's draft sampler's top k, transformers'
-whole vocabulary (its ``ConfidenceCriteria``)."""
+whole vocabulary (its ``ConfidenceCriteria``); vLLM's draft-model proposer reads none (it never stops a round)."""
 
 DRAFT_SIMPLE_DEFAULTS = {"n_max": 3, "p_min": 0.0}
 """llama.cpp's defaults for ``draft-simple`` (``common/common.h``)."""
@@ -51,6 +52,11 @@ ASSISTED_GRID = [{"schedule": schedule, "k": k, "threshold": t} for schedule in 
 """transformers' assisted-generation settings replayed: ``num_assistant_tokens_schedule`` (``heuristic_transient``
 starts each ``generate()`` call at K, as the replay of one call does; ``heuristic`` carries K over from the last
 call), ``num_assistant_tokens``, ``assistant_confidence_threshold`` (0: off)."""
+VLLM_GRID = [{"num_speculative_tokens": k} for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)]
+"""vLLM's draft-model proposer (``speculative_config`` with ``method: draft_model``) at each length: it drafts that
+many tokens a round, each the draft's own sample (greedy: its top token), and verifies them by speculative sampling
+(its rejection sampler keeps a token with min(1, p/q) and resamples the residual), the rounds our ``sd`` replays. It
+has no default: ``num_speculative_tokens`` is required."""
 OUR_GRID = [("sd", {"k": k}) for k in (1, 2, 3, 4, 6, 8, 12, 16)] + [("confidence", {"threshold": t})
                                                                      for t in (0.3, 0.5, 0.7, 0.9)]
 """Our decoder's rules: the confidence stop only over sampled traces (under greedy sampling the draft's warped
@@ -104,7 +110,7 @@ def target_only(runtime: str, traces: list[AdviceTrace]) -> Setting:
 def runtime_settings(runtime: str, traces: list[AdviceTrace], max_new_tokens: int,
                      quiet: bool = False) -> list[Setting]:
     """The runtime's own rules at every setting of their grids, and its target alone."""
-    rules = {LLAMA_CPP: llama_settings, TRANSFORMERS: transformers_settings}[runtime]
+    rules = {LLAMA_CPP: llama_settings, TRANSFORMERS: transformers_settings, VLLM: vllm_settings}[runtime]
     return [target_only(runtime, traces)] + rules(traces, max_new_tokens, quiet)
 
 
@@ -119,6 +125,14 @@ def transformers_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet:
                     [assisted_counts(t.match, t.top_prob, params["k"], params["schedule"], params["threshold"],
                                      clears, max_new_tokens) for t in traces], default=params == ASSISTED_DEFAULTS)
             for params in tqdm(ASSISTED_GRID, desc="advise: transformers assisted generation", disable=quiet)]
+
+
+def vllm_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:
+    """vLLM's draft-model proposer at every length of ``VLLM_GRID``: our ``sd`` replayed, a round of that length
+    each time (every ``generate`` request is capped by its ``max_tokens``, as the trace is)."""
+    return [Setting(VLLM, "draft model", "draft_model", dict(params),
+                    [simulate([t.trace], "sd", k=params["num_speculative_tokens"]) for t in traces])
+            for params in tqdm(VLLM_GRID, desc="advise: vLLM draft-model proposer", disable=quiet)]
 
 
 def llama_settings(traces: list[AdviceTrace], max_new_tokens: int, quiet: bool = False) -> list[Setting]:

@@ -4,6 +4,8 @@ labels``, on the runtime's backend) and this device's timing file of that backen
 every drafter and rule the runtime offers is replayed at every setting of its grid beside our rules and the oracles
 (``evaluation.advice_rules``); the fastest setting whose interval over the prompts clears 1.0 is advised in the
 runtime's own terms (llama.cpp's flags, transformers' assisted-generation fields), or "do not speculate here".
+``--runtime vllm`` advises vLLM's draft-model proposer (``speculative_config``) from traces made in transformers and
+the timing file of the device it runs on (``--other_device``); it is priced, never run here.
 ``--check N`` runs the runtime itself (llama.cpp's binaries, transformers' ``generate()``) at the advised setting,
 its defaults and one more, and its target alone, on N prompts that are not among the traces, and prints measured
 beside predicted.
@@ -25,7 +27,7 @@ from core.runfolder import RunFolder, read_json
 from core.shards import read_manifest
 from decoding.costs import read_timing
 from evaluation.advice_report import markdown, paste, picture, verdict
-from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, RUNTIME_OF_BACKEND, TRANSFORMERS,
+from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, RUNTIME_OF_BACKEND, TRANSFORMERS, VLLM,
                                      best, budget, ceilings, our_settings, price, runtime_settings)
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
@@ -59,6 +61,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--max_new_tokens", type=int, default=255, help="tokens of each traced response (default 255)")
     p.add_argument("--chat_template", action="store_true", help="read each prompt as a user turn of the chat template")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads of the timing made here (default 2)")
+    p.add_argument("--runtime", default=None, choices=("llama.cpp", "transformers", "vllm"),
+                   help="the runtime to advise (default: the labels' backend's: llama.cpp or transformers); vllm: its "
+                        "draft-model proposer, from traces made in transformers, priced at --timing (typically a "
+                        "GPU's, with --other_device) and never run here")
     p.add_argument("--other_device", action="store_true",
                    help="advise from a timing file of another device: the advice is then for that device")
     p.add_argument("--check", type=int, default=0, metavar="N",
@@ -75,6 +81,13 @@ def parse_args(argv: list[str] | None = None):
         raise SettingError(f"--check is a number of prompts, got {a.check}")
     if a.check and not a.check_prompts:
         raise SettingError("--check needs --check_prompts: prompts that are not among the traces")
+    a.runtime = VLLM if a.runtime == "vllm" else a.runtime
+    if a.runtime in (TRANSFORMERS, VLLM) and a.labels is None:
+        raise SettingError(f"--runtime {a.runtime} is advised from traces made in transformers (`specheads labels` "
+                           "with `backend: transformers`): give --labels; the traces made here are llama.cpp's")
+    if a.check and a.runtime == VLLM:
+        raise SettingError("--check runs the runtime on this machine, and vLLM is not run here: its advice is priced, "
+                           "not measured")
     if a.check and a.other_device:
         raise SettingError("--check measures this machine, --other_device advises another: give one of them")
     if (a.draft is None) != (a.target is None) or (a.draft is not None and a.pair is not None):
@@ -173,8 +186,15 @@ def check_inputs(a) -> tuple:
         raise SettingError(f"--timing {a.timing} timed backend {timing.get('backend', 'transformers')}, the labels "
                            f"were made on {made_on}: time this device with `specheads bench-timing --backend "
                            f"{made_on}`")
+    runtime = a.runtime or RUNTIME_OF_BACKEND[made_on]
+    if runtime != RUNTIME_OF_BACKEND[made_on] and not (runtime == VLLM and made_on == "transformers"):
+        raise SettingError(f"--runtime {a.runtime}: the labels were made on {made_on}, whose traces price "
+                           f"{RUNTIME_OF_BACKEND[made_on]}" + (" (and vLLM, which runs transformers checkpoints)"
+                                                               if made_on == "transformers" else
+                                                               "; trace in transformers for vLLM"))
+    a.runtime = runtime
     temperature = manifest["sampling"]["temperature"]
-    if RUNTIME_OF_BACKEND[made_on] == TRANSFORMERS and temperature != 0:
+    if runtime == TRANSFORMERS and temperature != 0:
         raise SettingError(f"--labels {a.labels}: sampled traces (temperature {temperature}); transformers' assisted "
                            "generation is replayed along greedy ones: label with temperature 0")
     roles = {} if backend(made_on).own_threads else {
@@ -232,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
         a.threads = costs.threads or 1
         sampling = manifest["sampling"]
         max_new = int(sampling["max_new_tokens"])
-        runtime = RUNTIME_OF_BACKEND[costs.backend]
+        runtime = a.runtime
         draft = load_draft(manifest, run, a.labels, a.threads)
         try:
             traces = advice_traces(a.labels, draft, DRAFT_PROBABILITY_TOP_K[runtime], a.quiet)

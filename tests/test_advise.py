@@ -395,6 +395,11 @@ def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tm
         (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--check", 3],
          "--check needs --check_prompts"),
         (["--pair", llama_labels["prompts"]], "not a pair file with draft and target"),
+        (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--runtime", "vllm"],
+         "trace in transformers for vLLM"),
+        (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--runtime", "transformers"],
+         "whose traces price llama.cpp"),
+        (["--pair", llama_labels["pair"], "--runtime", "vllm"], "give --labels"),
     ]
     for argv, words in cases:
         code, _, err = advise([*argv, "--out", out], capsys)

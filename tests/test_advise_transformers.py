@@ -233,3 +233,41 @@ def test_an_int8_drafts_tops_are_the_ones_its_steps_compute(tiny_pair, tmp_path)
                 probs.append(torch.softmax(out.logits[0, -1].float(), -1).max().item())
                 out = stepped(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
         assert t.top_prob == pytest.approx(np.array(probs), rel=1e-5, abs=1e-6)
+
+
+def test_vllm_is_advised_from_the_same_traces_as_its_draft_model_proposer(hf_labels, tmp_path, capsys):
+    """vLLM's draft-model proposer drafts a fixed number of tokens a round and verifies them by speculative sampling:
+    each length is priced as our ``sd`` at that K, and the setting is given as vLLM's ``--speculative-config``."""
+    from test_advise import advise
+
+    out = tmp_path / "advice"
+    code, printed, err = advise(["--labels", hf_labels["labels"], "--timing", hf_labels["timing"], "--out", out,
+                                 "--runtime", "vllm"], capsys)
+    assert code in (0, None), [e for e in err if "error" in e]
+    saved = json.loads((out / "advice.json").read_text())
+    assert saved["runtime"] == "vLLM" and saved["verdict"] in printed
+    assert not any(s["runs_in"] == "transformers" for s in saved["settings"])
+    ours = {s["params"]["k"]: s for s in saved["settings"] if s["rule"] == "sd"}
+    proposer = {s["params"]["num_speculative_tokens"]: s for s in saved["settings"] if s["rule"] == "draft_model"}
+    assert proposer and not any(s["default"] for s in proposer.values())
+    for k in set(ours) & set(proposer):
+        assert proposer[k]["rates"] == ours[k]["rates"] and proposer[k]["speedup"] == ours[k]["speedup"]
+    if saved["advised"] is not None:
+        config = saved["paste"]["speculative_config"]
+        assert config == {"model": "DRAFT", "num_speculative_tokens": saved["advised"]["params"][
+            "num_speculative_tokens"], "method": "draft_model"}
+        assert json.loads(saved["paste"]["flags"].split("--speculative-config ")[1].strip("'")) == config
+    report = (out / "advice.md").read_text()
+    assert "vLLM's terms" in report and "`--check` does not run vLLM" in report
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--check", "2", "--check_prompts", "humaneval"], "vLLM is not run here"),
+])
+def test_vllm_advice_is_never_checked_here(hf_labels, tmp_path, capsys, extra, words):
+    from test_advise import advise
+
+    out = tmp_path / "advice"
+    code, _, err = advise(["--labels", hf_labels["labels"], "--timing", hf_labels["timing"], "--out", out,
+                           "--runtime", "vllm", *extra], capsys)
+    assert code == 2 and len(err) == 1 and words in err[0] and not out.exists()
