@@ -33,11 +33,29 @@ def other_device(path: str | Path, here: str) -> str | None:
 def other_backend(path: str | Path, backend: str) -> str | None:
     """A one-line note when the timing file at ``path`` timed the forwards of another backend than ``backend``
     (``core.backends``): a goodput stop would price its rounds with the costs of kernels that do not run here."""
-    try:
-        recorded = json.loads(Path(path).read_text()).get("backend", TRANSFORMERS)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return None
-    if recorded == backend:
+    recorded = _recorded(path, "backend", TRANSFORMERS)
+    if recorded in (None, backend):
         return None
     return (f"{path} was timed on backend {recorded}, not on this eval's {backend}: the goodput stop prices rounds "
             f"with its costs; run `specheads bench-timing --backend {backend}` for its own")
+
+
+def other_decoder(path: str | Path, decoder: str) -> str | None:
+    """A one-line note when the timing file at ``path`` timed another of our decoder's forwards (``eager``,
+    ``static``, ``graphs``, ``compiled``: ``decoding.state.DECODERS``) than ``decoder``: on one device a graph's step
+    can cost a sixth of an eager one's, so a goodput stop would price rounds that do not run here."""
+    recorded = _recorded(path, "decoder", "eager")
+    if recorded in (None, decoder):
+        return None
+    return (f"{path} timed the {recorded} decoder's forwards, this eval runs the {decoder} one: the goodput stop "
+            "prices rounds with its costs; time that one (`specheads bench-timing` times the eager decoder, "
+            "scripts/gpu_check.sh the graph ones)")
+
+
+def _recorded(path: str | Path, key: str, default: str) -> str | None:
+    """What a timing file records under ``key`` (``default`` where it records nothing); None where it cannot be
+    read (``read_timing`` names what is wrong with it where its costs are read)."""
+    try:
+        return json.loads(Path(path).read_text()).get(key, default)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None

@@ -79,14 +79,15 @@ def check_settings(cfg: EvalConfig, build: Callable[..., Any]) -> None:
 
 def flag_other_devices(cfg: EvalConfig) -> None:
     """One line per timing file a goodput stop prices its rounds with (a policy's ``timing``, ``hf_peer.timing``)
-    that was timed on another device, or for another backend, than this eval decodes on; ``cfg.timing`` predicts
-    another device's latency on purpose and is not one of them."""
+    that was timed on another device, or for another backend or decoder, than this eval decodes on; ``cfg.timing``
+    predicts another device's latency on purpose and is not one of them."""
     from core.device import describe_device
-    from decoding.timing_provenance import other_backend, other_device
+    from decoding.timing_provenance import other_backend, other_decoder, other_device
 
     here = describe_device(cfg.model_device(), cfg.model_threads())
     for path in sorted(cfg.goodput_timing_files()):
-        for note in (other_device(path, here), other_backend(path, cfg.backend)):
+        for note in (other_device(path, here), other_backend(path, cfg.backend),
+                     other_decoder(path, cfg.resolved_decoder())):
             if note:
                 print(f"note: {note}", file=sys.stderr)
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.device import describe_device, same_device
-from decoding.timing_provenance import other_backend, other_device
+from decoding.timing_provenance import other_backend, other_decoder, other_device
 
 
 def test_the_cpu_is_described_by_its_model_and_threads():
@@ -63,6 +63,14 @@ def test_the_eval_flags_a_goodput_timing_of_another_device(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"note: {llama} was timed on backend llama_cpp, not on this eval's transformers" in err
     assert other_backend(here, "transformers") is None and "on backend transformers" in other_backend(here, "llama_cpp")
+    graphs = tmp_path / "graphs.json"
+    graphs.write_text(json.dumps({**timing_file(), "device": describe_device("cpu"), "decoder": "graphs"}))
+    cfg = make_cfg(tmp_path, device="cpu",
+                   policies=[Sweep("target_only"), Sweep("goodput", fixed={"timing": str(graphs)})])
+    flag_other_devices(cfg)  # an eager eval priced by a graph decoder's forwards
+    err = capsys.readouterr().err
+    assert f"note: {graphs} timed the graphs decoder's forwards, this eval runs the eager one" in err
+    assert other_decoder(here, "eager") is None and other_decoder(graphs, "eager") is not None
 
 
 def test_a_device_that_is_not_here_is_one_line(capsys):
