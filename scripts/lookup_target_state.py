@@ -1,0 +1,212 @@
+"""Does the target's own hidden state tell prompt lookup's goodput stop where a copy breaks? An offline measurement.
+
+Prompt lookup's stop (``decoding.lookup_stop``) reads one feature, the match's length, mapped to a keep chance by
+isotonic regression. A stop rule also holds, for free, the target's last hidden state (after the final norm) and its
+top-1 probability at the round's start: the state that produced the token the last verification ended on. This
+script asks whether a learned estimate that reads them does better:
+
+1. it reads the target's state at every position of the traces' responses with llama.cpp (one batched read per
+   prompt, the file as shipped);
+2. it builds the stop's rows along each response (every round start with a proposal, each candidate up to the first
+   the target does not keep), as ``lookup_stop.lookup_rows`` does, with features: the round start's state, projected
+   on the train rows' first ``--components`` principal components, its top-1 probability, the candidate's match
+   length and its index in the round;
+3. it fits a logistic regression per inverse regularisation strength ``C`` on the train split, and prints each one's
+   AUROC on the val split and the held-out traces beside the calibration's (match length alone);
+4. it replays the goodput stop along the held-out traces with each estimate's chances instead of the calibration's,
+   λ chosen on the train traces from ``decoding.replay.LOOKUP_RATE_GRID``, priced at ``--timing``, with bootstrap
+   intervals over the prompts (``evaluation.simulate_lookup.priced_interval``), beside the fixed length and the
+   oracle.
+
+    python -m scripts.lookup_target_state --pair configs/models/qwen2.5-coder-0.5b-1.5b.yaml \\
+        --labels runs/labels/edits-llama --heldout runs/labels/edits-heldout-llama \\
+        --calibration checkpoints/lookup-calibration.json --timing runs/bench/timing-llama_cpp-2t.json
+
+Greedy traces only (the keep indicator of a sampled trace is a draw of p(y), which a fit would read as well, but
+the stop's chance was calibrated on greedy ones). Results: ``docs/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from core.models import ModelSpec, gguf_file, read_pair_file
+from core.shards import read_manifest
+from decoding import rules
+from decoding.costs import read_timing
+from decoding.lookup_stop import LookupCalibration, best_length
+from decoding.replay import (LOOKUP_RATE_GRID, Counts, LookupTrace, prompt_lookup_counts,
+                             prompt_lookup_oracle_counts)
+from decoding.traces import responses_by_prompt
+from evaluation.simulate_lookup import priced_interval, total
+
+
+class Response:
+    """One trace: its prompt and response ids, the target's state (T, d) and top-1 probability (T,) that produced
+    each response token, and its ``LookupTrace``."""
+
+    def __init__(self, prompt: list[int], response: list[int], target, n: int, m: int, max_new: int):
+        self.prompt, self.response = prompt, response
+        target.reset()
+        hidden, logits = target.read(prompt + response[:-1], rows=len(response))
+        self.hidden = hidden.float().numpy()
+        self.top1 = torch.softmax(logits.float(), -1).max(-1).values.numpy()
+        self.trace = LookupTrace(prompt, response, n, m, max_new)
+
+    def start_state(self, s: int) -> tuple[np.ndarray, float]:
+        """The state a stop rule holds at round start ``s``: the one that produced response token s − 1."""
+        return self.hidden[max(s - 1, 0)], float(self.top1[max(s - 1, 0)])
+
+
+def scalars(length: np.ndarray, index: np.ndarray, top1: float) -> np.ndarray:
+    return np.stack([np.log(length), np.log1p(index), np.full(len(index), top1)], axis=1)
+
+
+def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
+    """The stop's rows: (round-start states, scalars, match lengths, kept, the response each is of)."""
+    states, other, lengths, kept, of = [], [], [], [], []
+    for i, r in enumerate(responses):
+        for s in range(len(r.response)):
+            seq, source, proposal, k = r.trace.at(s)
+            if not proposal:
+                continue
+            j = np.arange(min(k + 1, len(proposal), len(r.response) - s))
+            length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
+            h, top1 = r.start_state(s)
+            states.append(np.repeat(h[None], len(j), 0))
+            other.append(scalars(length, j, top1))
+            lengths.append(length)
+            kept.append(j < k)
+            of.append(np.full(len(j), i))
+    return tuple(np.concatenate(c) for c in (states, other, lengths, kept, of))
+
+
+def held_out_auroc(kept: np.ndarray, prompt_of: np.ndarray, score: np.ndarray,
+                   against: np.ndarray | None = None) -> str:
+    """The AUROC of ``score`` with a bootstrap interval over the prompts, and its difference from ``against``'s."""
+    from sklearn.metrics import roc_auc_score
+
+    from core.intervals import grouped_interval
+
+    def auroc(of: np.ndarray, x: np.ndarray) -> float:
+        return roc_auc_score(kept[of], x[of]) if kept[of].min() != kept[of].max() else float("nan")
+
+    shown = f"{grouped_interval(prompt_of, lambda of: auroc(of, score), resamples=499)}"
+    if against is not None:
+        diff = grouped_interval(prompt_of, lambda of: auroc(of, score) - auroc(of, against), resamples=499)
+        shown += f" ({diff.value:+.4f} [{diff.low:+.4f}, {diff.high:+.4f}] over the calibration's)"
+    return shown
+
+
+def replay(responses: list[Response], chances: Callable, verify: np.ndarray, forward_rate: float, n: int, m: int,
+           max_new: int) -> list[Counts]:
+    out = []
+    for r in responses:
+        def length(seq, source, proposal, r=r):
+            return best_length(chances(r, seq, source, proposal), verify, forward_rate)
+        out.append(prompt_lookup_counts(r.prompt, r.response, n, m, max_new, length=length, trace=r.trace))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.preprocessing import StandardScaler
+
+    from core.llama_cpp import LlamaCppModel
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", required=True, help="the pair file whose target made the traces")
+    ap.add_argument("--labels", required=True, help="label folder of greedy traces with train and val splits")
+    ap.add_argument("--heldout", required=True, help="label folder of the held-out greedy traces (test split)")
+    ap.add_argument("--calibration", required=True,
+                    help="the stop's calibration (`specheads calibrate --prompt_lookup`)")
+    ap.add_argument("--timing", required=True, help="the device's costs (`specheads bench-timing`)")
+    ap.add_argument("--m", type=int, default=48, help="the longest copy proposed")
+    ap.add_argument("--components", type=int, nargs="+", default=[0, 8, 64],
+                    help="principal components of the state each fit reads (0: the scalars alone)")
+    ap.add_argument("--C", type=float, nargs="+", default=[0.01, 1.0], help="inverse regularisation strengths")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    calibration = LookupCalibration.load(args.calibration)
+    n, m = calibration.n, args.m
+    max_new = read_manifest(args.labels)["sampling"]["max_new_tokens"]
+    path, _ = gguf_file(ModelSpec(**read_pair_file(args.pair)["target"]))
+    target = LlamaCppModel(path, threads=args.threads, n_ctx=4096)
+    splits = {"train": (args.labels, "train"), "val": (args.labels, "val"), "test": (args.heldout, "test")}
+    data: dict[str, list[Response]] = {}
+    for split, (folder, name) in splits.items():
+        traces = responses_by_prompt(folder, (name,))
+        data[split] = [Response(p, x, target, n, m, max_new)
+                       for p, x in tqdm(traces.values(), desc=f"target states, {split}")]
+    table = {split: rows(rs) for split, rs in data.items()}
+    costs = read_timing(args.timing)
+    verify = costs.verify_table(m + 1)
+
+    print("rows (keep rate): " + ", ".join(f"{s} {len(t[3])} ({t[3].mean():.4f})" for s, t in table.items()))
+    print("AUROC of the candidate's keep, val / held-out:")
+    iso = {s: calibration.keep_chance(table[s][2]) for s in ("val", "test")}
+    kept, prompt_of = table["test"][3], table["test"][4]
+    print(f"  calibration (match length): {roc_auc_score(table['val'][3], iso['val']):.4f} / "
+          f"{held_out_auroc(kept, prompt_of, iso['test'])}")
+    states_tr, other_tr = table["train"][0], table["train"][1]
+    pca = PCA(max(args.components)).fit(states_tr[::5]) if max(args.components) else None
+
+    def features(states: np.ndarray, other: np.ndarray, k: int) -> np.ndarray:
+        return other if not k else np.hstack([pca.transform(states)[:, :k], other])
+
+    fits = {}
+    for k in args.components:
+        scaler = StandardScaler().fit(features(states_tr, other_tr, k))
+        for c in args.C:
+            fit = LogisticRegression(C=c, max_iter=2000).fit(scaler.transform(features(states_tr, other_tr, k)),
+                                                             table["train"][3])
+            score = {s: fit.predict_proba(scaler.transform(features(table[s][0], table[s][1], k)))[:, 1]
+                     for s in ("val", "test")}
+            print(f"  target state on {k:>3} components, C {c:g}: {roc_auc_score(table['val'][3], score['val']):.4f}"
+                  f" / {held_out_auroc(kept, prompt_of, score['test'], iso['test'])}")
+            fits[f"target state, {k} components, C {c:g}"] = (k, scaler, fit)
+
+    def calibrated(r, seq, source, proposal):
+        return calibration.chances(rules.match_length(seq, source), len(proposal))
+
+    def learned(k, scaler, fit):
+        def chances(r, seq, source, proposal):
+            s = len(seq) - len(r.prompt)
+            h, top1 = r.start_state(s)
+            j = np.arange(len(proposal))
+            length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
+            x = features(np.repeat(h[None], len(j), 0), scalars(length, j, top1), k)
+            return fit.predict_proba(scaler.transform(x))[:, 1]
+        return chances
+
+    fixed = [prompt_lookup_counts(r.prompt, r.response, n, m, max_new, trace=r.trace) for r in data["test"]]
+    oracle = [prompt_lookup_oracle_counts(r.prompt, r.response, n, m, max_new, costs, trace=r.trace)
+              for r in data["test"]]
+    print(f"goodput stop on the held-out traces (n {n}, m {m}), × target-only [95 %] under {costs.name}:")
+    print(f"  fixed length {priced_interval(fixed, costs)}, oracle {priced_interval(oracle, costs)}")
+    estimates = {"calibration (match length)": calibrated, **{name: learned(*f) for name, f in fits.items()}}
+    by_calibration = None
+    for name, chances in estimates.items():
+        best = None
+        for multiple in LOOKUP_RATE_GRID:  # λ: the best on the train traces
+            rate = multiple * costs.target_only_rate()
+            c = total(replay(data["train"], chances, verify, costs.forward_rate(rate), n, m, max_new))
+            if best is None or c.n / costs.price(c) > best[0]:
+                best = (c.n / costs.price(c), rate)
+        stopped = replay(data["test"], chances, verify, costs.forward_rate(best[1]), n, m, max_new)
+        by_calibration = by_calibration or stopped
+        print(f"  {name}: λ {best[1]:.1f}: {priced_interval(stopped, costs)}x target-only, "
+              f"{priced_interval(stopped, costs, over=fixed)}x the fixed length's, "
+              f"{priced_interval(stopped, costs, over=by_calibration)}x the calibration's")
+
+
+if __name__ == "__main__":
+    main()

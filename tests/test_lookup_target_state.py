@@ -1,0 +1,44 @@
+"""``scripts/lookup_target_state.py``, the offline measurement of whether the target's own state tells prompt
+lookup's stop where a copy breaks: on tiny labels made in llama.cpp it reads the target's states, fits, and prints
+each estimate's AUROC and replay beside the calibration's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+
+def test_the_script_prices_each_estimate_beside_the_calibration(tiny_pair, tmp_path, capsys):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make install` (make test needs it)")
+    from test_eval_latency import timing_file
+
+    from core.models import ModelSpec
+    from data_gen.run import run_labels
+    from decoding import calibrate
+    from scripts import lookup_target_state
+    from testing.tiny import label_config, write_prompts
+    from testing.tiny_gguf import write_gguf
+
+    gguf = [write_gguf(path, tmp_path / f"{path.name}.gguf") for path in tiny_pair]
+    specs = {role: ModelSpec(path=str(g), tokenizer=str(t), name=f"tiny-{role}")
+             for role, g, t in zip(("draft", "target"), gguf, tiny_pair)}
+    base = label_config(*tiny_pair, write_prompts(tmp_path / "prompts.jsonl", n=12), tmp_path / "labels",
+                        max_new_tokens=24)
+    cfg = dataclasses.replace(base, backend="llama_cpp", threads=1, categories=["target"],
+                              split_fractions=(0.5, 0.25, 0.25), **specs)
+    run_labels(cfg, quiet=True)
+    timing, calibration, pair = tmp_path / "timing.json", tmp_path / "lookup.json", tmp_path / "pair.yaml"
+    timing.write_text(json.dumps(timing_file()))
+    calibrate.main(["--labels", cfg.output_dir, "--splits", "train", "--prompt_lookup", "1", "4", "--out",
+                    str(calibration)])
+    pair.write_text(json.dumps({role: dataclasses.asdict(spec) for role, spec in specs.items()}))
+    capsys.readouterr()
+    lookup_target_state.main(["--pair", str(pair), "--labels", cfg.output_dir, "--heldout", cfg.output_dir,
+                              "--calibration", str(calibration), "--timing", str(timing), "--m", "4",
+                              "--components", "0", "2", "--C", "1", "--threads", "1"])
+    printed = capsys.readouterr().out
+    assert "calibration (match length):" in printed and "target state on   2 components, C 1:" in printed
+    assert printed.count("over the calibration's") == 2 and printed.count("x the calibration's") == 3
+    assert "oracle" in printed
