@@ -42,14 +42,14 @@ def other_backend(path: str | Path, backend: str) -> str | None:
 
 def other_decoder(path: str | Path, decoder: str) -> str | None:
     """A one-line note when the timing file at ``path`` timed another of our decoder's forwards (``eager``,
-    ``static``, ``graphs``, ``compiled``: ``decoding.state.DECODERS``) than ``decoder``: on one device a graph's step
-    can cost a sixth of an eager one's, so a goodput stop would price rounds that do not run here."""
+    ``static``, ``graphs``, ``compiled``: ``decoding.state.DECODERS``) than ``decoder``: their costs differ several
+    times over on one device (``docs/results.md``), so a goodput stop would price rounds that do not run here."""
     recorded = _recorded(path, "decoder", "eager")
     if recorded in (None, decoder):
         return None
     return (f"{path} timed the {recorded} decoder's forwards, this eval runs the {decoder} one: the goodput stop "
             "prices rounds with its costs; time that one (`specheads bench-timing` times the eager decoder, "
-            "scripts/gpu_check.sh the graph ones)")
+            "scripts/gpu_check.sh the graphs and compiled ones)")
 
 
 def _recorded(path: str | Path, key: str, default: str) -> str | None:

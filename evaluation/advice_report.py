@@ -28,7 +28,7 @@ def verdict(settings: list[Setting], runtime: str = LLAMA_CPP) -> tuple[Setting 
                     "target-only")
 
 
-def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict[str, str]:
+def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict:
     """The setting as the runtime's users give it (``flags``: one line to paste)."""
     if runtime == VLLM:
         return vllm_config(pick)
@@ -175,7 +175,8 @@ def picture(settings: list[Setting], path: Path, checked: list[dict] | None = No
     for other in others:
         row = sorted((s for s in drafted if all(s.params[k] == v for k, v in other)), key=lambda s: s.params[length])
         x = [s.params[length] for s in row]
-        left.plot(x, [s.speedup.value for s in row], "o-", ms=3, label=", ".join(f"{k} {v}" for k, v in other))
+        left.plot(x, [s.speedup.value for s in row], "o-", ms=3,
+                  label=", ".join(f"{k} {v}" for k, v in other) or title)
         left.fill_between(x, [s.speedup.low for s in row], [s.speedup.high for s in row], alpha=0.08)
     if right is not None:
         right.bar(range(len(lookup)), [s.speedup.value for s in lookup],

@@ -1,5 +1,5 @@
 """``specheads advise``: does speculative decoding pay for this pair, on this machine, and with which settings of
-the runtime it runs on, llama.cpp or transformers? From a label folder's traces of the target's responses (``make
+the runtime it runs on, llama.cpp, transformers or vLLM? From a label folder's traces of the target's responses (``make
 labels``, on the runtime's backend) and this device's timing file of that backend (``specheads bench-timing``),
 every drafter and rule the runtime offers is replayed at every setting of its grid beside our rules and the oracles
 (``evaluation.advice_rules``); the fastest setting whose interval over the prompts clears 1.0 is advised in the
@@ -81,10 +81,11 @@ def parse_args(argv: list[str] | None = None):
         raise SettingError(f"--check is a number of prompts, got {a.check}")
     if a.check and not a.check_prompts:
         raise SettingError("--check needs --check_prompts: prompts that are not among the traces")
-    a.runtime = VLLM if a.runtime == "vllm" else a.runtime
-    if a.runtime in (TRANSFORMERS, VLLM) and a.labels is None:
-        raise SettingError(f"--runtime {a.runtime} is advised from traces made in transformers (`specheads labels` "
-                           "with `backend: transformers`): give --labels; the traces made here are llama.cpp's")
+    a.runtime_flag, a.runtime = a.runtime, VLLM if a.runtime == "vllm" else a.runtime
+    if a.runtime in (TRANSFORMERS, VLLM) and (a.labels is None or a.timing is None):
+        raise SettingError(f"--runtime {a.runtime_flag} is advised from traces made in transformers (`specheads "
+                           "labels` with `backend: transformers`) and a timing of that backend: give --labels and "
+                           "--timing; the ones made here are llama.cpp's")
     if a.check and a.runtime == VLLM:
         raise SettingError("--check runs the runtime on this machine, and vLLM is not run here: its advice is priced, "
                            "not measured")
@@ -188,17 +189,25 @@ def check_inputs(a) -> tuple:
                            f"{made_on}`")
     runtime = a.runtime or RUNTIME_OF_BACKEND[made_on]
     if runtime != RUNTIME_OF_BACKEND[made_on] and not (runtime == VLLM and made_on == "transformers"):
-        raise SettingError(f"--runtime {a.runtime}: the labels were made on {made_on}, whose traces price "
+        raise SettingError(f"--runtime {a.runtime_flag}: the labels were made on {made_on}, whose traces price "
                            f"{RUNTIME_OF_BACKEND[made_on]}" + (" (and vLLM, which runs transformers checkpoints)"
                                                                if made_on == "transformers" else
-                                                               "; trace in transformers for vLLM"))
+                                                               f"; trace in transformers for {runtime}"))
     a.runtime = runtime
     temperature = manifest["sampling"]["temperature"]
     if runtime == TRANSFORMERS and temperature != 0:
         raise SettingError(f"--labels {a.labels}: sampled traces (temperature {temperature}); transformers' assisted "
                            "generation is replayed along greedy ones: label with temperature 0")
-    roles = {} if backend(made_on).own_threads else {
+    # a transformers timing prices the precisions the traces ran at; vLLM's device times its own (a GPU's timing file
+    # holds the precision it ran at), and the traces stand in for its acceptance
+    roles = {} if backend(made_on).own_threads or runtime == VLLM else {
         role: f"{role}@{precision(manifest['models'][role])}" for role in ("draft", "target")}
+    if runtime == VLLM and isinstance(timing, dict):
+        for role in ("draft", "target"):
+            held = [m.get("precision") for m in timing.get("models", []) if m.get("name") == role]
+            if len(held) > 1:
+                raise SettingError(f"--timing {a.timing} holds the {role} at {', '.join(map(str, held))}: vLLM's "
+                                   "advice prices one precision of each; time the ones vLLM runs, alone")
     costs = read_timing(a.timing, **roles)
     here = describe_device("cpu", threads=costs.threads)
     if not same_device(costs.device, here) and not a.other_device:

@@ -57,7 +57,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     runs = [("target only", None), *[(c.label, c) for c in chosen]]
     # the runs kept are reused only for the same runs: a pick that moved would pair new runs with target-only runs
     # of another hour, which the report calls side by side
-    made_with = {**made_with, "runs": [label for label, _ in runs]}
+    made_with = {**made_with, "runs": sorted(label for label, _ in runs)}
     record = folder.claim(folder.root / "check.jsonl")
     done = read_check(record, made_with)
     if not done:

@@ -85,9 +85,11 @@ def flag_other_devices(cfg: EvalConfig) -> None:
     from decoding.timing_provenance import other_backend, other_decoder, other_device
 
     here = describe_device(cfg.model_device(), cfg.model_threads())
+    peer = str(cfg.hf_peer.timing) if cfg.hf_peer.enabled and cfg.hf_peer.timing else None
     for path in sorted(cfg.goodput_timing_files()):
-        for note in (other_device(path, here), other_backend(path, cfg.backend),
-                     other_decoder(path, cfg.resolved_decoder())):
+        # transformers' generate() runs the eager forwards whatever decoder ours runs
+        decoder = "eager" if path == peer else cfg.resolved_decoder()
+        for note in (other_device(path, here), other_backend(path, cfg.backend), other_decoder(path, decoder)):
             if note:
                 print(f"note: {note}", file=sys.stderr)
 

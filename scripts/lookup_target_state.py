@@ -7,20 +7,22 @@ script asks whether a learned estimate that reads them does better:
 
 1. it reads the target's state at every position of the traces' responses with llama.cpp (one batched read per
    prompt, the file as shipped);
-2. it builds the stop's rows along each response (every round start with a proposal, each candidate up to the first
-   the target does not keep), as ``lookup_stop.lookup_rows`` does, with features: the round start's state, projected
-   on the train rows' first ``--components`` principal components, its top-1 probability, the candidate's match
-   length and its index in the round;
+2. it builds the stop's rows along each response (every round start after the first token with a proposal, each
+   candidate up to the first the target does not keep, the proposal cut to the tokens left as the replay cuts it),
+   with features: the round start's state, projected on the train rows' first ``--components`` principal
+   components, its top-1 probability, the candidate's match length and its index in the round (a round at the
+   response's first token holds no state of the target's: there every estimate is the calibration);
 3. it fits a logistic regression per inverse regularisation strength ``C`` on the train split, and prints each one's
    AUROC on the val split and the held-out traces beside the calibration's (match length alone);
 4. it replays the goodput stop along the held-out traces with each estimate's chances instead of the calibration's,
-   λ chosen on the train traces from ``decoding.replay.LOOKUP_RATE_GRID``, priced at ``--timing``, with bootstrap
-   intervals over the prompts (``evaluation.simulate_lookup.priced_interval``), beside the fixed length and the
-   oracle.
+   λ of each the best of ``decoding.replay.LOOKUP_RATE_GRID`` on the val traces (which no fit read), priced at
+   ``--timing``, with bootstrap intervals over the prompts (``evaluation.simulate_lookup.priced_interval``), beside
+   the fixed length and the oracle.
 
-    python -m scripts.lookup_target_state --pair configs/models/qwen2.5-coder-0.5b-1.5b.yaml \\
-        --labels runs/labels/edits-llama --heldout runs/labels/edits-heldout-llama \\
+    python -m scripts.lookup_target_state --labels runs/labels/edits-llama --heldout runs/labels/edits-heldout-llama \\
         --calibration checkpoints/lookup-calibration.json --timing runs/bench/timing-llama_cpp-2t.json
+
+The target is the one the labels' record names, read from its GGUF file as shipped.
 
 Greedy traces only (the keep indicator of a sampled trace is a draw of p(y), which a fit would read as well, but
 the stop's chance was calibrated on greedy ones). Results: ``docs/results.md``.
@@ -30,12 +32,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.models import ModelSpec, gguf_file, read_pair_file
+from core.errors import UserError
+from core.identity import identity_mismatch
+from core.interrupt import run_main
+from core.models import gguf_file, recorded_model
+from core.runfolder import read_json
 from core.shards import read_manifest
 from decoding import rules
 from decoding.costs import read_timing
@@ -58,9 +65,13 @@ class Response:
         self.top1 = torch.softmax(logits.float(), -1).max(-1).values.numpy()
         self.trace = LookupTrace(prompt, response, n, m, max_new)
 
+        self.top_token = logits.argmax(-1).numpy()
+        """The target's top token at each response position: along a greedy trace, the response itself."""
+
     def start_state(self, s: int) -> tuple[np.ndarray, float]:
-        """The state a stop rule holds at round start ``s``: the one that produced response token s − 1."""
-        return self.hidden[max(s - 1, 0)], float(self.top1[max(s - 1, 0)])
+        """The state a stop rule holds at round start ``s`` ≥ 1: the one that produced response token s − 1 (at
+        s = 0 the target has read the prompt but produced nothing the stop sees)."""
+        return self.hidden[s - 1], float(self.top1[s - 1])
 
 
 def scalars(length: np.ndarray, index: np.ndarray, top1: float) -> np.ndarray:
@@ -71,7 +82,7 @@ def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
     """The stop's rows: (round-start states, scalars, match lengths, kept, the response each is of)."""
     states, other, lengths, kept, of = [], [], [], [], []
     for i, r in enumerate(responses):
-        for s in range(len(r.response)):
+        for s in range(1, len(r.response)):
             seq, source, proposal, k = r.trace.at(s)
             if not proposal:
                 continue
@@ -83,6 +94,9 @@ def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
             lengths.append(length)
             kept.append(j < k)
             of.append(np.full(len(j), i))
+    if not kept or len(set(np.concatenate(kept).tolist())) < 2:
+        raise UserError("the traces give too few prompt-lookup rows to fit and score (every split needs candidates "
+                        "kept and rejected): label more edit requests")
     return tuple(np.concatenate(c) for c in (states, other, lengths, kept, of))
 
 
@@ -122,13 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     from core.llama_cpp import LlamaCppModel
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", required=True, help="the pair file whose target made the traces")
     ap.add_argument("--labels", required=True, help="label folder of greedy traces with train and val splits")
     ap.add_argument("--heldout", required=True, help="label folder of the held-out greedy traces (test split)")
     ap.add_argument("--calibration", required=True,
                     help="the stop's calibration (`specheads calibrate --prompt_lookup`)")
     ap.add_argument("--timing", required=True, help="the device's costs (`specheads bench-timing`)")
-    ap.add_argument("--m", type=int, default=48, help="the longest copy proposed")
+    ap.add_argument("--m", type=int, default=None,
+                    help="the longest copy proposed (default: the calibration's, else 48)")
     ap.add_argument("--components", type=int, nargs="+", default=[0, 8, 64],
                     help="principal components of the state each fit reads (0: the scalars alone)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 1.0], help="inverse regularisation strengths")
@@ -136,14 +150,24 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     calibration = LookupCalibration.load(args.calibration)
-    n, m = calibration.n, args.m
-    max_new = read_manifest(args.labels)["sampling"]["max_new_tokens"]
-    path, _ = gguf_file(ModelSpec(**read_pair_file(args.pair)["target"]))
+    n, m = calibration.n, args.m or int((calibration.fitted or {}).get("m", 48))
+    manifests = {folder: read_manifest(folder) for folder in (args.labels, args.heldout)}
+    for folder, manifest in manifests.items():
+        if manifest["sampling"]["temperature"] != 0:
+            raise UserError(f"{folder}: sampled traces; this measurement reads greedy ones (a copy kept iff the "
+                            "target's top token is the copied one)")
+    differs = identity_mismatch(manifests[args.labels]["models"]["target"],
+                                manifests[args.heldout]["models"]["target"])
+    if differs is not None:
+        raise UserError(f"--heldout {args.heldout} was labeled with another target than --labels {args.labels} "
+                        f"({differs[0]})")
+    path, _ = gguf_file(recorded_model(read_json(Path(args.labels) / "run.json", "label the folder again"), "target"))
     target = LlamaCppModel(path, threads=args.threads, n_ctx=4096)
     splits = {"train": (args.labels, "train"), "val": (args.labels, "val"), "test": (args.heldout, "test")}
     data: dict[str, list[Response]] = {}
     for split, (folder, name) in splits.items():
         traces = responses_by_prompt(folder, (name,))
+        max_new = manifests[folder]["sampling"]["max_new_tokens"]
         data[split] = [Response(p, x, target, n, m, max_new)
                        for p, x in tqdm(traces.values(), desc=f"target states, {split}")]
     table = {split: rows(rs) for split, rs in data.items()}
@@ -180,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     def learned(k, scaler, fit):
         def chances(r, seq, source, proposal):
             s = len(seq) - len(r.prompt)
+            if s == 0:  # no target state yet
+                return calibrated(r, seq, source, proposal)
             h, top1 = r.start_state(s)
             j = np.arange(len(proposal))
             length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
@@ -187,26 +213,33 @@ def main(argv: list[str] | None = None) -> None:
             return fit.predict_proba(scaler.transform(x))[:, 1]
         return chances
 
+    max_new = manifests[args.heldout]["sampling"]["max_new_tokens"]
     fixed = [prompt_lookup_counts(r.prompt, r.response, n, m, max_new, trace=r.trace) for r in data["test"]]
     oracle = [prompt_lookup_oracle_counts(r.prompt, r.response, n, m, max_new, costs, trace=r.trace)
               for r in data["test"]]
     print(f"goodput stop on the held-out traces (n {n}, m {m}), × target-only [95 %] under {costs.name}:")
     print(f"  fixed length {priced_interval(fixed, costs)}, oracle {priced_interval(oracle, costs)}")
-    estimates = {"calibration (match length)": calibrated, **{name: learned(*f) for name, f in fits.items()}}
-    by_calibration = None
-    for name, chances in estimates.items():
+    val_new = manifests[args.labels]["sampling"]["max_new_tokens"]
+
+    def stopped_by(chances: Callable) -> tuple[float, list[Counts]]:
+        """λ, the best of the grid on the val traces (no fit read them), and the stop's counts on the held-out ones
+        at that λ."""
         best = None
-        for multiple in LOOKUP_RATE_GRID:  # λ: the best on the train traces
+        for multiple in LOOKUP_RATE_GRID:
             rate = multiple * costs.target_only_rate()
-            c = total(replay(data["train"], chances, verify, costs.forward_rate(rate), n, m, max_new))
+            c = total(replay(data["val"], chances, verify, costs.forward_rate(rate), n, m, val_new))
             if best is None or c.n / costs.price(c) > best[0]:
                 best = (c.n / costs.price(c), rate)
-        stopped = replay(data["test"], chances, verify, costs.forward_rate(best[1]), n, m, max_new)
-        by_calibration = by_calibration or stopped
-        print(f"  {name}: λ {best[1]:.1f}: {priced_interval(stopped, costs)}x target-only, "
+        return best[1], replay(data["test"], chances, verify, costs.forward_rate(best[1]), n, m, max_new)
+
+    by_calibration = stopped_by(calibrated)[1]
+    for name, chances in {"calibration (match length)": calibrated,
+                          **{name: learned(*f) for name, f in fits.items()}}.items():
+        rate, stopped = stopped_by(chances)
+        print(f"  {name}: λ {rate:.1f}: {priced_interval(stopped, costs)}x target-only, "
               f"{priced_interval(stopped, costs, over=fixed)}x the fixed length's, "
               f"{priced_interval(stopped, costs, over=by_calibration)}x the calibration's")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

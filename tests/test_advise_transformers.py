@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -261,13 +262,51 @@ def test_vllm_is_advised_from_the_same_traces_as_its_draft_model_proposer(hf_lab
     assert "vLLM's terms" in report and "`--check` does not run vLLM" in report
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--check", "2", "--check_prompts", "humaneval"], "vLLM is not run here"),
-])
-def test_vllm_advice_is_never_checked_here(hf_labels, tmp_path, capsys, extra, words):
+def test_vllm_config_is_the_dict_vllm_serve_takes():
+    from evaluation.advice_report import vllm_config
+    from evaluation.advice_rules import VLLM, Setting
+
+    picked = vllm_config(Setting(VLLM, "draft model", "draft_model", {"num_speculative_tokens": 5}, []))
+    assert picked["speculative_config"] == {"model": "DRAFT", "num_speculative_tokens": 5, "method": "draft_model"}
+    assert picked["flags"] == ("vllm serve TARGET --speculative-config "
+                               "'{\"model\": \"DRAFT\", \"num_speculative_tokens\": 5, \"method\": \"draft_model\"}'")
+    assert vllm_config(None) == {"flags": "vllm serve TARGET"}
+
+
+def test_vllm_advice_is_never_checked_here_nor_priced_at_two_precisions(hf_labels, tmp_path, capsys):
     from test_advise import advise
 
+    both = json.loads(hf_labels["timing"].read_text())
+    both["models"] += [{**m, "precision": "bfloat16"} for m in both["models"]]
+    (tmp_path / "both.json").write_text(json.dumps(both))
     out = tmp_path / "advice"
-    code, _, err = advise(["--labels", hf_labels["labels"], "--timing", hf_labels["timing"], "--out", out,
-                           "--runtime", "vllm", *extra], capsys)
-    assert code == 2 and len(err) == 1 and words in err[0] and not out.exists()
+    for timing, extra, words in [
+        (hf_labels["timing"], ["--check", "2", "--check_prompts", "humaneval"], "vLLM is not run here"),
+        (tmp_path / "both.json", [], "holds the draft at float32, bfloat16"),
+    ]:
+        code, _, err = advise(["--labels", hf_labels["labels"], "--timing", timing, "--out", out, "--runtime", "vllm",
+                               *extra], capsys)
+        assert code == 2 and len(err) == 1 and words in err[0] and not out.exists(), err
+
+
+def test_vllm_is_priced_at_its_devices_own_precision_and_over_sampled_traces(hf_labels, label_config, tmp_path,
+                                                                               capsys):
+    """A GPU's timing file holds the precision that device ran at, not the CPU labels' int8 draft: vLLM's advice
+    takes its entries as they are, and sampled traces too (its rejection sampler is speculative sampling)."""
+    import dataclasses
+
+    from data_gen.run import run_labels
+    from test_advise import advise
+
+    other = json.loads(hf_labels["timing"].read_text())
+    for m in other["models"]:
+        m["precision"] = "bfloat16"
+    (tmp_path / "bf16.json").write_text(json.dumps(other))
+    sampled = label_config(output_dir=str(tmp_path / "sampled"), categories=["target"])
+    run_labels(dataclasses.replace(sampled, sampling=dataclasses.replace(sampled.sampling, temperature=1.0)),
+               quiet=True)
+    for labels, timing in ((hf_labels["labels"], tmp_path / "bf16.json"), (tmp_path / "sampled", hf_labels["timing"])):
+        out = tmp_path / f"advice-{Path(labels).name}"
+        code, _, err = advise(["--labels", labels, "--timing", timing, "--out", out, "--runtime", "vllm"], capsys)
+        assert code in (0, None), [e for e in err if "error" in e]
+        assert json.loads((out / "advice.json").read_text())["runtime"] == "vLLM"

@@ -71,6 +71,12 @@ def test_the_eval_flags_a_goodput_timing_of_another_device(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"note: {graphs} timed the graphs decoder's forwards, this eval runs the eager one" in err
     assert other_decoder(here, "eager") is None and other_decoder(graphs, "eager") is not None
+    from evaluation.hf_peer import HFPeer
+
+    cfg = make_cfg(tmp_path, device="cpu", decoder="static", policies=[Sweep("target_only")],
+                   hf_peer=HFPeer(enabled=True, timing=str(here)))
+    flag_other_devices(cfg)  # generate() runs eager forwards whatever decoder ours runs: its eager timing is its own
+    assert "decoder's forwards" not in capsys.readouterr().err
 
 
 def test_a_device_that_is_not_here_is_one_line(capsys):
