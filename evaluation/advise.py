@@ -179,6 +179,13 @@ def check_inputs(a) -> tuple:
     cannot serve."""
     manifest, run = check_labels(a.labels)
     made_on = backend_of(manifest["models"]["draft"]).name
+    runtime = a.runtime or RUNTIME_OF_BACKEND[made_on]
+    if runtime != RUNTIME_OF_BACKEND[made_on] and not (runtime == VLLM and made_on == "transformers"):
+        raise SettingError(f"--runtime {a.runtime_flag}: the labels were made on {made_on}, whose traces price "
+                           f"{RUNTIME_OF_BACKEND[made_on]}" + (" (and vLLM, which runs transformers checkpoints)"
+                                                               if made_on == "transformers" else
+                                                               f"; trace in transformers for {runtime}"))
+    a.runtime = runtime
     try:
         timing = json.loads(Path(a.timing).read_text())
     except (OSError, UnicodeDecodeError, ValueError):
@@ -187,13 +194,6 @@ def check_inputs(a) -> tuple:
         raise SettingError(f"--timing {a.timing} timed backend {timing.get('backend', 'transformers')}, the labels "
                            f"were made on {made_on}: time this device with `specheads bench-timing --backend "
                            f"{made_on}`")
-    runtime = a.runtime or RUNTIME_OF_BACKEND[made_on]
-    if runtime != RUNTIME_OF_BACKEND[made_on] and not (runtime == VLLM and made_on == "transformers"):
-        raise SettingError(f"--runtime {a.runtime_flag}: the labels were made on {made_on}, whose traces price "
-                           f"{RUNTIME_OF_BACKEND[made_on]}" + (" (and vLLM, which runs transformers checkpoints)"
-                                                               if made_on == "transformers" else
-                                                               f"; trace in transformers for {runtime}"))
-    a.runtime = runtime
     temperature = manifest["sampling"]["temperature"]
     if runtime == TRANSFORMERS and temperature != 0:
         raise SettingError(f"--labels {a.labels}: sampled traces (temperature {temperature}); transformers' assisted "
