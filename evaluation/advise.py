@@ -180,11 +180,11 @@ def check_inputs(a) -> tuple:
     manifest, run = check_labels(a.labels)
     made_on = backend_of(manifest["models"]["draft"]).name
     runtime = a.runtime or RUNTIME_OF_BACKEND[made_on]
-    if runtime != RUNTIME_OF_BACKEND[made_on] and not (runtime == VLLM and made_on == "transformers"):
+    # vLLM runs the checkpoints transformers does: traces made there price it too
+    priced = {RUNTIME_OF_BACKEND[made_on]} | ({VLLM} if RUNTIME_OF_BACKEND[made_on] == TRANSFORMERS else set())
+    if runtime not in priced:
         raise SettingError(f"--runtime {a.runtime_flag}: the labels were made on {made_on}, whose traces price "
-                           f"{RUNTIME_OF_BACKEND[made_on]}" + (" (and vLLM, which runs transformers checkpoints)"
-                                                               if made_on == "transformers" else
-                                                               f"; trace in transformers for {runtime}"))
+                           f"{' and '.join(sorted(priced))}; trace in transformers for {runtime}")
     a.runtime = runtime
     try:
         timing = json.loads(Path(a.timing).read_text())
