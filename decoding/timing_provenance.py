@@ -13,10 +13,7 @@ from core.device import same_device
 def timing_device(path: str | Path) -> str | None:
     """The device a ``bench_timing`` file says it was timed on; None where it does not say (``read_timing`` names
     what is wrong with a file where its costs are read)."""
-    try:
-        return json.loads(Path(path).read_text()).get("device")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return None
+    return _recorded(path, "device", None)
 
 
 def other_device(path: str | Path, here: str) -> str | None:
@@ -52,7 +49,7 @@ def other_decoder(path: str | Path, decoder: str) -> str | None:
             "scripts/gpu_check.sh the graphs and compiled ones)")
 
 
-def _recorded(path: str | Path, key: str, default: str) -> str | None:
+def _recorded(path: str | Path, key: str, default: str | None) -> str | None:
     """What a timing file records under ``key`` (``default`` where it records nothing); None where it cannot be
     read (``read_timing`` names what is wrong with it where its costs are read)."""
     try:

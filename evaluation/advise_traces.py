@@ -75,6 +75,7 @@ def advice_traces(labels: str | Path, draft, top_k: int | None, quiet: bool = Fa
         raise UserError(f"{labels}: stores no token sequences of `target` responses; label with categories: "
                         "[target]")
     traces = {t.prompt_id: t for t in load_label_traces(labels, tuple(filled_splits(labels, SPLITS)))}
+    layers = draft if isinstance(draft, torch.nn.Module) else None  # llama.cpp's model computes alike in a batch
     out = []
     for pid, (prompt, response) in tqdm(sorted(responses.items()), desc="advise: the draft's tops", unit="response",
                                         disable=quiet):
@@ -82,7 +83,6 @@ def advice_traces(labels: str | Path, draft, top_k: int | None, quiet: bool = Fa
             continue
         seq = prompt + response
         # the prompt read in one batch, as the runtime's prefill reads it, and each token after it on its own
-        layers = draft if isinstance(draft, torch.nn.Module) else None  # llama.cpp's model computes alike in a batch
         with torch.no_grad(), prompt_scales(layers, torch.ones(1, len(seq) - 1), len(prompt)):
             _, logits, _ = open_reader(draft, owner=object()).read(seq[:-1], 0, rows=len(response))
         match, top_prob = draft_tops(logits, response, top_k)

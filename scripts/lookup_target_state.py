@@ -63,15 +63,21 @@ class Response:
         hidden, logits = target.read(prompt + response[:-1], rows=len(response))
         self.hidden = hidden.float().numpy()
         self.top1 = torch.softmax(logits.float(), -1).max(-1).values.numpy()
-        self.trace = LookupTrace(prompt, response, n, m, max_new)
-
         self.top_token = logits.argmax(-1).numpy()
         """The target's top token at each response position: along a greedy trace, the response itself."""
+        self.trace = LookupTrace(prompt, response, n, m, max_new)
+        self.projected: np.ndarray | None = None
+        """``hidden`` on the principal components, once they are fitted."""
+
+    @staticmethod
+    def start_row(s: int) -> int:
+        """The row of the state a stop rule holds at round start ``s`` ≥ 1: the one that produced response token
+        s − 1 (at s = 0 the target has read the prompt but produced nothing the stop sees)."""
+        return s - 1
 
     def start_state(self, s: int) -> tuple[np.ndarray, float]:
-        """The state a stop rule holds at round start ``s`` ≥ 1: the one that produced response token s − 1 (at
-        s = 0 the target has read the prompt but produced nothing the stop sees)."""
-        return self.hidden[s - 1], float(self.top1[s - 1])
+        """The state (and its top-1 probability) a stop rule holds at round start ``s`` ≥ 1."""
+        return self.hidden[self.start_row(s)], float(self.top1[self.start_row(s)])
 
 
 def scalars(length: np.ndarray, index: np.ndarray, top1: float) -> np.ndarray:
@@ -79,8 +85,10 @@ def scalars(length: np.ndarray, index: np.ndarray, top1: float) -> np.ndarray:
 
 
 def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
-    """The stop's rows: (round-start states, scalars, match lengths, kept, the response each is of)."""
+    """The stop's rows: (where each round-start state lies in the responses' ``hidden`` stacked in order, scalars,
+    match lengths, kept, the response each is of). A round's candidates share one state, which is not copied."""
     states, other, lengths, kept, of = [], [], [], [], []
+    start = 0
     for i, r in enumerate(responses):
         for s in range(1, len(r.response)):
             seq, source, proposal, k = r.trace.at(s)
@@ -88,12 +96,12 @@ def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
                 continue
             j = np.arange(min(k + 1, len(proposal), len(r.response) - s))
             length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
-            h, top1 = r.start_state(s)
-            states.append(np.repeat(h[None], len(j), 0))
-            other.append(scalars(length, j, top1))
+            states.append(np.full(len(j), start + r.start_row(s)))
+            other.append(scalars(length, j, r.top1[r.start_row(s)]))
             lengths.append(length)
             kept.append(j < k)
             of.append(np.full(len(j), i))
+        start += len(r.hidden)
     if not kept or len(set(np.concatenate(kept).tolist())) < 2:
         raise UserError("the traces give too few prompt-lookup rows to fit and score (every split needs candidates "
                         "kept and rejected): label more edit requests")
@@ -180,18 +188,24 @@ def main(argv: list[str] | None = None) -> None:
     kept, prompt_of = table["test"][3], table["test"][4]
     print(f"  calibration (match length): {roc_auc_score(table['val'][3], iso['val']):.4f} / "
           f"{held_out_auroc(kept, prompt_of, iso['test'])}")
-    states_tr, other_tr = table["train"][0], table["train"][1]
-    pca = PCA(max(args.components)).fit(states_tr[::5]) if max(args.components) else None
+    # each response position's state projected once; a row reads its round start's
+    hidden = {split: np.concatenate([r.hidden for r in rs]) for split, rs in data.items()}
+    pca = PCA(max(args.components)).fit(hidden["train"][table["train"][0][::5]]) if max(args.components) else None
+    for split, rs in data.items():
+        projected = pca.transform(hidden[split]) if pca is not None else hidden[split][:, :0]
+        for r, part in zip(rs, np.split(projected, np.cumsum([len(r.hidden) for r in rs])[:-1])):
+            r.projected = part
+        table[split] = (projected[table[split][0]], *table[split][1:])
 
-    def features(states: np.ndarray, other: np.ndarray, k: int) -> np.ndarray:
-        return other if not k else np.hstack([pca.transform(states)[:, :k], other])
+    def features(projected: np.ndarray, other: np.ndarray, k: int) -> np.ndarray:
+        return np.hstack([projected[:, :k], other])
 
     fits = {}
     for k in args.components:
-        scaler = StandardScaler().fit(features(states_tr, other_tr, k))
+        train = features(table["train"][0], table["train"][1], k)
+        scaler = StandardScaler().fit(train)
         for c in args.C:
-            fit = LogisticRegression(C=c, max_iter=2000).fit(scaler.transform(features(states_tr, other_tr, k)),
-                                                             table["train"][3])
+            fit = LogisticRegression(C=c, max_iter=2000).fit(scaler.transform(train), table["train"][3])
             score = {s: fit.predict_proba(scaler.transform(features(table[s][0], table[s][1], k)))[:, 1]
                      for s in ("val", "test")}
             print(f"  target state on {k:>3} components, C {c:g}: {roc_auc_score(table['val'][3], score['val']):.4f}"
@@ -206,10 +220,10 @@ def main(argv: list[str] | None = None) -> None:
             s = len(seq) - len(r.prompt)
             if s == 0:  # no target state yet
                 return calibrated(r, seq, source, proposal)
-            h, top1 = r.start_state(s)
             j = np.arange(len(proposal))
             length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
-            x = features(np.repeat(h[None], len(j), 0), scalars(length, j, top1), k)
+            row = r.start_row(s)
+            x = features(np.repeat(r.projected[row][None], len(j), 0), scalars(length, j, r.top1[row]), k)
             return fit.predict_proba(scaler.transform(x))[:, 1]
         return chances
 
@@ -232,10 +246,11 @@ def main(argv: list[str] | None = None) -> None:
                 best = (c.n / costs.price(c), rate)
         return best[1], replay(data["test"], chances, verify, costs.forward_rate(best[1]), n, m, max_new)
 
-    by_calibration = stopped_by(calibrated)[1]
-    for name, chances in {"calibration (match length)": calibrated,
+    by_calibration = None
+    for name, chances in {"calibration (match length)": calibrated,  # first: the others are priced over it
                           **{name: learned(*f) for name, f in fits.items()}}.items():
         rate, stopped = stopped_by(chances)
+        by_calibration = by_calibration or stopped
         print(f"  {name}: λ {rate:.1f}: {priced_interval(stopped, costs)}x target-only, "
               f"{priced_interval(stopped, costs, over=fixed)}x the fixed length's, "
               f"{priced_interval(stopped, costs, over=by_calibration)}x the calibration's")
