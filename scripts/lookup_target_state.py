@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{held_out_auroc(kept, prompt_of, iso['test'])}")
     # each response position's state projected once; a row reads its round start's
     hidden = {split: np.concatenate([r.hidden for r in rs]) for split, rs in data.items()}
-    pca = PCA(max(args.components)).fit(hidden["train"][table["train"][0][::5]]) if max(args.components) else None
+    wide = max(args.components)  # its solver is randomized: seeded, so a rerun gives the same components
+    pca = PCA(wide, random_state=0).fit(hidden["train"][table["train"][0][::5]]) if wide else None
     for split, rs in data.items():
         projected = pca.transform(hidden[split]) if pca is not None else hidden[split][:, :0]
         for r, part in zip(rs, np.split(projected, np.cumsum([len(r.hidden) for r in rs])[:-1])):
