@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import subprocess
 from pathlib import Path
 
 from core.device import describe_device
@@ -37,18 +36,19 @@ DRAFT_SAMPLER_TOP_K = 10
 SAMPLED_TOKENS = 32
 """Tokens ``llama-completion`` samples to time its sampler."""
 SAMPLER_PROMPT = "def fibonacci(n):"
-SAMPLER_TRIES = 5
 
 
-def run_binary(tools: str | Path, name: str, model: Path, args: list[str]) -> str:
+def run_binary(tools: str | Path, name: str, model: Path, args: list[str], last: str | None = None) -> str:
     """llama.cpp's ``name`` from ``tools`` on ``model`` with ``args`` (the weights loaded as our binding loads them),
-    its stdout and stderr; one line saying why where it fails."""
+    its stdout and stderr, made again while its log lacks ``last`` (``llama_peer.run_printing``); one line saying
+    why where it fails."""
     binary = llama_peer.LlamaPeer(enabled=True, tools=str(tools)).binary(name)
     keep_layout = ["--repack", "0"] if name == "llama-bench" else ["--no-repack"]
     cmd = [str(binary), "-m", str(model), *args, *([] if repacks_safely() else keep_layout)]
-    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-    if done.returncode != 0:
-        raise UserError(f"{name} exited {done.returncode} on {model.name}: {' '.join(done.stderr.split()[-40:])}")
+    try:
+        done = llama_peer.run_printing(cmd, last or "")
+    except RuntimeError as e:
+        raise UserError(f"{name} on {model.name}: {' '.join(str(e).split()[-40:])}") from None
     return done.stdout + done.stderr
 
 
@@ -105,16 +105,12 @@ def sampler_seconds(tools, model: Path, threads: int, tokens: int, top_k: int | 
     ``draft-simple``)."""
     chain = (["--samplers", "top_k", "--top-k", str(top_k)] if top_k
              else llama_peer.sampling_flags(Sampling(temperature=0.0)))
-    # llama.cpp's log thread may lose its last lines (these) when a run ends within milliseconds, as a tiny
-    # model's does: a run that printed none is made again, a few times
-    for _ in range(SAMPLER_TRIES):
-        out = run_binary(tools, "llama-completion", model, ["-p", SAMPLER_PROMPT, "-n", str(tokens), "-t",
-                                                            str(threads), "-tb", str(threads), "--ignore-eos",
-                                                            "-no-cnv", "--no-display-prompt", *chain])
-        ms = re.search(r"sampling time =\s*([\d.]+) ms", out)
-        sampled = re.search(r"samplers time =\s*[\d.]+ ms /\s*(\d+) tokens", out)
-        if ms is not None and sampled is not None:
-            break
+    out = run_binary(tools, "llama-completion", model, ["-p", SAMPLER_PROMPT, "-n", str(tokens), "-t", str(threads),
+                                                        "-tb", str(threads), "--ignore-eos", "-no-cnv",
+                                                        "--no-display-prompt", *chain],
+                     last=r"samplers time =")
+    ms = re.search(r"sampling time =\s*([\d.]+) ms", out)
+    sampled = re.search(r"samplers time =\s*[\d.]+ ms /\s*(\d+) tokens", out)
     if ms is None or sampled is None or int(sampled.group(1)) == 0:
         raise UserError(f"llama-completion printed no time of its sampler on {model.name}")
     # it prints hundredths of a millisecond: a tiny vocabulary's sampler may print 0.00, below that resolution

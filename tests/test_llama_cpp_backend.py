@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -377,3 +379,67 @@ def test_on_a_cpu_where_repacking_crashes_both_our_binding_and_llama_cpps_binari
     call = json.loads((stub_tools / "llama-completion.calls").read_text().splitlines()[-1])
     assert ("--no-repack" in call) is not safe
     assert isinstance(llama_cpp.repacks_safely(), bool)
+
+
+SPECULATIVE_BIN = Path(".llama.cpp/build/bin/llama-speculative-simple")
+
+
+def binary_rounds(target: Path, text: str, n: int, m: int, new_tokens: int) -> list[tuple[int, int, int]]:
+    """(kept, drafted, the round's last token) of each round of llama.cpp's own ``ngram-simple``, greedy, from its
+    debug log."""
+    from evaluation.llama_peer import run_printing
+
+    done = run_printing([str(SPECULATIVE_BIN), "-m", str(target), "-p", text, "-n", str(new_tokens), "-t", "1",
+                         "-c", "256", "--temp", "0", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n",
+                         str(n), "--spec-ngram-simple-size-m", str(m), "-v"], r"n_accept\s*=")
+    found = re.findall(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)", done.stderr)
+    return [tuple(map(int, r)) for r in found]
+
+
+# Each text is read one token a character; its first round tests one clause of the rule, as its comment says
+# (llama.cpp's ``common_ngram_simple_draft``), then the generation goes on with whatever the tiny target repeats.
+LOOKUP_CASES = [
+    ("cab1+xyz.ab2-xyz.ab", 2, 8, 7),  # the latest earlier match ("ab2…"), its continuation up to the text's end
+    ("ab0123456789ab", 2, 2, 0),  # a match at the text's first token is never looked at
+    ("0123456789xiiii", 1, 4, 1),  # the window one token back overlaps the pattern: the next one back matches
+    ("0123456789xyzxyzxyz", 3, 4, 0),  # a match followed by fewer than n tokens proposes nothing
+    ("0123456789xyzxyz", 2, 12, 0),  # too short a history for n + m
+]
+
+
+@pytest.mark.skipif(not SPECULATIVE_BIN.is_file(), reason="llama.cpp's binaries are built by `make llama-tools`")
+@pytest.mark.parametrize("text, n, m, first", LOOKUP_CASES)
+def test_prompt_lookup_proposes_what_llama_cpps_own_binary_does(gguf_pair, llama_models, monkeypatch, text, n, m,
+                                                                first):
+    """Our prompt-lookup decoder, greedy, drafts and keeps round by round what llama.cpp's ``ngram-simple`` does in
+    its own ``llama-speculative-simple`` on the same text (read into ids by llama.cpp's own tokenizer). Rounds are
+    compared while neither driver caps a draft by the tokens left (the binary's last drafts are uncapped)."""
+    import llama_cpp
+
+    from decoding.policies import prompt_lookup
+
+    vocab = llama_cpp.Llama(str(gguf_pair[1]), vocab_only=True, verbose=False)
+    prompt = vocab.tokenize(text.encode(), add_bos=True, special=True)
+    assert len(prompt) == len(text)
+    new_tokens = 48
+    theirs = binary_rounds(gguf_pair[1], text, n, m, new_tokens)
+
+    drafted = []  # (tokens decoded before the round, candidates proposed)
+    propose = prompt_lookup.prompt_lookup_proposal
+
+    def recorded(seq, *args):
+        source, candidates = propose(seq, *args)
+        drafted.append((len(seq) - len(prompt), len(candidates)))
+        return source, candidates
+
+    monkeypatch.setattr(prompt_lookup, "prompt_lookup_proposal", recorded)
+    result = generate(build_policy("prompt_lookup", n=n, m=m), pair(llama_models, temperature=0.0,
+                                                                       max_new_tokens=new_tokens), prompt)
+    kept = iter(result.stats.accepted_lengths)
+    ours = []
+    for start, count in drafted:
+        accepted = next(kept) if count else 0
+        ours.append((accepted, count, result.tokens[start + accepted]))
+    uncapped = sum(1 for start, _ in drafted if new_tokens - start - 1 >= m)
+    assert uncapped >= 5 and theirs[0][1] == first
+    assert ours[:uncapped] == theirs[:uncapped]
