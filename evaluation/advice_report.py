@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation.advice_rules import CEILING, LLAMA_CPP, RUNTIMES, TRANSFORMERS, VLLM, Setting, best
+from evaluation.advice_rules import (CEILING, LLAMA_CPP, OURS, RUNTIMES, TRAINED_RULES, TRANSFORMERS, VLLM,
+                                     Setting, best)
 from evaluation.plots import pyplot, save
 
 
@@ -183,10 +184,15 @@ def picture(settings: list[Setting], path: Path, checked: list[dict] | None = No
                   yerr=[[s.speedup.value - s.speedup.low for s in lookup], [s.speedup.high - s.speedup.value
                                                                              for s in lookup]], color="tab:green")
         right.set_xticks(range(len(lookup)), [f"{s.params['n']},{s.params['m']}" for s in lookup], rotation=45)
-    for s in settings:
-        if s.runtime == CEILING and (right is not None or s.drafter == "draft model"):
+    lines = 0
+    for s in settings:  # the ceilings dashed, our rules on a trained estimate dotted, each line its own colour
+        ours = s.runtime == OURS and s.rule in TRAINED_RULES
+        if (s.runtime == CEILING or ours) and (right is not None or s.drafter == "draft model"):
             ax = left if s.drafter == "draft model" else right
-            ax.axhline(s.speedup.value, ls="--", color="gray", label=f"oracle ({s.drafter})")
+            lines += 1
+            ax.axhline(s.speedup.value, ls=":" if ours else "--", color=f"C{(lines + 4) % 10}",
+                       label=f"ours: {s.label}" if ours else f"oracle ({s.drafter}{', ' if s.params else ''}"
+                                                            f"{', '.join(map(str, s.params.values()))})")
     for c in checked or []:
         s = c["setting"]
         value = c["measured"].value

@@ -10,12 +10,14 @@ prompts. A setting says whether a runtime its users run executes it today (llama
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from core.intervals import Interval
 from decoding.costs import CostModel
+from decoding.lookup_stop import LookupCalibration, LookupGoodput
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.runtime_replay import (ASSISTED_DEFAULTS, DRAFT_TOP_K, assisted_counts, continue_chance,
                                      draft_simple_counts)
@@ -159,19 +161,61 @@ def our_settings(traces: list[AdviceTrace], greedy: bool, quiet: bool = False) -
             for family, params in tqdm(grid, desc="advise: our rules", disable=quiet)]
 
 
-def ceilings(traces: list[AdviceTrace], costs: CostModel, lookup: dict | None, max_new_tokens: int) -> list[Setting]:
+TRAINED_RULES = ("specdecpp", "goodput", "prompt_lookup_goodput")
+"""Our rules that read a trained estimate (``our_trained_settings``)."""
+
+
+def our_trained_settings(traces: list[AdviceTrace], costs: CostModel, heads: list[str], calibration: str | None,
+                         lookup: LookupCalibration | None, max_new_tokens: int) -> list[Setting]:
+    """Our rules that read a trained estimate: SpecDec++'s stop on each stop head of ``heads`` at its exported
+    threshold, the goodput stop on each of them and on the draft's confidence calibrated by ``calibration`` (each
+    at the λ its replay over the traces does best at, ``evaluation.simulate.goodput_grid``), and prompt lookup's
+    goodput stop on ``lookup``'s keep chance (at the calibration's own λ, as the policy runs). A head's rows are
+    replayed over the traces of prompts it did not see (``heads.export.seen_prompts``), named in its params."""
+    from decoding.simulate import cached_head
+    from decoding.traces import unseen
+    from evaluation.simulate import goodput_grid
+    from heads.export import read_metadata, seen_prompts
+
+    out = []
+    for path in heads:
+        name = Path(path).stem
+        kept = unseen([t.trace for t in traces], seen_prompts(read_metadata(path)))
+        of = {"prompts": f"{len(kept)} of {len(traces)}"} if len(kept) < len(traces) else {}
+        if not kept:
+            continue
+        counts = [simulate([t], "specdecpp", head=path) for t in kept]
+        out.append(Setting(OURS, "draft model", "specdecpp", {"head": name, "h": cached_head(path).threshold, **of},
+                           counts))
+        for family, params in goodput_grid(kept, [path], costs):
+            out.append(Setting(OURS, "draft model", "goodput", {"head": name, "lam": round(params["lam"], 2), **of},
+                               [simulate([t], family, **params) for t in kept]))
+    if calibration is not None:
+        every = [t.trace for t in traces]
+        for family, params in goodput_grid(every, [], costs, calibration):
+            out.append(Setting(OURS, "draft model", "goodput", {"calibration": Path(calibration).stem,
+                                                                 "lam": round(params["lam"], 2)},
+                               [simulate([t], family, **params) for t in every]))
+    if lookup is not None:
+        n, m = lookup.n, int((lookup.fitted or {}).get("m", 48))
+        rate = lookup.rate if lookup.rate is not None else costs.target_only_rate()
+        rule = LookupGoodput(lookup, costs, rate, m)
+        out.append(Setting(OURS, "prompt lookup", "prompt_lookup_goodput", {"n": n, "m": m, "lam": round(rate, 2)},
+                           [prompt_lookup_counts(t.prompt, t.response, n, m, max_new_tokens, length=rule)
+                            for t in traces]))
+    return out
+
+
+def ceilings(traces: list[AdviceTrace], costs: CostModel, lookups: list[dict], max_new_tokens: int) -> list[Setting]:
     """The oracle over the draft model's candidates (it knows each one's fate and stops where the costs say), and
-    over prompt lookup's proposals at ``lookup``'s (n, m) where given."""
-    drafted = Setting(CEILING, "draft model", "oracle", {}, [simulate([t.trace], "oracle", costs=costs)
-                                                             for t in traces])
-    if lookup is None:
-        return [drafted]
-    n, m = lookup["n"], lookup["m"]
-    return [drafted,
-            Setting(CEILING, "prompt lookup", "oracle", dict(lookup),
-                    [prompt_lookup_oracle_counts(t.prompt, t.response, n, m, max_new_tokens, costs,
-                                                 trace=LookupTrace(t.prompt, t.response, n, m, max_new_tokens))
-                     for t in traces])]
+    over prompt lookup's proposals at each (n, m) of ``lookups``."""
+    out = [Setting(CEILING, "draft model", "oracle", {}, [simulate([t.trace], "oracle", costs=costs) for t in traces])]
+    for n, m in dict.fromkeys((int(at["n"]), int(at["m"])) for at in lookups):
+        out.append(Setting(CEILING, "prompt lookup", "oracle", {"n": n, "m": m},
+                           [prompt_lookup_oracle_counts(t.prompt, t.response, n, m, max_new_tokens, costs,
+                                                        trace=LookupTrace(t.prompt, t.response, n, m, max_new_tokens))
+                            for t in traces]))
+    return out
 
 
 def budget(sampling: dict, runtime: str = LLAMA_CPP) -> int:

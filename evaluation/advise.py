@@ -28,7 +28,8 @@ from core.shards import read_manifest
 from decoding.costs import read_timing
 from evaluation.advice_report import markdown, paste, picture, verdict
 from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, RUNTIME_OF_BACKEND, TRANSFORMERS, VLLM,
-                                     best, budget, ceilings, our_settings, price, runtime_settings)
+                                     best, budget, ceilings, our_settings, our_trained_settings, price,
+                                     runtime_settings)
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
 from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, TIMED_WITH
@@ -74,6 +75,14 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--check_prompts", default=None, metavar="SOURCE",
                    help="the prompts --check runs (a .jsonl with a `prompt` field, or `humaneval`); the labels' "
                         "chat template setting applies")
+    p.add_argument("--heads", nargs="*", default=[], metavar="FILE",
+                   help="our exported stop heads (`role: stop`, trained for the labels' draft) to price beside the "
+                        "runtime's rules: SpecDec++'s stop at each head's threshold, and the goodput stop on it")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="the draft's calibrated confidence (`specheads calibrate`): prices our goodput stop on it")
+    p.add_argument("--lookup_calibration", default=None, metavar="FILE",
+                   help="prompt lookup's keep chance (`specheads calibrate --prompt_lookup`): prices our "
+                        "prompt-lookup goodput stop")
     p.add_argument("--tools", default=".llama.cpp/build/bin", help="where `make llama-tools` put llama.cpp's binaries")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
@@ -219,7 +228,36 @@ def check_inputs(a) -> tuple:
         if timed is not None and not same_shape(timed, manifest["models"][role]):
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
+    check_estimates(a, manifest)
     return manifest, run, costs, timed_with(timing)
+
+
+def check_estimates(a, manifest: dict) -> None:
+    """Refuse, in one line, an estimate of ours that cannot be priced over these traces: a head or calibration of
+    another draft, a prompt-lookup calibration of another target, a verifier head, a head reading features the
+    traces lack; ``a.lookup`` holds the loaded prompt-lookup calibration."""
+    from decoding.estimates import CalibratedConfidence
+    from decoding.lookup_stop import LookupCalibration
+    from decoding.simulate import replayable
+    from heads.export import check_labels, read_metadata
+
+    for head in a.heads:
+        role = read_metadata(head).get("role")
+        if role != "stop":
+            raise SettingError(f"--heads {head}: a {role} head; the advice prices exact stop rules along the "
+                               "target's responses, and a verifier changes the output: judge it with `make eval`")
+        if not replayable(head):
+            raise SettingError(f"--heads {head} reads features the traces do not hold")
+        check_labels(head, manifest, a.labels)
+    if a.calibration is not None:
+        if LookupCalibration.holds_one(a.calibration):
+            raise SettingError(f"--calibration {a.calibration} is prompt lookup's: give it as --lookup_calibration")
+        CalibratedConfidence.load(a.calibration).check_draft(manifest["models"]["draft"],
+                                                             f"the draft of the labels in {a.labels}")
+    a.lookup = None
+    if a.lookup_calibration is not None:
+        a.lookup = LookupCalibration.load(a.lookup_calibration)
+        a.lookup.check_target(manifest["models"]["target"], f"the target of the labels in {a.labels}")
 
 
 def torch_threads() -> int:
@@ -274,10 +312,12 @@ def main(argv: list[str] | None = None) -> dict:
         # a generate() call's time includes its prompt's prefill; llama.cpp's decode times do not
         prompts = [len(t.prompt) for t in traces] if runtime == TRANSFORMERS else None
         settings = runtime_settings(runtime, traces, budget(sampling, runtime), a.quiet) \
-            + our_settings(traces, greedy, a.quiet)
+            + our_settings(traces, greedy, a.quiet) \
+            + our_trained_settings(traces, costs, a.heads, a.calibration, a.lookup, budget(sampling, runtime))
         lookup = best(price(settings, costs, prompts), runtime, "prompt lookup")
-        settings += price(ceilings(traces, costs, lookup and lookup.params, budget(sampling, runtime)), costs,
-                          prompts)
+        # prompt lookup's oracle at the runtime's best (n, m), and at our stop's where it runs at another
+        lookups = [s.params for s in settings if s is lookup or s.rule == "prompt_lookup_goodput"]
+        settings += price(ceilings(traces, costs, lookups, budget(sampling, runtime)), costs, prompts)
         pick, sentence = verdict(settings, runtime)
         flags = paste(runtime, pick, costs.threads, budget(sampling, runtime))
         folder.start()

@@ -12,8 +12,11 @@ script asks whether a learned estimate that reads them does better:
    with features: the round start's state, projected on the train rows' first ``--components`` principal
    components, its top-1 probability, the candidate's match length and its index in the round (a round at the
    response's first token holds no state of the target's: there every estimate is the calibration);
-3. it fits a logistic regression per inverse regularisation strength ``C`` on the train split, and prints each one's
-   AUROC on the val split and the held-out traces beside the calibration's (match length alone);
+3. it fits a logistic regression per inverse regularisation strength ``C`` on the train split, and, with
+   ``--heads``, trains the project's SpecDec++ acceptance head (``heads.resnet.ResNetHead`` of each depth given,
+   through ``pipeline.module.HeadModule``: Lightning, the weighted BCE on the keep indicator, the best epoch on the
+   val split's loss) on the round start's whole state and the same scalars; it prints each estimate's AUROC on the
+   val split and the held-out traces beside the calibration's (match length alone);
 4. it replays the goodput stop along the held-out traces with each estimate's chances instead of the calibration's,
    λ of each the best of ``decoding.replay.LOOKUP_RATE_GRID`` on the val traces (which no fit read), priced at
    ``--timing``, with bootstrap intervals over the prompts (``evaluation.simulate_lookup.priced_interval``), beside
@@ -108,6 +111,63 @@ def rows(responses: list[Response]) -> tuple[np.ndarray, ...]:
     return tuple(np.concatenate(c) for c in (states, other, lengths, kept, of))
 
 
+class StopRows(torch.utils.data.Dataset):
+    """A split's stop rows as a head reads them, a batch per list of indices: the round start's whole state with
+    the row's scalars (standardized) appended, the keep indicator as its label."""
+
+    def __init__(self, hidden: np.ndarray, state_of: np.ndarray, other: np.ndarray, kept: np.ndarray,
+                 chance: np.ndarray):
+        self.hidden, self.state_of = torch.from_numpy(hidden).float(), torch.from_numpy(state_of)
+        self.other, self.kept = torch.from_numpy(other).float(), torch.from_numpy(kept).float()
+        self.chance = torch.from_numpy(chance).float()
+        self.width = self.hidden.shape[1] + self.other.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def __getitem__(self, idx) -> dict[str, torch.Tensor]:
+        idx = torch.as_tensor(idx)
+        kept = self.kept[idx]
+        # HeadModule's metrics also rank two training-free baselines by these names: the calibration's chance here
+        return {"hidden": torch.cat([self.hidden[self.state_of[idx]], self.other[idx]], -1), "target": kept,
+                "binary": kept, "ratio": torch.where(kept > 0, 1.0, torch.inf), "p_draft": self.chance[idx],
+                "conf_entropy": self.chance[idx]}
+
+
+def batches(rows: StopRows, shuffle: bool, size: int = 1024):
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+    order = RandomSampler(rows, generator=torch.Generator().manual_seed(0)) if shuffle else SequentialSampler(rows)
+    return DataLoader(rows, batch_size=None, sampler=BatchSampler(order, size, drop_last=False))
+
+
+def train_head(depth: int, train: StopRows, val: StopRows, epochs: int, w_rej: float, lr: float):
+    """A SpecDec++ acceptance head of ``depth`` trained by ``HeadModule`` on ``train``, at its epoch of least val
+    loss."""
+    import tempfile
+
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+
+    from heads.resnet import ResNetHead
+    from pipeline.module import HeadModule
+
+    torch.manual_seed(0)
+    module = HeadModule(ResNetHead(hidden_size=train.width, depth=depth), w_rej=w_rej, lr=lr)
+    with tempfile.TemporaryDirectory() as kept:
+        best = ModelCheckpoint(dirpath=kept, monitor="val/loss", save_weights_only=True)
+        trainer = pl.Trainer(max_epochs=epochs, callbacks=[EarlyStopping("val/loss", patience=2), best],
+                             logger=False, enable_model_summary=False, accelerator="cpu", default_root_dir=kept)
+        trainer.fit(module, batches(train, shuffle=True), batches(val, shuffle=False))
+        module.load_state_dict(torch.load(best.best_model_path, weights_only=True)["state_dict"])
+    return module.head.eval()
+
+
+@torch.no_grad()
+def head_chances(head, rows: StopRows) -> np.ndarray:
+    return np.concatenate([torch.sigmoid(head(b["hidden"])).numpy() for b in batches(rows, shuffle=False)])
+
+
 def held_out_auroc(kept: np.ndarray, prompt_of: np.ndarray, score: np.ndarray,
                    against: np.ndarray | None = None) -> str:
     """The AUROC of ``score`` with a bootstrap interval over the prompts, and its difference from ``against``'s."""
@@ -154,6 +214,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--components", type=int, nargs="+", default=[0, 8, 64],
                     help="principal components of the state each fit reads (0: the scalars alone)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 1.0], help="inverse regularisation strengths")
+    ap.add_argument("--heads", type=int, nargs="*", default=[],
+                    help="depths of SpecDec++ heads to train on the whole state (none: the fits alone)")
+    ap.add_argument("--epochs", type=int, default=20, help="most epochs a head trains (it stops when val loss rises)")
+    ap.add_argument("--w_rej", type=float, default=1.0, help="a head's weight of the reject term")
+    ap.add_argument("--lr", type=float, default=1e-3, help="a head's learning rate")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
 
@@ -190,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{held_out_auroc(kept, prompt_of, iso['test'])}")
     # each response position's state projected once; a row reads its round start's
     hidden = {split: np.concatenate([r.hidden for r in rs]) for split, rs in data.items()}
+    state_of = {split: t[0] for split, t in table.items()}  # a row's state in ``hidden``, before projection
     wide = max(args.components)  # its solver is randomized: seeded, so a rerun gives the same components
     pca = PCA(wide, random_state=0).fit(hidden["train"][table["train"][0][::5]]) if wide else None
     for split, rs in data.items():
@@ -213,19 +279,50 @@ def main(argv: list[str] | None = None) -> None:
                   f" / {held_out_auroc(kept, prompt_of, score['test'], iso['test'])}")
             fits[f"target state, {k} components, C {c:g}"] = (k, scaler, fit)
 
+    heads = {}
+    if args.heads:
+        scaler = StandardScaler().fit(table["train"][1])
+        stop_rows = {s: StopRows(hidden[s], state_of[s], scaler.transform(table[s][1]), table[s][3],
+                                 calibration.keep_chance(table[s][2])) for s in data}
+        for depth in args.heads:
+            head = train_head(depth, stop_rows["train"], stop_rows["val"], args.epochs, args.w_rej, args.lr)
+            score = {s: head_chances(head, stop_rows[s]) for s in ("val", "test")}
+            print(f"  SpecDec++ head, depth {depth}, whole state: {roc_auc_score(table['val'][3], score['val']):.4f}"
+                  f" / {held_out_auroc(kept, prompt_of, score['test'], iso['test'])}")
+            heads[f"SpecDec++ head, depth {depth}"] = (head, scaler)
+
     def calibrated(r, seq, source, proposal):
         return calibration.chances(rules.match_length(seq, source), len(proposal))
 
+    def round_features(r, seq, source, proposal) -> tuple[int, np.ndarray] | None:
+        """The round's state row and each candidate's scalars; None at the response's first token (no state)."""
+        s = len(seq) - len(r.prompt)
+        if s == 0:
+            return None
+        j = np.arange(len(proposal))
+        row = r.start_row(s)
+        return row, scalars(np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP), j, r.top1[row])
+
     def learned(k, scaler, fit):
         def chances(r, seq, source, proposal):
-            s = len(seq) - len(r.prompt)
-            if s == 0:  # no target state yet
+            at = round_features(r, seq, source, proposal)
+            if at is None:
                 return calibrated(r, seq, source, proposal)
-            j = np.arange(len(proposal))
-            length = np.minimum(rules.match_length(seq, source) + j, rules.MATCH_CAP)
-            row = r.start_row(s)
-            x = features(np.repeat(r.projected[row][None], len(j), 0), scalars(length, j, r.top1[row]), k)
+            row, other = at
+            x = features(np.repeat(r.projected[row][None], len(other), 0), other, k)
             return fit.predict_proba(scaler.transform(x))[:, 1]
+        return chances
+
+    def by_head(head, scaler):
+        @torch.no_grad()
+        def chances(r, seq, source, proposal):
+            at = round_features(r, seq, source, proposal)
+            if at is None:
+                return calibrated(r, seq, source, proposal)
+            row, other = at
+            state = torch.from_numpy(r.hidden[row]).float().expand(len(other), -1)
+            x = torch.cat([state, torch.from_numpy(scaler.transform(other)).float()], -1)
+            return torch.sigmoid(head(x)).numpy()
         return chances
 
     max_new = manifests[args.heldout]["sampling"]["max_new_tokens"]
@@ -249,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
 
     by_calibration = None
     for name, chances in {"calibration (match length)": calibrated,  # first: the others are priced over it
-                          **{name: learned(*f) for name, f in fits.items()}}.items():
+                          **{name: learned(*f) for name, f in fits.items()},
+                          **{name: by_head(*h) for name, h in heads.items()}}.items():
         rate, stopped = stopped_by(chances)
         by_calibration = by_calibration or stopped
         print(f"  {name}: λ {rate:.1f}: {priced_interval(stopped, costs)}x target-only, "

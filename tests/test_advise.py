@@ -280,6 +280,63 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
 
 
+def tiny_head(manifest: dict, path: Path, role: str = "stop") -> str:
+    """A random SpecDec++ head exported for the labels' draft."""
+    import torch
+
+    from heads.export import export_head
+    from heads.resnet import ResNetHead
+
+    draft = manifest["models"]["draft"]
+    torch.manual_seed(0)
+    head = ResNetHead(hidden_size=draft["hidden_size"], depth=1)
+    with torch.no_grad():
+        head.out.weight.normal_(0, 1)
+    setting = {"stop": "h", "verifier": "tau"}[role]
+    return str(export_head(head, path, draft=draft, vocab_size=draft["vocab_size"], label={"kind": "test"}, role=role,
+                           threshold={"name": setting, "value": 0.5, "rule": "test"}, metrics={}))
+
+
+def test_our_trained_stops_are_priced_beside_the_runtimes_rules(llama_labels, tmp_path, capsys):
+    """A stop head, the draft's calibrated confidence and prompt lookup's keep chance each add our rules on them to
+    the table: SpecDec++'s stop and the goodput stop on the head, the goodput stop on the calibration, prompt
+    lookup's goodput stop; none beats its drafter's oracle. A verifier head, or prompt lookup's calibration given as
+    the draft's, is one line."""
+    from core.shards import read_manifest
+    from decoding import calibrate
+
+    labels = str(llama_labels["labels"])
+    head = tiny_head(read_manifest(labels), tmp_path / "stop.safetensors")
+    confidence, lookup = tmp_path / "confidence.json", tmp_path / "lookup.json"
+    calibrate.main(["--labels", labels, "--splits", "train", "--out", str(confidence)])
+    calibrate.main(["--labels", labels, "--splits", "train", "--prompt_lookup", "1", "4", "--out", str(lookup)])
+    out = tmp_path / "advice"
+    code, printed, err = advise(["--labels", labels, "--timing", llama_labels["timing"], "--out", out, "--heads", head,
+                                 "--calibration", confidence, "--lookup_calibration", lookup], capsys)
+    assert code in (0, None), err
+    saved = json.loads((out / "advice.json").read_text())
+    ours = Counter((s["rule"], s["drafter"]) for s in saved["settings"] if s["runs_in"] == "specheads")
+    assert ours[("specdecpp", "draft model")] == 1 and ours[("goodput", "draft model")] == 2
+    assert ours[("prompt_lookup_goodput", "prompt lookup")] == 1
+    def ceiling(drafter: str, params: dict) -> float:
+        return next(s["speedup"]["value"] for s in saved["settings"] if s["runs_in"] == "ceiling"
+                    and s["drafter"] == drafter and s["params"] == params)
+
+    for s in saved["settings"]:  # none beats the oracle over the same proposals
+        if s["runs_in"] == "specheads":
+            over = {k: s["params"][k] for k in ("n", "m")} if s["drafter"] == "prompt lookup" else {}
+            assert s["speedup"]["value"] <= ceiling(s["drafter"], over) + 1e-9, s
+    assert "prompt_lookup_goodput" in (out / "advice.md").read_text()
+
+    verifier = tiny_head(read_manifest(labels), tmp_path / "verifier.safetensors", role="verifier")
+    for argv, words in ((["--heads", verifier], "a verifier head"),
+                        (["--calibration", lookup], "give it as --lookup_calibration")):
+        code, _, err = advise(["--labels", labels, "--timing", llama_labels["timing"], "--out", tmp_path / "bad",
+                               *argv], capsys)
+        assert code == 2 and len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("built", [True, False])
 def test_a_pair_file_is_traced_and_timed_here(llama_labels, tmp_path, capsys, built):
     """Without --labels and --timing: the pair's responses to the prompts labeled on llama.cpp into traces/, the

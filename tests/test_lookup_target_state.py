@@ -38,10 +38,12 @@ def test_the_script_prices_each_estimate_beside_the_calibration(tiny_pair, tmp_p
     capsys.readouterr()
     lookup_target_state.main(["--labels", cfg.output_dir, "--heldout", cfg.output_dir,
                               "--calibration", str(calibration), "--timing", str(timing), "--m", "4",
-                              "--components", "0", "2", "--C", "1", "--threads", "1"])
+                              "--components", "0", "2", "--C", "1", "--heads", "1", "--epochs", "2",
+                              "--threads", "1"])
     printed = capsys.readouterr().out
     assert "calibration (match length):" in printed and "target state on   2 components, C 1:" in printed
-    assert printed.count("over the calibration's") == 2 and printed.count("x the calibration's") == 3
+    assert "SpecDec++ head, depth 1, whole state:" in printed
+    assert printed.count("over the calibration's") == 3 and printed.count("x the calibration's") == 4
     assert "oracle" in printed
 
 
