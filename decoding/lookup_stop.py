@@ -70,6 +70,24 @@ class LookupCalibration:
         iso.fit(np.asarray(lengths, float), np.asarray(kept, float))
         return cls(length=iso.X_thresholds_, keep=iso.y_thresholds_, n=int(n), rows=len(kept))
 
+    @property
+    def m(self) -> int:
+        """The longest copy the rows were made at (the fit's record, else llama.cpp's default, 48)."""
+        return int((self.fitted or {}).get("m", 48))
+
+    def stop(self, costs: CostModel, lam: float | None = None, m: int | None = None) -> "LookupGoodput":
+        """The goodput stop on this calibration, its rounds priced at ``costs``, at ``lam`` tokens per second, else
+        the calibration's own λ (found at the costs of ``fitted["device"]``: a warning where ``costs`` are another
+        device's), else target-only's rate; proposals copied up to ``m`` (default: the calibration's)."""
+        found_at = (self.fitted or {}).get("device")
+        if lam is None and self.rate is not None and found_at and costs.device and found_at != costs.device:
+            warnings.warn(f"the calibration's λ was found at the costs of {found_at}, these rounds are priced at "
+                          f"{costs.device}'s: give lam, or calibrate with this device's timing file", stacklevel=3)
+        lam = float(lam if lam is not None else self.rate if self.rate is not None else costs.target_only_rate())
+        if not lam > 0:
+            raise ValueError(f"lam must be positive tokens per second, got {lam}")
+        return LookupGoodput(self, costs, lam, self.m if m is None else m)
+
     def chances(self, length: int, count: int) -> np.ndarray:
         """The keep chances of ``count`` candidates whose first has a match of ``length``."""
         return self.keep_chance(np.minimum(length + np.arange(count), rules.MATCH_CAP))

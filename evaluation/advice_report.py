@@ -160,8 +160,8 @@ its others."""
 
 def picture(settings: list[Setting], path: Path, checked: list[dict] | None = None) -> Path:
     """Predicted speedup over the runtime's own settings: its draft-model rule over its length, a line per setting
-    of the others; ngram-simple per (n, m) where traced in llama.cpp; the ceilings dashed; measured points
-    (``--check``) as crosses."""
+    of the others; ngram-simple per (n, m) where traced in llama.cpp; the ceilings dashed, our rules on a trained
+    estimate dotted; measured points (``--check``) as crosses."""
     plt = pyplot()
     lookup = [s for s in settings if s.rule == "ngram-simple"]
     if lookup:
@@ -184,13 +184,11 @@ def picture(settings: list[Setting], path: Path, checked: list[dict] | None = No
                   yerr=[[s.speedup.value - s.speedup.low for s in lookup], [s.speedup.high - s.speedup.value
                                                                              for s in lookup]], color="tab:green")
         right.set_xticks(range(len(lookup)), [f"{s.params['n']},{s.params['m']}" for s in lookup], rotation=45)
-    lines = 0
-    for s in settings:  # the ceilings dashed, our rules on a trained estimate dotted, each line its own colour
+    for s in settings:
         ours = s.runtime == OURS and s.rule in TRAINED_RULES
         if (s.runtime == CEILING or ours) and (right is not None or s.drafter == "draft model"):
             ax = left if s.drafter == "draft model" else right
-            lines += 1
-            ax.axhline(s.speedup.value, ls=":" if ours else "--", color=f"C{(lines + 4) % 10}",
+            ax.axhline(s.speedup.value, ls=":" if ours else "--", color=f"C{len(ax.lines) % 10}",
                        label=f"ours: {s.label}" if ours else f"oracle ({s.drafter}{', ' if s.params else ''}"
                                                             f"{', '.join(map(str, s.params.values()))})")
     for c in checked or []:

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from core.intervals import Interval
 from decoding.costs import CostModel
-from decoding.lookup_stop import LookupCalibration, LookupGoodput
+from decoding.lookup_stop import LookupCalibration
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.runtime_replay import (ASSISTED_DEFAULTS, DRAFT_TOP_K, assisted_counts, continue_chance,
                                      draft_simple_counts)
@@ -170,38 +170,25 @@ def our_trained_settings(traces: list[AdviceTrace], costs: CostModel, heads: lis
     """Our rules that read a trained estimate: SpecDec++'s stop on each stop head of ``heads`` at its exported
     threshold, the goodput stop on each of them and on the draft's confidence calibrated by ``calibration`` (each
     at the λ its replay over the traces does best at, ``evaluation.simulate.goodput_grid``), and prompt lookup's
-    goodput stop on ``lookup``'s keep chance (at the calibration's own λ, as the policy runs). A head's rows are
-    replayed over the traces of prompts it did not see (``heads.export.seen_prompts``), named in its params."""
+    goodput stop on ``lookup``'s keep chance (``LookupCalibration.stop``, as the policy runs it)."""
     from decoding.simulate import cached_head
-    from decoding.traces import unseen
     from evaluation.simulate import goodput_grid
-    from heads.export import read_metadata, seen_prompts
 
+    every = [t.trace for t in traces]
     out = []
     for path in heads:
         name = Path(path).stem
-        kept = unseen([t.trace for t in traces], seen_prompts(read_metadata(path)))
-        of = {"prompts": f"{len(kept)} of {len(traces)}"} if len(kept) < len(traces) else {}
-        if not kept:
-            continue
-        counts = [simulate([t], "specdecpp", head=path) for t in kept]
-        out.append(Setting(OURS, "draft model", "specdecpp", {"head": name, "h": cached_head(path).threshold, **of},
-                           counts))
-        for family, params in goodput_grid(kept, [path], costs):
-            out.append(Setting(OURS, "draft model", "goodput", {"head": name, "lam": round(params["lam"], 2), **of},
-                               [simulate([t], family, **params) for t in kept]))
-    if calibration is not None:
-        every = [t.trace for t in traces]
-        for family, params in goodput_grid(every, [], costs, calibration):
-            out.append(Setting(OURS, "draft model", "goodput", {"calibration": Path(calibration).stem,
-                                                                 "lam": round(params["lam"], 2)},
-                               [simulate([t], family, **params) for t in every]))
+        out.append(Setting(OURS, "draft model", "specdecpp", {"head": name, "h": cached_head(path).threshold},
+                           [simulate([t], "specdecpp", head=path) for t in every]))
+    for family, params in goodput_grid(every, heads, costs, calibration):
+        source = {k: Path(params[k]).stem for k in ("head", "calibration") if k in params}
+        out.append(Setting(OURS, "draft model", "goodput", {**source, "lam": round(params["lam"], 2)},
+                           [simulate([t], family, **params) for t in every]))
     if lookup is not None:
-        n, m = lookup.n, int((lookup.fitted or {}).get("m", 48))
-        rate = lookup.rate if lookup.rate is not None else costs.target_only_rate()
-        rule = LookupGoodput(lookup, costs, rate, m)
-        out.append(Setting(OURS, "prompt lookup", "prompt_lookup_goodput", {"n": n, "m": m, "lam": round(rate, 2)},
-                           [prompt_lookup_counts(t.prompt, t.response, n, m, max_new_tokens, length=rule)
+        rule = lookup.stop(costs)
+        out.append(Setting(OURS, "prompt lookup", "prompt_lookup_goodput",
+                           {"n": lookup.n, "m": lookup.m, "lam": round(rule.rate, 2)},
+                           [prompt_lookup_counts(t.prompt, t.response, lookup.n, lookup.m, max_new_tokens, length=rule)
                             for t in traces]))
     return out
 

@@ -232,32 +232,53 @@ def check_inputs(a) -> tuple:
     return manifest, run, costs, timed_with(timing)
 
 
-def check_estimates(a, manifest: dict) -> None:
-    """Refuse, in one line, an estimate of ours that cannot be priced over these traces: a head or calibration of
-    another draft, a prompt-lookup calibration of another target, a verifier head, a head reading features the
-    traces lack; ``a.lookup`` holds the loaded prompt-lookup calibration."""
+def read_estimates(a) -> None:
+    """Read our estimates (``--heads``, ``--calibration``, ``--lookup_calibration``) before anything is traced or
+    timed, refusing in one line a verifier head, a head reading features the traces do not hold, or a calibration
+    of the other kind; ``a.lookup`` holds the loaded prompt-lookup calibration."""
     from decoding.estimates import CalibratedConfidence
     from decoding.lookup_stop import LookupCalibration
     from decoding.simulate import replayable
-    from heads.export import check_labels, read_metadata
+    from heads.export import read_metadata
 
     for head in a.heads:
         role = read_metadata(head).get("role")
         if role != "stop":
-            raise SettingError(f"--heads {head}: a {role} head; the advice prices exact stop rules along the "
-                               "target's responses, and a verifier changes the output: judge it with `make eval`")
+            raise SettingError(f"--heads {head}: a {role or 'roleless'} head; the advice prices exact stop rules "
+                               "along the target's responses, and a verifier changes the output: judge it with "
+                               "`make eval`")
         if not replayable(head):
             raise SettingError(f"--heads {head} reads features the traces do not hold")
-        check_labels(head, manifest, a.labels)
     if a.calibration is not None:
         if LookupCalibration.holds_one(a.calibration):
             raise SettingError(f"--calibration {a.calibration} is prompt lookup's: give it as --lookup_calibration")
+        CalibratedConfidence.load(a.calibration)
+    a.lookup = None if a.lookup_calibration is None else LookupCalibration.load(a.lookup_calibration)
+
+
+def check_estimates(a, manifest: dict) -> None:
+    """Refuse, in one line, an estimate of ours made for another model than the labels': a head or calibration of
+    another draft, a prompt-lookup calibration of another target."""
+    from decoding.estimates import CalibratedConfidence
+    from heads.export import check_labels
+
+    for head in a.heads:
+        check_labels(head, manifest, a.labels)
+    if a.calibration is not None:
         CalibratedConfidence.load(a.calibration).check_draft(manifest["models"]["draft"],
                                                              f"the draft of the labels in {a.labels}")
-    a.lookup = None
-    if a.lookup_calibration is not None:
-        a.lookup = LookupCalibration.load(a.lookup_calibration)
+    if a.lookup is not None:
         a.lookup.check_target(manifest["models"]["target"], f"the target of the labels in {a.labels}")
+
+
+def unseen_traces(traces: list, heads: list[str]) -> list:
+    """The traces of prompts no head of ``heads`` trained on or had its threshold chosen on: every rule is priced
+    over them alike, as ``specheads simulate`` replays (a head's speed on prompts it saw is optimistic)."""
+    from decoding.traces import unseen
+    from heads.export import read_metadata, seen_prompts
+
+    seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
+    return [t for t in traces if unseen([t.trace], seen)]
 
 
 def torch_threads() -> int:
@@ -280,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     folder = RunFolder(a.out, "advise", "--out", OUTPUTS)
     # bad input in one line before the folder is touched, or minutes are spent on the other input
+    read_estimates(a)
     given = a.labels is not None and a.timing is not None
     if given:
         inputs = check_inputs(a)
@@ -305,9 +327,15 @@ def main(argv: list[str] | None = None) -> dict:
             traces = advice_traces(a.labels, draft, DRAFT_PROBABILITY_TOP_K[runtime], a.quiet)
         finally:
             getattr(draft, "close", lambda: None)()
-        if len(traces) < 2:
-            raise UserError(f"{a.labels}: {len(traces)} traced responses; the advice needs at least 2 (its "
-                            "intervals are over prompts)")
+        kept = unseen_traces(traces, a.heads)
+        seen = f", {len(traces) - len(kept)} of prompts a head of --heads has seen" if len(kept) < len(traces) else ""
+        if len(kept) < 2:
+            raise UserError(f"{a.labels}: {len(traces)} traced responses{seen}; the advice needs at least 2"
+                            f"{' others' if seen else ''} (its intervals are over prompts)")
+        if seen:
+            print(f"advise: left out {len(traces) - len(kept)} of {len(traces)} traces: prompts a head of --heads "
+                  "trained on or had its threshold chosen on", file=sys.stderr)
+        traces = kept
         greedy = sampling["temperature"] == 0
         # a generate() call's time includes its prompt's prefill; llama.cpp's decode times do not
         prompts = [len(t.prompt) for t in traces] if runtime == TRANSFORMERS else None

@@ -46,7 +46,7 @@ def run_binary(tools: str | Path, name: str, model: Path, args: list[str], last:
     keep_layout = ["--repack", "0"] if name == "llama-bench" else ["--no-repack"]
     cmd = [str(binary), "-m", str(model), *args, *([] if repacks_safely() else keep_layout)]
     try:
-        done = llama_peer.run_printing(cmd, last or "")
+        done = llama_peer.run_printing(cmd, last)
     except RuntimeError as e:
         raise UserError(f"{name} on {model.name}: {' '.join(str(e).split()[-40:])}") from None
     return done.stdout + done.stderr

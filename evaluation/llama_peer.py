@@ -94,22 +94,24 @@ def sampling_flags(s: Sampling) -> list[str]:
             "--min-p", "0"]
 
 
-LOG_TRIES = 5
+LOG_TRIES = 3
 """Runs of a binary made before its lost summary lines count as a failure (``run_printing``)."""
 
 
-def run_printing(cmd: list[str], last: str) -> subprocess.CompletedProcess:
-    """Run llama.cpp's binary ``cmd`` until its log holds ``last`` (a pattern of the lines it prints as it ends). Its
-    log is written by a thread the process does not wait for at exit (``common/log.cpp``), so a run that ends
-    within milliseconds of its last lines, as a tiny model's does, may lose them though it succeeded: such a run is
-    made again, up to ``LOG_TRIES`` times. A run that fails is one ``RuntimeError`` with its log's end."""
+def run_printing(cmd: list[str], last: str | None, stdout_end: str = "") -> subprocess.CompletedProcess:
+    """Run llama.cpp's binary ``cmd`` until its stderr holds ``last`` (a pattern of the summary it prints as it ends;
+    None: nothing is checked) and its stdout ends with ``stdout_end``. Its log is written by a thread the process
+    does not wait for at exit (``common/log.cpp``), so a run that ends within milliseconds of its last lines, as a
+    tiny model's does, may lose them though it succeeded: such a run is made again, up to ``LOG_TRIES`` times. A run
+    that fails is one ``RuntimeError`` with its log's end."""
+    name = Path(cmd[0]).name
     for _ in range(LOG_TRIES):
         done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if done.returncode != 0:
-            raise RuntimeError(f"{cmd[0]} exited {done.returncode}: {done.stderr[-600:]}")
-        if re.search(last, done.stdout + done.stderr):
+            raise RuntimeError(f"{name} exited {done.returncode}: {done.stderr[-600:]}")
+        if (last is None or re.search(last, done.stderr)) and done.stdout.endswith(stdout_end):
             return done
-    raise RuntimeError(f"{Path(cmd[0]).name} printed no {last!r} in {LOG_TRIES} runs; its log ends:\n"
+    raise RuntimeError(f"{name} printed no {last!r} (or not its output's end) in {LOG_TRIES} runs; its log ends:\n"
                        f"{done.stderr[-600:]}")
 
 
@@ -120,8 +122,10 @@ def _number(pattern: str, text: str, what: str) -> float:
     return float(m.group(1))
 
 
-LAST_READ = {"llama-completion": r"(?<!prompt )eval time =", "llama-speculative-simple": r"n_accept\s*="}
-"""The last line ``run`` reads of each binary's summary."""
+LAST_READ = {"llama-completion": (r"(?<!prompt )eval time =", ""),
+             "llama-speculative-simple": (r"n_accept\s*=", "\n\n\n\n")}
+"""Of each binary, the last line of its summary ``run`` reads (its stderr), and how its output ends (its stdout;
+llama-completion's text ends before its summary)."""
 
 
 def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, prompt_text: str, sampling: Sampling,
@@ -142,7 +146,7 @@ def run(peer: LlamaPeer, family: str, params: dict, target: Path, draft: Path, p
         cmd = [str(peer.binary("llama-speculative-simple")), *common, "-md", str(draft), "--spec-type",
                "draft-simple", "-td", str(threads), "--spec-draft-n-max", str(int(params["n_max"])),
                "--spec-draft-p-min", repr(float(params["p_min"]))]
-    done = run_printing(cmd, LAST_READ[Path(cmd[0]).name])
+    done = run_printing(cmd, *LAST_READ[Path(cmd[0]).name])
     if family == TARGET_ONLY:
         # it prints the generation, " [end of text]\n" at an end-of-generation token, and "\n\n" as it exits
         text = done.stdout.removesuffix("\n\n").removesuffix(" [end of text]\n")

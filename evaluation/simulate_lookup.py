@@ -10,7 +10,7 @@ from pathlib import Path
 from core.intervals import Interval, speedup_interval
 from core.shards import read_manifest
 from decoding.costs import CostModel
-from decoding.lookup_stop import LookupCalibration, LookupGoodput
+from decoding.lookup_stop import LookupCalibration
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.traces import Trace, load_responses
 
@@ -59,7 +59,7 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
     lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"
              + ("" if priced is None else f"; speedups under {priced.name} with 95 % intervals over the prompts")]
     fixed, traces = {}, {}  # by (n, m): each response's rounds, shared by its replays
-    stop_at = None if calibration is None else (calibration.n, int((calibration.fitted or {}).get("m", 48)))
+    stop_at = None if calibration is None else (calibration.n, calibration.m)
     for n, m in (*PROMPT_LOOKUP_SETTINGS, *([stop_at] if stop_at and stop_at not in PROMPT_LOOKUP_SETTINGS else [])):
         traces[n, m] = [LookupTrace(prompt, response, n, m, max_new) for prompt, response in responses]
         fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new, trace=trace)
@@ -74,9 +74,8 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
         lines.append(line)
     if calibration is not None and priced is not None:
         n, m = stop_at
-        rate, where = (calibration.rate, "the calibration's") if calibration.rate is not None \
-            else (priced.target_only_rate(), "target-only's")
-        rule = LookupGoodput(calibration, priced, rate, m)
+        rule = calibration.stop(priced)
+        rate, where = rule.rate, "the calibration's" if calibration.rate is not None else "target-only's"
         stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule, trace=trace)
                    for (prompt, response), trace in zip(responses, traces[n, m])]
         base = fixed[n, m]

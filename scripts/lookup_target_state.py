@@ -13,12 +13,13 @@ script asks whether a learned estimate that reads them does better:
    components, its top-1 probability, the candidate's match length and its index in the round (a round at the
    response's first token holds no state of the target's: there every estimate is the calibration);
 3. it fits a logistic regression per inverse regularisation strength ``C`` on the train split, and, with
-   ``--heads``, trains the project's SpecDec++ acceptance head (``heads.resnet.ResNetHead`` of each depth given,
+   ``--head_depths``, trains the project's SpecDec++ acceptance head (``heads.resnet.ResNetHead`` of each depth given,
    through ``pipeline.module.HeadModule``: Lightning, the weighted BCE on the keep indicator, the best epoch on the
    val split's loss) on the round start's whole state and the same scalars; it prints each estimate's AUROC on the
    val split and the held-out traces beside the calibration's (match length alone);
 4. it replays the goodput stop along the held-out traces with each estimate's chances instead of the calibration's,
-   λ of each the best of ``decoding.replay.LOOKUP_RATE_GRID`` on the val traces (which no fit read), priced at
+   λ of each the best of ``decoding.replay.LOOKUP_RATE_GRID`` on the val traces (which no fit read; a head chose
+   its epoch on them, so its val AUROC is not a held-out one), priced at
    ``--timing``, with bootstrap intervals over the prompts (``evaluation.simulate_lookup.priced_interval``), beside
    the fixed length and the oracle.
 
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--components", type=int, nargs="+", default=[0, 8, 64],
                     help="principal components of the state each fit reads (0: the scalars alone)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 1.0], help="inverse regularisation strengths")
-    ap.add_argument("--heads", type=int, nargs="*", default=[],
+    ap.add_argument("--head_depths", type=int, nargs="*", default=[],
                     help="depths of SpecDec++ heads to train on the whole state (none: the fits alone)")
     ap.add_argument("--epochs", type=int, default=20, help="most epochs a head trains (it stops when val loss rises)")
     ap.add_argument("--w_rej", type=float, default=1.0, help="a head's weight of the reject term")
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     calibration = LookupCalibration.load(args.calibration)
-    n, m = calibration.n, args.m or int((calibration.fitted or {}).get("m", 48))
+    n, m = calibration.n, args.m or calibration.m
     manifests = {folder: read_manifest(folder) for folder in (args.labels, args.heldout)}
     for folder, manifest in manifests.items():
         if manifest["sampling"]["temperature"] != 0:
@@ -280,11 +281,11 @@ def main(argv: list[str] | None = None) -> None:
             fits[f"target state, {k} components, C {c:g}"] = (k, scaler, fit)
 
     heads = {}
-    if args.heads:
+    if args.head_depths:
         scaler = StandardScaler().fit(table["train"][1])
         stop_rows = {s: StopRows(hidden[s], state_of[s], scaler.transform(table[s][1]), table[s][3],
                                  calibration.keep_chance(table[s][2])) for s in data}
-        for depth in args.heads:
+        for depth in args.head_depths:
             head = train_head(depth, stop_rows["train"], stop_rows["val"], args.epochs, args.w_rej, args.lr)
             score = {s: head_chances(head, stop_rows[s]) for s in ("val", "test")}
             print(f"  SpecDec++ head, depth {depth}, whole state: {roc_auc_score(table['val'][3], score['val']):.4f}"

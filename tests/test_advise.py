@@ -280,8 +280,8 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
 
 
-def tiny_head(manifest: dict, path: Path, role: str = "stop") -> str:
-    """A random SpecDec++ head exported for the labels' draft."""
+def tiny_head(manifest: dict, path: Path, role: str = "stop", seen: list[str] = ()) -> str:
+    """A random SpecDec++ head exported for the labels' draft, trained on the prompts of digests ``seen``."""
     import torch
 
     from heads.export import export_head
@@ -294,19 +294,22 @@ def tiny_head(manifest: dict, path: Path, role: str = "stop") -> str:
         head.out.weight.normal_(0, 1)
     setting = {"stop": "h", "verifier": "tau"}[role]
     return str(export_head(head, path, draft=draft, vocab_size=draft["vocab_size"], label={"kind": "test"}, role=role,
-                           threshold={"name": setting, "value": 0.5, "rule": "test"}, metrics={}))
+                           threshold={"name": setting, "value": 0.5, "rule": "test"}, metrics={},
+                           trained_on={"digests": "".join(seen)}))
 
 
 def test_our_trained_stops_are_priced_beside_the_runtimes_rules(llama_labels, tmp_path, capsys):
     """A stop head, the draft's calibrated confidence and prompt lookup's keep chance each add our rules on them to
     the table: SpecDec++'s stop and the goodput stop on the head, the goodput stop on the calibration, prompt
-    lookup's goodput stop; none beats its drafter's oracle. A verifier head, or prompt lookup's calibration given as
-    the draft's, is one line."""
-    from core.shards import read_manifest
+    lookup's goodput stop; none beats its drafter's oracle. Every rule is priced over the prompts the head did not
+    train on. A verifier head, a calibration of the other kind, a head that saw every prompt: one line."""
+    from core.shards import SPLITS, prompt_digests, read_manifest
     from decoding import calibrate
+    from decoding.traces import filled_splits
 
     labels = str(llama_labels["labels"])
-    head = tiny_head(read_manifest(labels), tmp_path / "stop.safetensors")
+    digests = [d for split in filled_splits(labels, SPLITS) for d in prompt_digests(labels, split).values()]
+    head = tiny_head(read_manifest(labels), tmp_path / "stop.safetensors", seen=digests[:3])
     confidence, lookup = tmp_path / "confidence.json", tmp_path / "lookup.json"
     calibrate.main(["--labels", labels, "--splits", "train", "--out", str(confidence)])
     calibrate.main(["--labels", labels, "--splits", "train", "--prompt_lookup", "1", "4", "--out", str(lookup)])
@@ -314,7 +317,9 @@ def test_our_trained_stops_are_priced_beside_the_runtimes_rules(llama_labels, tm
     code, printed, err = advise(["--labels", labels, "--timing", llama_labels["timing"], "--out", out, "--heads", head,
                                  "--calibration", confidence, "--lookup_calibration", lookup], capsys)
     assert code in (0, None), err
+    assert any(f"left out 3 of {len(digests)} traces" in line for line in err), err
     saved = json.loads((out / "advice.json").read_text())
+    assert saved["inputs"]["traces"] == len(digests) - 3
     ours = Counter((s["rule"], s["drafter"]) for s in saved["settings"] if s["runs_in"] == "specheads")
     assert ours[("specdecpp", "draft model")] == 1 and ours[("goodput", "draft model")] == 2
     assert ours[("prompt_lookup_goodput", "prompt lookup")] == 1
@@ -329,8 +334,11 @@ def test_our_trained_stops_are_priced_beside_the_runtimes_rules(llama_labels, tm
     assert "prompt_lookup_goodput" in (out / "advice.md").read_text()
 
     verifier = tiny_head(read_manifest(labels), tmp_path / "verifier.safetensors", role="verifier")
+    knows_all = tiny_head(read_manifest(labels), tmp_path / "seen.safetensors", seen=digests)
     for argv, words in ((["--heads", verifier], "a verifier head"),
-                        (["--calibration", lookup], "give it as --lookup_calibration")):
+                        (["--calibration", lookup], "give it as --lookup_calibration"),
+                        (["--lookup_calibration", confidence], "not a prompt-lookup calibration"),
+                        (["--heads", knows_all], f"{len(digests)} of prompts a head of --heads has seen")):
         code, _, err = advise(["--labels", labels, "--timing", llama_labels["timing"], "--out", tmp_path / "bad",
                                *argv], capsys)
         assert code == 2 and len(err) == 1 and words in err[0], err

@@ -32,6 +32,7 @@ from decoding.state import ModelPair  # noqa: E402
 from heads.export import HeadFileError, export_head  # noqa: E402
 from heads.exported import ExportedHead  # noqa: E402
 from heads.resnet import ResNetHead  # noqa: E402
+from evaluation.llama_peer import LlamaPeer  # noqa: E402
 from testing.tiny_gguf import write_gguf  # noqa: E402
 
 PROMPTS = [[1, 10, 11, 12], [1, 30, 5], [1, 44, 8, 9, 20]]
@@ -381,7 +382,7 @@ def test_on_a_cpu_where_repacking_crashes_both_our_binding_and_llama_cpps_binari
     assert isinstance(llama_cpp.repacks_safely(), bool)
 
 
-SPECULATIVE_BIN = Path(".llama.cpp/build/bin/llama-speculative-simple")
+SPECULATIVE_BIN = Path(LlamaPeer().tools) / "llama-speculative-simple"
 
 
 def binary_rounds(target: Path, text: str, n: int, m: int, new_tokens: int) -> list[tuple[int, int, int]]:
@@ -413,7 +414,8 @@ def test_prompt_lookup_proposes_what_llama_cpps_own_binary_does(gguf_pair, llama
                                                                 first):
     """Our prompt-lookup decoder, greedy, drafts and keeps round by round what llama.cpp's ``ngram-simple`` does in
     its own ``llama-speculative-simple`` on the same text (read into ids by llama.cpp's own tokenizer). Rounds are
-    compared while neither driver caps a draft by the tokens left (the binary's last drafts are uncapped)."""
+    compared while the tokens left do not cap a draft (both cap it at the tokens left less one, but the binary
+    lifts its cap where that comes to 0)."""
     import llama_cpp
 
     from decoding.policies import prompt_lookup

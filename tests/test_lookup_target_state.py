@@ -38,7 +38,7 @@ def test_the_script_prices_each_estimate_beside_the_calibration(tiny_pair, tmp_p
     capsys.readouterr()
     lookup_target_state.main(["--labels", cfg.output_dir, "--heldout", cfg.output_dir,
                               "--calibration", str(calibration), "--timing", str(timing), "--m", "4",
-                              "--components", "0", "2", "--C", "1", "--heads", "1", "--epochs", "2",
+                              "--components", "0", "2", "--C", "1", "--head_depths", "1", "--epochs", "2",
                               "--threads", "1"])
     printed = capsys.readouterr().out
     assert "calibration (match length):" in printed and "target state on   2 components, C 1:" in printed

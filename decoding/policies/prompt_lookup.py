@@ -16,7 +16,6 @@ verification (``decoding.lookup_stop``); the candidates it submits are verified 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -77,14 +76,7 @@ class PromptLookupGoodput(PromptLookup):
             calibration = LookupCalibration.load(calibration)
         calibration.check_n(self.n)
         costs = read_timing(timing) if costs is None else costs
-        found_at = (calibration.fitted or {}).get("device")
-        if lam is None and calibration.rate is not None and found_at and costs.device and found_at != costs.device:
-            warnings.warn(f"the calibration's λ was found at the costs of {found_at}, this decoding prices rounds at "
-                          f"{costs.device}'s: give lam, or calibrate with this device's timing file", stacklevel=2)
-        lam = float(lam if lam is not None else calibration.rate or costs.target_only_rate())
-        if not lam > 0:
-            raise ValueError(f"lam must be positive tokens per second, got {lam}")
-        self.length = LookupGoodput(calibration, costs, lam, self.m)
+        self.length = calibration.stop(costs, lam, self.m)
         self.calibration, self.checked = calibration, None
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
