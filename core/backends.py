@@ -67,6 +67,17 @@ class Transformers:
         torch's, which the device description reads itself."""
         return None
 
+    def quantizes_activations(self, identity: dict) -> bool:
+        """Whether the model of ``identity`` multiplies its weights with activations quantized to 8 bits: a
+        dynamically quantized model (``quantization``)."""
+        return identity.get("quantization", "none") != "none"
+
+    def rounds_in(self, identity: dict) -> torch.dtype:
+        """The coarsest float dtype a read of the model of ``identity`` rounds to: its own."""
+        from core.models import DTYPES
+
+        return DTYPES[identity["dtype"]]
+
     def load(self, spec: ModelSpec, dtype: str, threads: int | None, context: Context,
              step_numerics: bool = False):
         """(model, tokenizer, identity); ``step_numerics``: every token computed as the decoder's one-token steps
@@ -98,6 +109,15 @@ class LlamaCpp(Transformers):
 
     def threads(self, requested: int | None) -> int:
         return requested or torch.get_num_threads()
+
+    def quantizes_activations(self, identity: dict) -> bool:
+        """A k-quant GGUF file's weights (its ``dtype`` is llama.cpp's description of the file) multiply activations
+        quantized to 8 bits."""
+        return "_K" in str(identity.get("dtype", ""))
+
+    def rounds_in(self, identity: dict) -> torch.dtype:
+        """llama.cpp computes in float32 and keeps its KV cache in float16."""
+        return torch.float16
 
     def load(self, spec: ModelSpec, dtype: str, threads: int | None, context: Context,
              step_numerics: bool = False):

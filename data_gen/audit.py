@@ -7,7 +7,8 @@ caches cropped and reused. The audit checks every row's place and the columns it
 exactly, then reads each chosen row the plainest way there is, one unpadded sequence with no mask, from the token
 sequences stored beside the shards (``sequences/``), with the models and settings of ``run.json``, and judges each
 column's per-row differences against a tolerance from the models' numerics (``judge``; ``data_gen/SCHEMA.md``, "The
-audit"). It prints each column's median and worst difference and exits 1 when a column fails.
+audit"). Labels made on llama.cpp are read with their GGUF files on llama.cpp. It prints each column's median and
+worst difference and exits 1 when a column fails.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.arguments import CommandParser, description, path_argument, resolve_paths
-from core.backends import backend_of
+from core.backends import Context, backend_of
 from core.errors import UserError
 from core.models import load_model
 from core.runfolder import read_json
@@ -27,7 +28,7 @@ from core.sampling import Sampling
 from core.shards import SPLITS, load_sequences, load_split, read_manifest, shard_paths
 from data_gen.audit_compare import (EXACT_COLUMNS, FAR, MIN_ROWS, PLACE, differences, judge, tolerances,
                                     unit_roundoff)
-from data_gen.audit_recompute import ACCESS, Labeling, Reader, fixed, misplaced, recompute
+from data_gen.audit_recompute import ACCESS, Labeling, LlamaReader, Reader, fixed, misplaced, recompute
 from core.models import recorded_model
 
 
@@ -40,23 +41,25 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"--seed must be 0 or more (it seeds the choice of rows), got {seed}")
     folder = Path(folder)
     manifest = read_manifest(folder)  # the shards are the ones the manifest lists
-    if backend_of(manifest["models"]["draft"]).keeps_own_cache:
-        raise UserError(f"{folder} was labeled on {manifest['models']['draft']['backend']}; the audit recomputes "
-                        "rows with transformers forwards (the llama.cpp labeler is checked against the transformers one row by row in "
-                        "tests/test_llama_cpp_backend.py)")
+    made_on = backend_of(manifest["models"]["draft"])
     if not (folder / "run.json").is_file():
         raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "
                         "to audit it")
     settings = read_json(folder / "run.json", "label the folder again to audit it")
     models, identities = [], []
     for role in ("draft", "target"):
-        model, _, identity = load_model(recorded_model(settings, role), settings["dtype"])
+        if made_on.keeps_own_cache:  # the GGUF file, read by llama.cpp as the labeler read it
+            model, _, identity = made_on.load(recorded_model(settings, role), settings["dtype"],
+                                              settings.get("threads"), Context())
+        else:
+            model, _, identity = load_model(recorded_model(settings, role), settings["dtype"])
         recorded = settings.get("inputs", {}).get(role, {})
         changed = [k for k, v in recorded.items() if identity.get(k) != v]
         if changed:
             raise UserError(f"the {role} at {settings[role]} is not the one {folder} was labeled with "
                             f"({', '.join(changed)} changed)")
-        models.append(Reader(model, access, manifest["feature"]["tapped_layers"] if role == "draft" else ()))
+        models.append(LlamaReader(model) if made_on.keeps_own_cache else
+                      Reader(model, access, manifest["feature"]["tapped_layers"] if role == "draft" else ()))
         identities.append(identity)
     sampling = Sampling(**settings["sampling"])
     labeling = Labeling(int(settings["seed"]), sampling.max_new_tokens, float(settings.get("mixing_ratio", 0.0)),

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from core.models import DTYPES
+from core.backends import backend_of
 from core.shards import FLOAT_COLUMNS, vector_sizes
 
 VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
@@ -73,22 +73,23 @@ magnitude."""
 
 
 def unit_roundoff(identity: dict) -> float:
-    """u of the numerics a model is read with: half the machine epsilon of its dtype, or of its int8 activations."""
+    """u of the numerics a model is read with: half the machine epsilon of the dtype its reads round to, or of its
+    int8 activations (``core.backends``: a dynamically quantized model, a k-quant GGUF file on llama.cpp)."""
     if quantized(identity):
         return INT8_ROUNDOFF
-    return float(torch.finfo(DTYPES[identity["dtype"]]).eps) / 2
+    return float(torch.finfo(backend_of(identity).rounds_in(identity)).eps) / 2
 
 
 def quantized(identity: dict) -> bool:
-    return identity.get("quantization", "none") != "none"
+    return backend_of(identity).quantizes_activations(identity)
 
 
 def tolerances(draft: dict, target: dict, sizes: dict[str, int]) -> dict[str, float]:
     """Each compared column's tolerance for the models of these identities (``core.models.load_model``) and vector
-    columns of these lengths: ``ROUNDING_UNITS`` u for a score, and for a vector read in a float dtype, whose
-    elements each round relative to themselves; a vector read from an int8 model rounds every element by up to
-    half a step of its token's range (about u times its largest element, which carries its norm), so the
-    difference's norm reaches u·√d of the vector's."""
+    columns of these lengths (those a folder holds): ``ROUNDING_UNITS`` u for a score, and for a vector read in a
+    float dtype, whose elements each round relative to themselves; a vector read from an int8 model rounds every
+    element by up to half a step of its token's range (about u times its largest element, which carries its norm),
+    so the difference's norm reaches u·√d of the vector's."""
     def tol(col):
         model = draft if col in DRAFT_COLUMNS else target if col in TARGET_COLUMNS else None
         u = unit_roundoff(model) if model else max(unit_roundoff(draft), unit_roundoff(target))
@@ -96,7 +97,7 @@ def tolerances(draft: dict, target: dict, sizes: dict[str, int]) -> dict[str, fl
             return max(FLOAT32_TOLERANCE, u * math.sqrt(sizes[col]))
         return max(FLOAT32_TOLERANCE, ROUNDING_UNITS * u)
 
-    out = {c: tol(c) for c in (*FLOAT_COLUMNS, *VECTOR_COLUMNS)}
+    out = {c: tol(c) for c in (*FLOAT_COLUMNS, *(v for v in VECTOR_COLUMNS if v in sizes))}
     return {**out, DRAW_COLUMN: out["tv"], **dict.fromkeys(DISCRETE_COLUMNS, 0.0)}
 
 

@@ -117,6 +117,19 @@ class Reader:
         return hidden.float(), torch.cat([head(h.unsqueeze(0)) for h in hidden]).float(), taps
 
 
+class LlamaReader:
+    """``Reader``'s reads of a model on llama.cpp (``core.llama_cpp``): the sequence's last positions' normed hidden
+    states and logits, its prompt kept in the model's cache between calls on one prompt. llama.cpp computes a token
+    alike in any batch, so ``plain`` and ``decoder`` read the same; it taps no earlier layers."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, ids: list[int], last: int, prompt: list[int]) -> tuple[torch.Tensor, ...]:
+        hidden, logits = self.model.read(ids, rows=last)
+        return hidden.float(), logits.float(), hidden.new_zeros((last, 0))
+
+
 @dataclass
 class Labeling:
     """What a row's random draws depend on besides its prompt: the run's settings (``run.json``)."""
@@ -186,8 +199,9 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
         out[DRAW_COLUMN] = draw_gap(q if dist == "q" else p, float(u[stream, i]), ctx.token)
     hidden, logits, taps = draft(ctx.features + [ctx.token], 2, seq["prompt_ids"])
     read = warp(logits[0])
-    out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), hidden_layers=taps[1].numpy(),
-               hidden_layers_prev=taps[0].numpy(), read_logp_draft=read[ctx.token].item(),
+    if taps.shape[-1]:  # a draft read on llama.cpp taps none (its labels hold no such columns)
+        out.update(hidden_layers=taps[1].numpy(), hidden_layers_prev=taps[0].numpy())
+    out.update(hidden=hidden[1].numpy(), hidden_prev=hidden[0].numpy(), read_logp_draft=read[ctx.token].item(),
                read_entropy_draft=lm.entropy(read).item(), read_margin_draft=lm.top2_margin(read).item(),
                response_index=len(ctx.label) - ctx.prompt_length)
     # the target's last call: round_index positions back on the label's prefix (its drawn value is checked by

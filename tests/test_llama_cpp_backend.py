@@ -364,6 +364,39 @@ def test_the_labeling_bench_times_both_backends_on_the_same_batches(gguf_pair, t
         assert line in out, out
 
 
+def test_the_audit_recomputes_llama_cpp_labels_and_catches_a_wrong_prefix(gguf_pair, tiny_pair, prompt_file, tmp_path,
+                                                                         monkeypatch):
+    """Labels made on llama.cpp are audited with the GGUF files, read by llama.cpp one sequence at a time: every row
+    placed, the recomputed ones within llama.cpp's float16 rounding, the target's sampled responses drawn by their
+    uniforms (``token_draw``); token_mixed rows read at the mixed prefix fail. A prompt-lookup row is a function of
+    a prompt and the target's response, which the audit checks so."""
+    import dataclasses
+
+    from data_gen import audit, audit_recompute
+    from data_gen.run import run_labels
+    from testing.tiny import label_config
+
+    base = label_config(*tiny_pair, prompt_file, tmp_path / "labels", max_new_tokens=8)
+    cfg = dataclasses.replace(
+        base, backend="llama_cpp", threads=1,
+        draft=ModelSpec(path=str(gguf_pair[0]), tokenizer=str(tiny_pair[0]), name="tiny-draft"),
+        target=ModelSpec(path=str(gguf_pair[1]), tokenizer=str(tiny_pair[1]), name="tiny-target"))
+    run_labels(cfg, quiet=True)
+    result = audit.audit(cfg.output_dir, rows=30, quiet=True)
+    assert result["ok"], {c: r for c, r in result["columns"].items() if not r["ok"]}
+    assert result["columns"]["token_draw"]["rows"] > 0 and "hidden_layers" not in result["columns"]
+    assert result["columns"]["hidden"]["worst_diff"] < 1e-2
+    right = audit_recompute.contexts
+
+    def label_at_the_mixed_prefix(row, seq):
+        c = right(row, seq)
+        return dataclasses.replace(c, label=c.features)
+
+    monkeypatch.setattr(audit_recompute, "contexts", label_at_the_mixed_prefix)
+    broken = audit.audit(cfg.output_dir, rows=30, quiet=True)
+    assert not broken["ok"] and "token_mixed" in broken["columns"]["logp_target"]["worst_row"]
+
+
 @pytest.mark.parametrize("safe", [True, False])
 def test_on_a_cpu_where_repacking_crashes_both_our_binding_and_llama_cpps_binaries_keep_the_files_layout(
         stub_tools, monkeypatch, tmp_path, safe):
