@@ -22,6 +22,7 @@ from tqdm import tqdm
 from core.arguments import CommandParser, description, path_argument, resolve_paths
 from core.backends import Context, backend_of
 from core.errors import UserError
+from core.interrupt import interrupted_line
 from core.models import load_model
 from core.runfolder import read_json
 from core.sampling import Sampling
@@ -46,6 +47,10 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
         raise UserError(f"{folder} has no run.json (the models and settings it was labeled with); label it again "
                         "to audit it")
     settings = read_json(folder / "run.json", "label the folder again to audit it")
+    recomputable = sum(min(rows, int(split.get("rows", 0))) for split in manifest["splits"].values())
+    if recomputable < MIN_ROWS:
+        raise UserError(f"{recomputable} rows to recompute in {folder} at --rows {rows}: at least {MIN_ROWS} are "
+                        "needed to tell a wrong reading from rounding (SCHEMA.md, \"The audit\"); pass a larger --rows")
     models, identities = [], []
     for role in ("draft", "target"):
         if made_on.keeps_own_cache:  # the GGUF file, read by llama.cpp as the labeler read it
@@ -128,7 +133,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
 def main(argv: list[str] | None = None) -> int:
     p = CommandParser(prog="specheads audit", description=description(__doc__))
     path_argument(p, "labels", "--labels", "a label folder written by `specheads labels`")
-    p.add_argument("--rows", type=int, default=200, help="rows drawn from each split (at least 1)")
+    p.add_argument("--rows", type=int, default=200,
+                   help=f"rows drawn from each split (at least 1, and {MIN_ROWS} over the splits)")
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of rows (0 or more)")
     p.add_argument("--access", choices=ACCESS, default="plain",
                    help="plain: the prompt, then the rest in one forward, with the labeler's numerics; decoder: the prompt, "
@@ -140,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_line(), file=sys.stderr)
+        return 130
     n = result["rows"]
     u = result["unit_roundoff"]
     print(f"unit roundoff u: draft {u['draft']:.3g}, target {u['target']:.3g}; a column passes unless most rows are past "

@@ -107,6 +107,8 @@ class LookupCalibration:
     @classmethod
     def load(cls, path: str | Path) -> "LookupCalibration":
         """The calibration ``save`` wrote, or one ``LookupCalibrationError`` naming the file."""
+        if not Path(path).is_file():
+            raise LookupCalibrationError(f"{path}: no such file (`specheads calibrate --prompt_lookup` writes one)")
         try:
             saved = json.loads(Path(path).read_text())
             if saved.get("estimate") != "prompt_lookup_keep":

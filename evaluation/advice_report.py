@@ -88,6 +88,8 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
              f"- costs: `{inputs['timing']}` ({inputs['device']}, {inputs['backend']}, {inputs['threads']} threads): "
              f"target step {1e3 * inputs['target_step']:.1f} ms, draft step {1e3 * inputs['draft_step']:.1f} ms, "
              f"sampler {1e3 * inputs['sampler']:.2f} ms a token; timed by {inputs['timed_with']}",
+             *([f"- our estimates: {', '.join(f'`{e}`' for e in inputs['estimates'])}"]
+               if inputs.get("estimates") else []),
              "", f"## In {owning(runtime)} terms", ""]
     if runtime == LLAMA_CPP:
         lines += ["`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",

@@ -23,16 +23,19 @@ from core.device import describe_device, same_device
 from core.errors import SettingError, UserError
 from core.interrupt import run_main
 from core.models import read_pair_file
+from core.prompts import PromptConfig, load_prompt_table
 from core.runfolder import RunFolder, read_json
 from core.shards import read_manifest
 from decoding.costs import read_timing
 from evaluation.advice_report import markdown, paste, picture, verdict
-from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, RUNTIME_OF_BACKEND, TRANSFORMERS, VLLM,
+from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, LLAMA_CPP, OURS, RUNTIME_OF_BACKEND,
+                                     TRAINED_RULES, TRANSFORMERS, VLLM,
                                      best, budget, ceilings, our_settings, our_trained_settings, price,
                                      runtime_settings)
 from evaluation.advise_check import check
 from evaluation.advise_traces import advice_traces, load_draft
 from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, TIMED_WITH
+from evaluation.llama_peer import LlamaPeer
 
 OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml", "traces.yaml")
 
@@ -75,7 +78,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--check_prompts", default=None, metavar="SOURCE",
                    help="the prompts --check runs (a .jsonl with a `prompt` field, or `humaneval`); the labels' "
                         "chat template setting applies")
-    p.add_argument("--heads", nargs="*", default=[], metavar="FILE",
+    p.add_argument("--heads", nargs="+", default=[], metavar="FILE",
                    help="our exported stop heads (`role: stop`, trained for the labels' draft) to price beside the "
                         "runtime's rules: SpecDec++'s stop at each head's threshold, and the goodput stop on it")
     p.add_argument("--calibration", default=None, metavar="FILE",
@@ -241,6 +244,7 @@ def read_estimates(a) -> None:
     from decoding.simulate import replayable
     from heads.export import read_metadata
 
+    a.heads = list(dict.fromkeys(a.heads))  # a head named twice is priced once
     for head in a.heads:
         role = read_metadata(head).get("role")
         if role != "stop":
@@ -269,6 +273,11 @@ def check_estimates(a, manifest: dict) -> None:
                                                              f"the draft of the labels in {a.labels}")
     if a.lookup is not None:
         a.lookup.check_target(manifest["models"]["target"], f"the target of the labels in {a.labels}")
+        fitted_at = (a.lookup.fitted or {}).get("sampling", {}).get("temperature")
+        if fitted_at is not None and fitted_at != manifest["sampling"]["temperature"]:
+            print(f"advise: --lookup_calibration {a.lookup_calibration} was fitted on responses at temperature "
+                  f"{fitted_at:g}, the traces are at {manifest['sampling']['temperature']:g}: its keep chance is "
+                  "another sampling's", file=sys.stderr)
 
 
 def unseen_traces(traces: list, heads: list[str]) -> list:
@@ -302,9 +311,14 @@ def main(argv: list[str] | None = None) -> dict:
     folder = RunFolder(a.out, "advise", "--out", OUTPUTS)
     # bad input in one line before the folder is touched, or minutes are spent on the other input
     read_estimates(a)
+    if a.check:
+        load_prompt_table(PromptConfig(source=a.check_prompts, response_field=None), need_response=False)
     given = a.labels is not None and a.timing is not None
     if given:
         inputs = check_inputs(a)
+    if a.check and a.runtime in (None, LLAMA_CPP):  # traced here, or labels made on llama.cpp: its binaries run
+        for name in ("llama-completion", "llama-speculative-simple"):
+            LlamaPeer(enabled=True, tools=a.tools).binary(name)
     elif a.labels is not None:
         check_labels(a.labels)
     elif a.timing is not None:
@@ -354,7 +368,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "backend": costs.backend, "threads": costs.threads or torch_threads(), "max_new_tokens": max_new,
                   "sampling": "greedy" if sampling["temperature"] == 0 else f"temperature {sampling['temperature']}",
                   "target_step": costs.verify(1), "draft_step": costs.draft, "timed_with": timed_by,
-                  "sampler": costs.sample_s}
+                  "sampler": costs.sample_s, "estimates": [*a.heads, *filter(None, (a.calibration,
+                                                                                    a.lookup_calibration))]}
         folder.write_text(folder.root / "advice.md", markdown(settings, inputs, pick, sentence, flags, checked,
                                                                        runtime))
         folder.write_json(folder.root / "advice.json", {
@@ -369,6 +384,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(sentence)
     print(f"{runtime}: {flags['flags']}")
     for s in (best(settings, runtime, "draft model"), best(settings, runtime, "prompt lookup"),
+              *[best([s for s in settings if s.rule in TRAINED_RULES], OURS, drafter)
+                for drafter in ("draft model", "prompt lookup")],
               *[s for s in settings if s.runtime == CEILING]):
         if s is None:
             continue
