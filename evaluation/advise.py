@@ -25,7 +25,7 @@ from core.interrupt import run_main
 from core.models import read_pair_file
 from core.prompts import PromptConfig, load_prompt_table
 from core.runfolder import RunFolder, read_json
-from core.shards import read_manifest
+from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
 from evaluation.advice_report import markdown, paste, picture, verdict
 from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, LLAMA_CPP, OURS, RUNTIME_OF_BACKEND,
@@ -144,8 +144,24 @@ def make_inputs(a, folder: RunFolder) -> None:
                 print(f"advise: {a.tools} has no llama-bench (`make llama-tools`): timing through llama-cpp-python, "
                       "without llama.cpp's sampler", file=sys.stderr)
             bench_timing.main(["--backend", "llama_cpp", "--pair", a.pair, "--threads", str(a.threads), "--out",
-                               str(timed.parent), "--verify_lengths", *map(str, TIMED_LENGTHS), *binaries])
+                               str(timed.parent), "--verify_lengths", *map(str, TIMED_LENGTHS),
+                               "--cache", str(decoding_context(a.labels)), *binaries])
         a.timing = str(timed)
+
+
+def decoding_context(labels: str | Path) -> int:
+    """The cache length the traces' tokens are decoded after, on average over the responses: the prompt and half
+    the response (a step's cost grows with it; 256 where the labels store no sequences)."""
+    from decoding.traces import responses_by_prompt
+
+    responses = responses_by_prompt(labels, SPLITS).values()
+    return round(sum(len(p) + len(x) / 2 for p, x in responses) / len(responses)) if responses else 256
+
+
+def timed_context(timing: dict) -> int | None:
+    """The cache length a timing file's draft step was timed after (its shortest), None where it records none."""
+    entry = next((m for m in timing.get("models", []) if m.get("name") == "draft"), None)
+    return min(map(int, entry["decode"])) if entry and entry.get("decode") else None
 
 
 def trace(a, folder: RunFolder) -> Path:
@@ -233,6 +249,16 @@ def check_inputs(a) -> tuple:
                                "this pair")
     check_estimates(a, manifest)
     return manifest, run, costs, timed_with(timing)
+
+
+def note_context(a) -> None:
+    """A line where the timing's cache length is far from the one the traces decode at (a step's cost grows with
+    it, the draft's most: the predictions of drafting by the draft model are then off)."""
+    context, timed_after = decoding_context(a.labels), timed_context(json.loads(Path(a.timing).read_text()))
+    if timed_after and not 2 / 3 <= context / timed_after <= 3 / 2:
+        print(f"advise: --timing {a.timing} timed the steps after {timed_after} cached tokens, the traces decode "
+              f"after about {context}: time the device at `specheads bench-timing --cache {context}` for "
+              "predictions of drafting by the draft model", file=sys.stderr)
 
 
 def read_estimates(a) -> None:
@@ -346,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
         if len(kept) < 2:
             raise UserError(f"{a.labels}: {len(traces)} traced responses{seen}; the advice needs at least 2"
                             f"{' others' if seen else ''} (its intervals are over prompts)")
+        note_context(a)
         if seen:
             print(f"advise: left out {len(traces) - len(kept)} of {len(traces)} traces: prompts a head of --heads "
                   "trained on or had its threshold chosen on", file=sys.stderr)

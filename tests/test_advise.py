@@ -323,6 +323,7 @@ def test_our_trained_stops_are_priced_beside_the_runtimes_rules(llama_labels, tm
     ours = Counter((s["rule"], s["drafter"]) for s in saved["settings"] if s["runs_in"] == "specheads")
     assert ours[("specdecpp", "draft model")] == 1 and ours[("goodput", "draft model")] == 2
     assert ours[("prompt_lookup_goodput", "prompt lookup")] == 1
+
     def ceiling(drafter: str, params: dict) -> float:
         return next(s["speedup"]["value"] for s in saved["settings"] if s["runs_in"] == "ceiling"
                     and s["drafter"] == drafter and s["params"] == params)
@@ -358,6 +359,12 @@ def test_a_pair_file_is_traced_and_timed_here(llama_labels, tmp_path, capsys, bu
             8, "--threads", 1, "--tools", tools, "--out", out]
     code, printed, err = advise(argv, capsys)
     assert code in (0, None), err
+    if built:  # the device timed after as many cached tokens as the traces decode after, on average
+        from evaluation.advise import decoding_context
+
+        bench = [json.loads(line) for line in (tools / "llama-bench.calls").read_text().splitlines()]
+        depths = {call[call.index("-d") + 1] for call in bench if "-d" in call}
+        assert depths == {str(decoding_context(out / "traces"))}, depths
     saved = json.loads((out / "advice.json").read_text())
     assert saved["inputs"]["traces"] == 4 and saved["inputs"]["sampling"] == "greedy"
     assert saved["inputs"]["timed_with"] == ("llama-bench" if built else "llama-cpp-python")
@@ -422,6 +429,18 @@ def _timing_with(path, tmp_path, **changes):
     out = tmp_path / "timing-changed.json"
     out.write_text(json.dumps(timing))
     return out
+
+
+def test_a_timing_made_far_from_the_traces_context_is_said(llama_labels, tmp_path, capsys):
+    """The fixture's costs were timed after 64 cached tokens; traces that decode after about 20 get a line saying
+    to time the device there (the draft's step grows with the cache), and the advice still goes on."""
+    from evaluation.advise import decoding_context
+
+    context = decoding_context(llama_labels["labels"])
+    assert not 2 / 3 <= context / 64 <= 3 / 2
+    code, _, err = advise(["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--out",
+                           tmp_path / "advice"], capsys)
+    assert code in (0, None) and any(f"bench-timing --cache {context}`" in line for line in err), err
 
 
 @pytest.mark.parametrize("change, words", [
