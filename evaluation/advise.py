@@ -150,11 +150,16 @@ def make_inputs(a, folder: RunFolder) -> None:
 
 
 def decoding_context(labels: str | Path) -> int:
-    """The cache length the traces' tokens are decoded after, on average over the responses: the prompt and half
-    the response (a step's cost grows with it; 256 where the labels store no sequences)."""
+    """The cache length the traces of the label folder ``labels`` decode after (``mean_context``)."""
     from decoding.traces import responses_by_prompt
 
-    responses = responses_by_prompt(labels, SPLITS).values()
+    return mean_context(responses_by_prompt(labels, SPLITS).values())
+
+
+def mean_context(responses) -> int:
+    """The cache length the tokens of ``responses`` ((prompt, response) pairs) are decoded after, on average: each
+    prompt and half its response (a step's cost grows with it; 256 where there are none)."""
+    responses = list(responses)
     return round(sum(len(p) + len(x) / 2 for p, x in responses) / len(responses)) if responses else 256
 
 
@@ -248,13 +253,13 @@ def check_inputs(a) -> tuple:
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
     check_estimates(a, manifest)
-    return manifest, run, costs, timed_with(timing)
+    return manifest, run, costs, timed_with(timing), timed_context(timing)
 
 
-def note_context(a) -> None:
-    """A line where the timing's cache length is far from the one the traces decode at (a step's cost grows with
-    it, the draft's most: the predictions of drafting by the draft model are then off)."""
-    context, timed_after = decoding_context(a.labels), timed_context(json.loads(Path(a.timing).read_text()))
+def note_context(a, traces, timed_after: int | None) -> None:
+    """A line where the timing's cache length (``timed_after``) is far from the one the ``traces`` decode at (a
+    step's cost grows with it, the draft's most: the predictions of drafting by the draft model are then off)."""
+    context = mean_context((t.prompt, t.response) for t in traces)
     if timed_after and not 2 / 3 <= context / timed_after <= 3 / 2:
         print(f"advise: --timing {a.timing} timed the steps after {timed_after} cached tokens, the traces decode "
               f"after about {context}: time the device at `specheads bench-timing --cache {context}` for "
@@ -357,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
             folder.start()
             make_inputs(a, folder)
             inputs = check_inputs(a)
-        manifest, run, costs, timed_by = inputs
+        manifest, run, costs, timed_by, timed_after = inputs
         a.threads = costs.threads or 1
         sampling = manifest["sampling"]
         max_new = int(sampling["max_new_tokens"])
@@ -372,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
         if len(kept) < 2:
             raise UserError(f"{a.labels}: {len(traces)} traced responses{seen}; the advice needs at least 2"
                             f"{' others' if seen else ''} (its intervals are over prompts)")
-        note_context(a)
+        note_context(a, kept, timed_after)
         if seen:
             print(f"advise: left out {len(traces) - len(kept)} of {len(traces)} traces: prompts a head of --heads "
                   "trained on or had its threshold chosen on", file=sys.stderr)
