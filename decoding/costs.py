@@ -208,13 +208,15 @@ class CostModel:
     def predict(self, n_draft, n_target, runs: int | np.ndarray = 1, calls: np.ndarray | None = None,
                 catch_up=0.0):
         """Eq. 5.1 (plus ``intercept`` per run, and ``draft_intercept`` per run that drafted). ``calls[m]``: the
-        target calls of a run that drafted, by the tokens each verified (they sum to ``n_target``); with
-        ``verify_s`` each call is charged the forward of its own length. ``catch_up``: tokens the draft read beyond
-        one per forward, each charged ``draft_catch_up``."""
+        target calls of one or more runs, by the tokens each verified (they sum to ``n_target``); with ``verify_s``
+        each call is charged the forward of its own length, whether a draft model or another drafter (prompt lookup,
+        no draft forward) proposed its candidates. ``catch_up``: tokens the draft read beyond one per forward, each
+        charged ``draft_catch_up``."""
         extra = self.draft_catch_up * np.asarray(catch_up, float)
-        if calls is not None and self.verify_s is not None and np.asarray(n_draft) > 0:
+        if calls is not None and self.verify_s is not None:
             verify = sum(float(n) * self.verify(m) for m, n in enumerate(calls) if n)
-            return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept) * runs + extra
+            drafted = float(np.asarray(n_draft) > 0)
+            return self.draft_step * n_draft + verify + (self.intercept + self.draft_intercept * drafted) * runs + extra
         n_draft, runs = np.asarray(n_draft), np.asarray(runs)
         drafted = n_draft > 0
         t_target = np.where(drafted, self.t_target + self.round_overhead,

@@ -408,7 +408,7 @@ class EvalConfig:
         """``evaluation.latency.latency_fits`` of this evaluation: its runs ``records``, the forwards timed into
         its folder, and its ``timing`` file."""
         return latency_fits(records, RunDir(self.output_dir).forward_timing, self.timing,
-                            (self.timing_draft, self.timing_target))
+                            (self.timing_draft, self.timing_target), prefill_timed=not self.untimed_prefill)
 
 
 CONFIG = "configs/eval/<file>.yaml"

@@ -3,6 +3,7 @@ fits and why) to an evaluation's runs, and the costs an evaluation knows."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,15 +54,21 @@ def fit_records(records: list[dict], intercept: bool = True) -> CostModel | None
 
 
 def latency_fits(records: list[dict], forwards: str | Path | None = None, timing: str | Path | None = None,
-                 timing_models: tuple[str, str] = ("draft", "target")) -> dict[str, CostModel | None]:
+                 timing_models: tuple[str, str] = ("draft", "target"),
+                 prefill_timed: bool = True) -> dict[str, CostModel | None]:
     """The fits an evaluation knows: ``fit``, from its runs ``records`` (the peers left out); ``forwards``, from
     the pair's timed forwards (a ``bench_timing`` file, when it exists); and ``timing``, from a timing file of
-    another device when one is named, read for its (draft, target) entries ``timing_models``."""
+    another device when one is named, read for its (draft, target) entries ``timing_models``. Where a run's clock
+    starts after its prompt is read (not ``prefill_timed``), the timed models charge no prefill to a run; the fit
+    over the runs' walls has whatever intercept they show."""
     fits = {"fit": fit_records(records)}
     if forwards is not None and Path(forwards).exists():
         fits["forwards"] = read_timing(forwards)
     if timing:
         fits["timing"] = read_timing(timing, *timing_models)
+    if not prefill_timed:
+        fits.update({name: replace(fit, intercept=0.0, draft_intercept=0.0) for name, fit in fits.items()
+                     if name != "fit"})
     return fits
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from core.arguments import CommandParser, description
@@ -34,7 +35,7 @@ from decoding.replay import check_cost_ratios, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, filled_splits, load_label_traces, unseen
 from decoding.costs import CostModel
-from evaluation.simulate_lookup import prompt_lookup_lines
+from evaluation.simulate_lookup import own_response_lines, prompt_lookup_lines
 from evaluation.traces import read_recorded
 from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
 
@@ -191,15 +192,16 @@ FIT_WITHOUT_RUN = "fit-out"
 """The cost model ``validate`` predicts a run with that is not fitted on it: the runs' fit without that run."""
 
 
-def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
+def validate(labels: str | Path, config: str, priced: CostModel | None = None) -> tuple[str, list[dict], float]:
     """Predicted against measured, per run of a finished ``make eval`` (its config) in each mode its decoder traces
     were recorded in: N_target/N, N_draft/N and the speedup over target-only with its paired bootstrap interval.
     Rates come from the label traces ``make eval`` chose settings on (every labeled prompt; heads on the held-out
     ones) and from the decoder traces of the eval's own prompts (``evaluation.traces``). Speedups turn them into
     latency with each cost model the eval has (``evaluation.latency``): the pair's timed forwards (``forwards``,
     what the choice used), its runs' fit (``fit``) and, so that no prediction is fitted on what it predicts, the
-    runs' fit without the run at hand (``FIT_WITHOUT_RUN``). Returns the text, the rows and the cost ratio c of the
-    costs the choice used (the runs' fit's when the forwards were not timed)."""
+    runs' fit without the run at hand (``FIT_WITHOUT_RUN``), and ``priced`` (``--timing``) where given. Prompt
+    lookup's runs are replayed along their own responses (``own_response_lines``). Returns the text, the rows and
+    the cost ratio c of the costs the choice used (the runs' fit's when the forwards were not timed)."""
     from core.cache import file_sha256
     from core.intervals import speedup_interval
     from evaluation.config import parse
@@ -214,7 +216,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     fits = {name: f for name, f in cfg.latency_fits(records).items() if f is not None and name != "timing"}
     if not fits:
         raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
-    models = [*fits, FIT_WITHOUT_RUN] if "fit" in fits else list(fits)
+    models = [*fits, *([FIT_WITHOUT_RUN] if "fit" in fits else []), *(["timing"] if priced is not None else [])]
     selection = RunDir(cfg.output_dir).selection  # the prompts its choice left out: those it decoded
     chosen_from = json.loads(selection.read_text()).get("inputs", {}) if selection.exists() else {}
     decoded = {d for inputs in chosen_from.values() for d in inputs.get("decoded_prompts", [])}
@@ -223,7 +225,16 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     by_run: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
+    if priced is not None and cfg.untimed_prefill:  # the runs' walls hold no prefill
+        priced = replace(priced, intercept=0.0, draft_intercept=0.0)
     rows, lines = [], []
+
+    def models_of(mode: str, run: str) -> dict[str, CostModel]:
+        out = dict(fits)
+        if "fit" in fits:
+            out[FIT_WITHOUT_RUN] = fit_records([r for r in records if (r["mode"], r["run"]) != (mode, run)])
+        return {**out, **({"timing": priced} if priced is not None else {})}
+
     head = f"{'mode / run':<44}{'N_t/N meas':>11}{'label':>7}{'decod':>7}{'N_d/N meas':>11}{'label':>7}{'decod':>7}" \
            f"{'speedup meas [95 %]':>22}" + "".join(f"{f'{src}·{name}':>17}{'error':>8}" for name in models
                                                    for src in ("label", "decod"))
@@ -255,9 +266,7 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
                     "draft": sum(r["stats"]["draft_calls"] for r in recs) / n,
                     "speedup": iv.value, "speedup_ci": [iv.low, iv.high]}
         rates = {src: {"target": c.target / c.n, "draft": c.draft / c.n} for src, c in counts.items()}
-        run_fits = dict(fits)
-        if "fit" in fits:
-            run_fits[FIT_WITHOUT_RUN] = fit_records([r for r in records if (r["mode"], r["run"]) != (mode, run)])
+        run_fits = models_of(mode, run)
         speedups = {f"{src}·{name}": fit.predicted_speedup(c, tokens) for name, fit in run_fits.items()
                     if fit is not None for src, c in counts.items()}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs), "measured": measured,
@@ -268,10 +277,12 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
                 f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
                 f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
         lines.append(line + "".join(f"{v:>17.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
-    if not rows:
-        raise SimulationError(f"{cfg.output_dir} has no decoder traces beside finished runs (run `make eval` "
-                              f"with this config to the end: it records them after the runs)")
-    lines += _oracle_lines(rows, by_run, recorded_by_mode, every, fits, models)
+    lookup, lookup_rows = own_response_lines(cfg, by_run, models_of)
+    if not rows and not lookup:
+        raise SimulationError(f"{cfg.output_dir} has no decoder traces beside finished runs, and no prompt-lookup "
+                              f"runs (run `make eval` with this config to the end: it records them after the runs)")
+    if rows:
+        lines += _oracle_lines(rows, by_run, recorded_by_mode, every, fits, models)
     costs = [f"{name}: t_draft {f.t_draft * 1e3:.1f} ms, t_target {f.t_target * 1e3:.1f} ms per call"
              + (f" ({f.t_target_step * 1e3:.1f} ms per target-only step)" if f.t_target_step is not None else "")
              + (f", by length: a draft step {f.draft_step * 1e3:.1f} ms, a verification of m tokens "
@@ -282,9 +293,11 @@ def validate(labels: str | Path, config: str) -> tuple[str, list[dict], float]:
     title = (f"predicted vs measured ({cfg.output_dir}; rates from label traces: {len(every)} prompts ({len(held_out)} "
              f"held out for heads), from decoder traces: the eval's prompts; speedups at each cost model, error = "
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
-             + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else ""))
+             + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else "")
+             + ("; timing: --timing's costs by length" if priced is not None else ""))
     costs_of_choice = selection_fit(cfg.latency_fits(records), simulated=True)
-    return "\n".join([title, head, "-" * len(head), *lines]), rows, costs_of_choice.t_draft / costs_of_choice.t_target
+    table = [head, "-" * len(head), *lines] if rows else []
+    return "\n".join([title, *table, *lookup]), rows + lookup_rows, costs_of_choice.t_draft / costs_of_choice.t_target
 
 
 def _oracle_lines(rows: list[dict], by_run: dict, recorded_by_mode: dict, every: list[Trace], fits: dict,
@@ -406,7 +419,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     traces = kept
     checks = None
     if a.eval:
-        checks, _, measured_c = validate(a.labels, a.eval)
+        checks, _, measured_c = validate(a.labels, a.eval, priced)
         costs.append(measured_c)
     grid = default_grid(heads) + (goodput_grid(traces, heads, priced, a.calibration) if priced is not None else [])
     if a.goodput_flat:

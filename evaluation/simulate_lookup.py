@@ -1,11 +1,13 @@
 """Prompt lookup in ``specheads simulate``: its rules replayed along the responses a label folder stores, exactly
 (``decoding.replay.prompt_lookup_counts``: a proposal is kept where the response repeats it), at each
 ``PROMPT_LOOKUP_SETTINGS``, with the oracle's ceiling over the same proposals and the goodput stop
-(``decoding.lookup_stop``) where a calibration is given, each with a bootstrap interval over the prompts."""
+(``decoding.lookup_stop``) where a calibration is given, each with a bootstrap interval over the prompts; and a finished
+evaluation's prompt-lookup runs replayed along their own responses, predicted beside measured."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from core.intervals import Interval, speedup_interval
 from core.shards import read_manifest
@@ -84,3 +86,66 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
                      f"N_x/N {all_of.discarded / all_of.n:.3f}  priced {priced_interval(stopped, priced)}x, "
                      f"{priced_interval(stopped, priced, over=base)}x the fixed length's")
     return "\n".join(lines)
+
+
+def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
+                       models_of: Callable[[str, str], dict]) -> tuple[list[str], list[dict]]:
+    """The prompt-lookup runs of a finished evaluation (``cfg``, an ``EvalConfig``; ``by_run``: its records by mode
+    and run), each replayed along its own responses: a proposal is kept where the run's response repeats it, so the
+    counts are the run's own (exactly, for our decoder's runs; llama.cpp's responses are its text read back by our
+    tokenizer, and its driver's rounds differ a little from the rule's, ``decoding.policies.prompt_lookup``). What
+    is left between predicted and measured is the cost model, priced by each of ``models_of(mode, run)`` (name →
+    ``CostModel``): sampled runs draw their own responses, which label traces of other samples cannot foresee.
+    Returns the lines and a row per run (its rates counted and replayed, speedups measured and predicted)."""
+    from core.backends import backend
+    from core.prompts import tokenize_prompt
+    from decoding.policies import build_policy
+    from decoding.policies.prompt_lookup import PromptLookup
+    from evaluation.llama_peer import PROMPT_LOOKUP
+    from evaluation.prompts import load_prompts
+
+    families = {"prompt_lookup", "prompt_lookup_goodput", PROMPT_LOOKUP}
+    runs = {key: recs for key, recs in by_run.items() if recs[0]["family"] in families}
+    if not runs:
+        return [], []
+    tokenizer = backend(cfg.backend).tokenizer(cfg.target)
+    texts = {p["prompt"]: p["text"] for p in load_prompts(cfg.prompts)}
+    prompt_ids = {}
+    ends = {tokenizer.eos_token_id} - {None}  # and each token our decoder ended a response at
+    ends |= {r["tokens"][-1] for recs in by_run.values() for r in recs
+             if r["family"] != PROMPT_LOOKUP and r["tokens"] and len(r["tokens"]) < cfg.max_new_tokens}
+    fixed = {p.family: p.fixed for p in cfg.policies}
+    rows, lines = [], []
+    for (mode, run), recs in sorted(runs.items()):
+        baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
+        recs = sorted((r for r in recs if r["prompt"] in baseline and r["prompt"] in texts), key=lambda r: r["prompt"])
+        if len(recs) < 2:
+            continue
+        family = recs[0]["family"]
+        params = {**fixed.get(family, {}), **recs[0]["params"]}
+        policy = PromptLookup(**params) if family == PROMPT_LOOKUP else build_policy(family, **params)
+        counts = []
+        for r in recs:
+            if r["prompt"] not in prompt_ids:
+                prompt_ids[r["prompt"]] = tokenize_prompt(tokenizer, texts[r["prompt"]], cfg.prompts.chat_template)
+            counts.append(prompt_lookup_counts(prompt_ids[r["prompt"]], r["tokens"], policy.n, policy.m,
+                                               cfg.max_new_tokens, sorted(ends), length=policy.length))
+        replayed, n = total(counts), sum(r["stats"]["new_tokens"] for r in recs)
+        measured = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
+        tokens = round(replayed.n / len(counts))
+        speedups = {name: model.predicted_speedup(replayed, tokens) for name, model in models_of(mode, run).items()}
+        rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs),
+                     "measured": {"target": sum(r["stats"]["target_calls"] for r in recs) / n,
+                                  "discarded": sum(r["stats"]["discarded"] for r in recs) / n,
+                                  "speedup": measured.value, "speedup_ci": [measured.low, measured.high]},
+                     "replayed": {"target": replayed.target / replayed.n, "discarded": replayed.discarded / replayed.n},
+                     "speedups": speedups, "errors": {k: v / measured.value - 1 for k, v in speedups.items()}})
+        lines.append(f"  {(mode + ' ' + run)[:42]:<43}N_t/N {rows[-1]['measured']['target']:.3f} "
+                     f"{rows[-1]['replayed']['target']:.3f}  N_x/N {rows[-1]['measured']['discarded']:.3f} "
+                     f"{rows[-1]['replayed']['discarded']:.3f}  measured {measured}x"
+                     + "".join(f"  {k} {v:.3f} ({rows[-1]['errors'][k]:+.1%})" for k, v in speedups.items()))
+    if rows:
+        lines.insert(0, "prompt lookup's runs replayed along their own responses (N_t/N, N_x/N counted by the run and "
+                        "replayed; speedup over target-only measured and predicted at each cost model, error = "
+                        "predicted / measured − 1)")
+    return lines, rows

@@ -143,6 +143,24 @@ def test_timed_forwards_charge_the_verify_slope_per_draft_forward_and_each_prefi
     assert flat.t_draft == pytest.approx(0.05)
 
 
+def test_runs_timed_after_their_prompt_are_predicted_without_a_prefill(tmp_path):
+    """An eval with ``untimed_prefill`` starts each run's clock after the prompt is read: its timed forwards and
+    timing file charge a run no prefill (the ratio over target-only would shrink by it), while the fit over the
+    runs' own walls keeps the intercept it finds."""
+    import json
+
+    from evaluation.latency import latency_fits
+
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps(timing_file()))
+    timed = latency_fits([], forwards=path, timing=path)
+    untimed = latency_fits([], forwards=path, timing=path, prefill_timed=False)
+    for name in ("forwards", "timing"):
+        assert timed[name].intercept == pytest.approx(3.0) and timed[name].draft_intercept == pytest.approx(0.45)
+        assert untimed[name].intercept == untimed[name].draft_intercept == 0.0
+        assert untimed[name].predict(24, 3) == pytest.approx(timed[name].predict(24, 3) - 3.45)
+
+
 def test_two_verify_lengths_separate_a_verifications_fixed_and_per_token_costs():
     """On a CPU a few-token forward leaves the one-token fast path: T(3) = 0.8 s, T(9) = 1.3 s against a 0.5 s step
     give v1 = 1/12 s per token and v0 = 0.55 s; runs that draft pay v0 + v1 per call, target-only the step."""
@@ -170,7 +188,11 @@ def test_a_table_of_verification_lengths_charges_each_call_its_own_cost():
     assert fit.predict(24, 6, calls=calls) == pytest.approx(24 * 0.05 + 4 * 1.07 + 2 * 1.82 + 3.0 + 0.45)
     line = fit.predict(24, 6)
     assert line == pytest.approx(24 * fit.t_draft + 6 * fit.t_target + 3.0 + 0.45) and line > fit.predict(24, 6, calls=calls)
-    assert fit.predict(0, 10, calls=calls) == pytest.approx(10 * 0.5 + 3.0)  # target-only: one-token steps
+    # prompt lookup: no draft forward (nor the draft's prefill), each verification at its own length
+    assert fit.predict(0, 6, calls=calls) == pytest.approx(4 * 1.07 + 2 * 1.82 + 3.0)
+    steps = np.zeros(12)
+    steps[1] = 10
+    assert fit.predict(0, 10, calls=steps) == pytest.approx(10 * 0.5 + 3.0) == fit.predict(0, 10)  # target-only
     assert CostModel.from_timing(timing_file()).verify_s is None
     timing["models"][1]["verify_by_tokens"]["4"] = {"median_s": 1.24}  # a CPU's 4-token forward can beat 3 tokens
     assert CostModel.from_timing(timing).verify_time(4) == pytest.approx(1.24)

@@ -204,11 +204,11 @@ def stub_tools(tmp_path):
 
 
 def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pair, tiny_pair, tmp_path,
-                                                                         stub_tools):
+                                                                         stub_tools, monkeypatch):
     """The eval on backend llama_cpp: our policies, and llama.cpp's target-only, its speculative decoding at its
     defaults and at the grid entry fastest on the tuning prompts (which the eval does not decode), from its binaries
     as its users run them (sampling flags as the mode's, the same threads, its own decoding time); its prompt lookup
-    likewise, with no draft model."""
+    likewise, with no draft model. The simulator replays each prompt-lookup run along its own responses."""
     import json
 
     import yaml
@@ -262,6 +262,27 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     calls = [json.loads(line) for line in (stub_tools / "llama-completion.calls").read_text().splitlines()]
     assert all(c[c.index("--temp") + 1] == "0.0" and c[c.index("-t") + 1] == "1" for c in calls)
     assert "llama_target_only" in (tmp_path / "eval" / "report.md").read_text()
+    # each prompt-lookup run replayed along its own responses: our runs' counts exactly
+    from decoding.costs import read_timing
+    from evaluation.config import parse
+    from evaluation.simulate_lookup import own_response_lines
+
+    by_run = {}
+    for r in records:
+        by_run.setdefault((r["mode"], r["run"]), []).append(r)
+    costs = read_timing(tmp_path / "timing.json")
+
+    def replayed() -> dict[str, dict]:
+        _, rows = own_response_lines(parse(["--config", str(config)])[0], by_run, lambda mode, run: {"timing": costs})
+        return {r["family"]: r for r in rows}
+
+    rows = replayed()
+    assert set(rows) == {"prompt_lookup", "prompt_lookup_goodput", "llama_prompt_lookup"}
+    for family in ("prompt_lookup", "prompt_lookup_goodput"):
+        assert rows[family]["measured"]["discarded"] > 0 and rows[family]["speedups"]["timing"] > 0
+        assert rows[family]["replayed"] == {k: rows[family]["measured"][k] for k in ("target", "discarded")}
+    monkeypatch.setattr("core.prompts.tokenize_prompt", lambda tokenizer, text, template: [])  # no prompt to copy
+    assert replayed()["prompt_lookup"]["replayed"]["discarded"] != rows["prompt_lookup"]["measured"]["discarded"]
 
 
 def test_the_entry_point_decodes_two_gguf_files_with_a_policy(gguf_pair, tiny_pair, llama_models):
