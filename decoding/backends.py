@@ -146,6 +146,9 @@ class CachedLM:
         self.calls = 0
         self.beyond_one = 0
         """Tokens the counted forwards read beyond one each, forwards from the sequence's start (a prompt) aside."""
+        self.reads: dict[int, int] = {}
+        """The counted forwards by the tokens each read, forwards from the sequence's start aside: what a cost by
+        length (``decoding.costs.CostModel.predict``) prices."""
         self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
         self.last_logits: torch.Tensor | None = None
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
@@ -187,6 +190,7 @@ class CachedLM:
         self.calls += 1
         if start > 0:
             self.beyond_one += len(new) - 1
+            self.reads[len(new)] = self.reads.get(len(new), 0) + 1
         self.last_logits = logits[-1]
         self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
                       self.last_taps[-1:] if self.layers else None)

@@ -55,6 +55,9 @@ class DecodeStats:
     candidate was kept it reads the last candidate and the bonus token (``decoding.replay.Counts.catch_up``). A
     forward from the sequence's start is all prompt here, so a decoding whose first rounds draft nothing (no policy
     does) would count the tokens of those rounds it reads with the prompt as prompt."""
+    target_reads: dict[int, int] | None = None
+    """The target's forwards by the tokens each read, its reading of the prompt aside (a verification of n
+    candidates reads n + 1)."""
 
     @property
     def verification_rate(self) -> float:
@@ -422,5 +425,6 @@ class Decoding:
             discarded=self.discarded,
             accepted_lengths=list(self.accepted_lengths),
             draft_catch_up=self.draft.beyond_one,
+            target_reads=dict(sorted(self.target.reads.items())),
         )
         return DecodeResult(tokens=list(self.tokens), stats=stats)

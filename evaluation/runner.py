@@ -23,13 +23,15 @@ from evaluation.engine import Engine
 from evaluation.results import ResultStore, run_label
 
 STAT_FIELDS = ("wall_s", "new_tokens", "target_calls", "draft_calls", "discarded", "accepted_lengths",
-               "draft_catch_up")
+               "draft_catch_up", "target_reads")
 
 
 def _stats_dict(stats) -> dict:
     raw = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
     out = {k: raw.get(k) for k in STAT_FIELDS}
     out["accepted_lengths"] = [int(a) for a in out["accepted_lengths"]] if out["accepted_lengths"] is not None else None
+    if out["target_reads"] is not None:  # JSON keys: the tokens read, as text
+        out["target_reads"] = {str(int(m)): int(n) for m, n in out["target_reads"].items()}
     return out
 
 

@@ -32,6 +32,8 @@ class Totals:
     passed: list[bool | None]
     draft_catch_up: int | None = None
     """Tokens the draft read beyond one a forward (``DecodeStats.draft_catch_up``); None where a run has no count."""
+    target_reads: dict[int, int] | None = None
+    """The target's forwards by the tokens each read (``DecodeStats.target_reads``); None where a run has none."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,7 +94,13 @@ class Totals:
             return None
         if self.draft_catch_up is None and self.draft_calls and fit.draft_catch_up:
             return None
-        return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts),
+        calls = None
+        if self.target_reads is not None:  # each forward at its own length; the rest read a prompt: one step each
+            calls = np.zeros(max(self.target_reads, default=1) + 1)
+            for m, n in self.target_reads.items():
+                calls[m] += n
+            calls[1] += self.target_calls - sum(self.target_reads.values())
+        return float(fit.predict(self.draft_calls, self.target_calls, len(self.prompts), calls=calls,
                                  catch_up=self.draft_catch_up or 0)) / self.new_tokens
 
 
@@ -116,6 +124,13 @@ def totals(by_prompt: dict[int, dict], prompts: list[int] | None = None) -> Tota
     recs = [by_prompt[p] for p in ids]
     stats = [r["stats"] for r in recs]
     lengths = [s.get("accepted_lengths") for s in stats]
+    reads = [s.get("target_reads") for s in stats]
+    target_reads = None
+    if all(r is not None for r in reads):
+        target_reads = {}
+        for r in reads:
+            for m, n in r.items():
+                target_reads[int(m)] = target_reads.get(int(m), 0) + int(n)
     return Totals(
         run=recs[0]["run"], family=recs[0]["family"], params=recs[0]["params"], prompts=ids,
         wall_s=sum(s["wall_s"] for s in stats), new_tokens=sum(s["new_tokens"] for s in stats),
@@ -124,6 +139,7 @@ def totals(by_prompt: dict[int, dict], prompts: list[int] | None = None) -> Tota
         accepted_lengths=None if any(v is None for v in lengths) else [a for v in lengths for a in v],
         passed=[r.get("passed") for r in recs],
         draft_catch_up=_sum([s.get("draft_catch_up") for s in stats]),
+        target_reads=target_reads,
     )
 
 

@@ -507,6 +507,10 @@ def test_a_run_counts_the_drafts_catch_up_but_not_its_prompt(models, untimed_pre
     result = build_policy("sd", k=2).generate(pair, PROMPTS[0], torch.Generator().manual_seed(0))
     assert result.stats.accepted_lengths == [2, 2, 1]
     assert result.stats.draft_catch_up == 2
+    # the target verified 2, 2 and 1 candidates (3, 3 and 2 tokens read), the first of them with the prompt where
+    # the prompt's read is timed: that forward is the run's prefill, not a read from its cache
+    assert result.stats.target_reads == ({2: 1, 3: 2} if untimed_prefill else {2: 1, 3: 1})
+    assert result.stats.target_calls == 3
 
 
 @pytest.mark.parametrize("temperature, eos", [(0.0, []), (1.0, []), (1.0, [11])])

@@ -755,3 +755,28 @@ def test_a_runs_prediction_charges_the_drafts_catch_up_it_recorded():
     assert uncounted.draft_catch_up is None and uncounted.predicted_s_per_token(fit) is None
     unpriced = CostModel(t_draft=0.5, t_target=1.0, intercept=0.0, r2=1.0, n_runs=0)
     assert uncounted.predicted_s_per_token(unpriced) == pytest.approx((0.5 * 16 + 1.0 * 12) / 20)
+
+
+def test_a_runs_prediction_prices_each_target_forward_at_the_length_it_read():
+    """Where a run records its target forwards by the tokens each read (``DecodeStats.target_reads``), a cost by
+    length charges each its own: prompt lookup's long copies and its one-token steps differ by more than the line
+    over a run's totals can say. The forward that read the prompt is a step; a record without the count keeps the
+    line."""
+    from decoding.costs import CostModel
+    from evaluation.summary import totals
+
+    fit = CostModel.by_length(draft=0.5, verify=lambda m: 1.0 + 0.25 * (m - 1))
+
+    def record(prompt, reads):
+        stats = {"wall_s": 1.0, "new_tokens": 20, "target_calls": 5, "draft_calls": 0, "discarded": 2,
+                 "accepted_lengths": [9, 6], "draft_catch_up": 0} | ({"target_reads": reads} if reads else {})
+        return {"prompt": prompt, "run": "prompt_lookup", "family": "prompt_lookup", "params": {}, "mode": "greedy",
+                "stats": stats}
+
+    by_length = totals({0: record(0, {"1": 2, "11": 1, "9": 1}), 1: record(1, {"17": 1, "1": 3})})
+    assert by_length.target_reads == {1: 5, 9: 1, 11: 1, 17: 1}
+    # reads: 5 steps, 9, 11 and 17 tokens; the two prompts' forwards: a step each
+    assert by_length.predicted_s_per_token(fit) == pytest.approx((7 * 1.0 + 3.0 + 3.5 + 5.0) / 40)
+    on_the_line = totals({0: record(0, None), 1: record(1, {"17": 1, "1": 3})})
+    assert on_the_line.target_reads is None
+    assert on_the_line.predicted_s_per_token(fit) == pytest.approx(fit.predict(0, 10, 2) / 40)
