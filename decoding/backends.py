@@ -148,7 +148,9 @@ class CachedLM:
         """Tokens the counted forwards read beyond one each, forwards from the sequence's start (a prompt) aside."""
         self.reads: dict[int, int] = {}
         """The counted forwards by the tokens each read, forwards from the sequence's start aside: what a cost by
-        length (``decoding.costs.CostModel.predict``) prices."""
+        length (``decoding.costs.CostModel.predict``) prices, where each gave every token's row (``partial_reads``
+        counts those that did not)."""
+        self.partial_reads = 0
         self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
         self.last_logits: torch.Tensor | None = None
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
@@ -191,6 +193,7 @@ class CachedLM:
         if start > 0:
             self.beyond_one += len(new) - 1
             self.reads[len(new)] = self.reads.get(len(new), 0) + 1
+            self.partial_reads += rows < len(new)
         self.last_logits = logits[-1]
         self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
                       self.last_taps[-1:] if self.layers else None)

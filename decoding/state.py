@@ -57,7 +57,8 @@ class DecodeStats:
     does) would count the tokens of those rounds it reads with the prompt as prompt."""
     target_reads: dict[int, int] | None = None
     """The target's forwards by the tokens each read, its reading of the prompt aside (a verification of n
-    candidates reads n + 1)."""
+    candidates reads n + 1); None where some forward gave fewer rows than it read (SPRINTER's check of its pending
+    tokens), which a verification's cost by length would overprice."""
 
     @property
     def verification_rate(self) -> float:
@@ -425,6 +426,6 @@ class Decoding:
             discarded=self.discarded,
             accepted_lengths=list(self.accepted_lengths),
             draft_catch_up=self.draft.beyond_one,
-            target_reads=dict(sorted(self.target.reads.items())),
+            target_reads=None if self.target.partial_reads else dict(sorted(self.target.reads.items())),
         )
         return DecodeResult(tokens=list(self.tokens), stats=stats)

@@ -7,7 +7,8 @@ A record::
     prompt    index in the prompt table           task_id HumanEval task id (or the row index)
     tokens    generated ids                       text    their decoded text
     passed    HumanEval pass (null without tests)
-    stats     {wall_s, new_tokens, target_calls, draft_calls, discarded, accepted_lengths, draft_catch_up}
+    stats     {wall_s, new_tokens, target_calls, draft_calls, discarded, accepted_lengths, draft_catch_up,
+               target_reads: {"tokens read": forwards}}
               (counts a peer cannot report are null or absent, as in a record made before they were kept)
 
 An interrupted run leaves at most one partial last line; it is dropped on load and that run is redone.

@@ -6,6 +6,7 @@ evaluation's prompt-lookup runs replayed along their own responses, predicted be
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +16,7 @@ from decoding.costs import CostModel
 from decoding.lookup_stop import LookupCalibration
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
 from decoding.traces import Trace, load_responses
+from evaluation.rundir import RunDir
 
 PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
 """(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
@@ -98,8 +100,9 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
     ``CostModel``): sampled runs draw their own responses, which label traces of other samples cannot foresee.
     Returns the lines and a row per run (its rates counted and replayed, speedups measured and predicted)."""
     from core.backends import backend
+    from core.cache import file_sha256
     from core.prompts import tokenize_prompt
-    from decoding.policies import build_policy
+    from decoding.policies import POLICIES, build_policy
     from decoding.policies.prompt_lookup import PromptLookup
     from evaluation.llama_peer import PROMPT_LOOKUP
     from evaluation.prompts import load_prompts
@@ -111,10 +114,13 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
     tokenizer = backend(cfg.backend).tokenizer(cfg.target)
     texts = {p["prompt"]: p["text"] for p in load_prompts(cfg.prompts)}
     prompt_ids = {}
-    ends = {tokenizer.eos_token_id} - {None}  # and each token our decoder ended a response at
-    ends |= {r["tokens"][-1] for recs in by_run.values() for r in recs
-             if r["family"] != PROMPT_LOOKUP and r["tokens"] and len(r["tokens"]) < cfg.max_new_tokens}
+    ends = {tokenizer.eos_token_id} - {None}  # and each token our decoder ended a response at (a peer's text
+    ends |= {r["tokens"][-1] for recs in by_run.values() for r in recs  # read back holds no end token)
+             if r["family"] in POLICIES and r["tokens"] and len(r["tokens"]) < cfg.max_new_tokens}
     fixed = {p.family: p.fixed for p in cfg.policies}
+    settings = RunDir(cfg.output_dir).settings
+    recorded = json.loads(settings.read_text()) if settings.exists() else {}
+    recorded = {**recorded.get("heads", {}), **recorded.get("goodput_timing", {})}  # file → sha256 at the run
     rows, lines = [], []
     for (mode, run), recs in sorted(runs.items()):
         baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
@@ -123,6 +129,12 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
             continue
         family = recs[0]["family"]
         params = {**fixed.get(family, {}), **recs[0]["params"]}
+        files = [str(params[k]) for k in ("calibration", "timing") if k in params]
+        changed = [f for f in files if not Path(f).is_file() or recorded.get(f) != file_sha256(Path(f))]
+        if changed:
+            lines.append(f"  {(mode + ' ' + run)[:42]:<43}not replayed: {', '.join(changed)} changed since the run "
+                         f"(or is not recorded with it)")
+            continue
         policy = PromptLookup(**params) if family == PROMPT_LOOKUP else build_policy(family, **params)
         counts = []
         for r in recs:
@@ -133,7 +145,8 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
         replayed, n = total(counts), sum(r["stats"]["new_tokens"] for r in recs)
         measured = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
         tokens = round(replayed.n / len(counts))
-        speedups = {name: model.predicted_speedup(replayed, tokens) for name, model in models_of(mode, run).items()}
+        speedups = {name: model.predicted_speedup(replayed, tokens) for name, model in models_of(mode, run).items()
+                    if model is not None}
         rows.append({"mode": mode, "run": run, "family": family, "prompts": len(recs),
                      "measured": {"target": sum(r["stats"]["target_calls"] for r in recs) / n,
                                   "discarded": sum(r["stats"]["discarded"] for r in recs) / n,
@@ -143,7 +156,11 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
         lines.append(f"  {(mode + ' ' + run)[:42]:<43}N_t/N {rows[-1]['measured']['target']:.3f} "
                      f"{rows[-1]['replayed']['target']:.3f}  N_x/N {rows[-1]['measured']['discarded']:.3f} "
                      f"{rows[-1]['replayed']['discarded']:.3f}  measured {measured}x"
-                     + "".join(f"  {k} {v:.3f} ({rows[-1]['errors'][k]:+.1%})" for k, v in speedups.items()))
+                     + "".join(f"  {k} {v:.3f} ({rows[-1]['errors'][k]:+.1%})" for k, v in speedups.items())
+                     + ("  (the replay's counts are not the run's: a bug, or files changed)"
+                        if family in POLICIES and rows[-1]["replayed"] != {k: rows[-1]["measured"][k]
+                                                                            for k in ("target", "discarded")}
+                        else ""))
     if rows:
         lines.insert(0, "prompt lookup's runs replayed along their own responses (N_t/N, N_x/N counted by the run and "
                         "replayed; speedup over target-only measured and predicted at each cost model, error = "

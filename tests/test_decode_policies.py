@@ -185,11 +185,14 @@ def test_counts(models, heads):
         assert s.draft_calls + s.target_calls == s.new_tokens + s.discarded  # SpecDec++ §3
         assert all(0 <= n <= k for n in s.accepted_lengths)
         assert s.discard_rate == s.discarded / 20
+        # every target forward but the prompt's: a verification of K + 1 tokens (fewer where the response ends)
+        assert sum(s.target_reads.values()) == s.target_calls - 1 and max(s.target_reads) <= k + 1
 
     s = generate(build_policy("specdecpp", head=heads["stop"], h=0.6), pair, prompt).stats
     assert s.target_calls == len(s.accepted_lengths)
     assert sum(s.accepted_lengths) + len(s.accepted_lengths) == s.new_tokens
     assert s.draft_calls == sum(s.accepted_lengths) + s.discarded  # the head's forwards gave the next q
+
 
     s = generate(build_policy("sprinter", head=heads["verifier"], tau=0.4), pair, prompt).stats
     assert (s.new_tokens, s.target_calls, s.discarded) == (20, 0, 0)  # τ below 0.5: the verifier accepts all
@@ -540,3 +543,16 @@ def test_prompt_lookup_replayed_along_its_own_response_gives_its_rounds(models, 
     assert rounds > 0  # proposals were made and verified
     if stop:
         assert cuts == {True, False}
+
+
+def test_a_forward_that_gives_fewer_rows_than_it_reads_is_no_verification_to_price(models):
+    """A forward that reads m tokens and gives one row (SPRINTER's check of its pending tokens) costs less than the
+    verification of m tokens a cost by length prices: the run records no reads by length then."""
+    from decoding.backends import CachedLM
+
+    lm = CachedLM(models[1], Sampling())
+    lm.advance([1, 10, 11])  # the prompt: from the start, not counted
+    lm.advance([1, 10, 11, 12, 13], rows=2)  # two tokens, both rows: a verification of one candidate
+    assert (lm.reads, lm.partial_reads) == ({2: 1}, 0)
+    lm.advance([1, 10, 11, 12, 13, 14, 15, 16])  # three tokens, one row
+    assert (lm.reads, lm.partial_reads) == ({2: 1, 3: 1}, 1)

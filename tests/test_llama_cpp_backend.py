@@ -273,7 +273,8 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     costs = read_timing(tmp_path / "timing.json")
 
     def replayed() -> dict[str, dict]:
-        _, rows = own_response_lines(parse(["--config", str(config)])[0], by_run, lambda mode, run: {"timing": costs})
+        _, rows = own_response_lines(parse(["--config", str(config)])[0], by_run,
+                                     lambda mode, run: {"timing": costs, "fit-out": None})  # too few runs to fit
         return {r["family"]: r for r in rows}
 
     rows = replayed()
@@ -281,6 +282,10 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     for family in ("prompt_lookup", "prompt_lookup_goodput"):
         assert rows[family]["measured"]["discarded"] > 0 and rows[family]["speedups"]["timing"] > 0
         assert rows[family]["replayed"] == {k: rows[family]["measured"][k] for k in ("target", "discarded")}
+    assert set(rows["prompt_lookup"]["speedups"]) == {"timing"}
+    LookupCalibration(length=[1.0, 6.0], keep=[0.3, 0.9], n=1).save(tmp_path / "lookup.json")  # not the run's
+    lines, _ = own_response_lines(parse(["--config", str(config)])[0], by_run, lambda mode, run: {"timing": costs})
+    assert any("prompt_lookup_goodput" in line and "lookup.json changed since the run" in line for line in lines)
     monkeypatch.setattr("core.prompts.tokenize_prompt", lambda tokenizer, text, template: [])  # no prompt to copy
     assert replayed()["prompt_lookup"]["replayed"]["discarded"] != rows["prompt_lookup"]["measured"]["discarded"]
 
