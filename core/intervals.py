@@ -51,6 +51,20 @@ def speedup_interval(a: list[dict], b: list[dict], seed: int = 0) -> Interval:
     return Interval(value, float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
+def new_set_interval(a: list[dict], b: list[dict], prompts: int, seed: int = 0, level: float = 0.9) -> Interval:
+    """Tokens per second of runs ``a`` over runs ``b`` (as ``speedup_interval`` reads them) on another ``prompts``
+    prompts like these: its median and central ``level`` range over draws of that many prompts from a bootstrap
+    resample of these (the spread between prompts, and the uncertainty of what these stand for). Wider than
+    ``speedup_interval``'s, which is the mean's over these prompts: what a check on other prompts may measure."""
+    data = np.array([[s[k] for s in side] for side in (a, b) for k in ("new_tokens", "wall_s")], dtype=float)
+    rng, n = np.random.default_rng(seed), data.shape[1]
+    resampled = rng.integers(0, n, size=(RESAMPLES, n))
+    draws = np.take_along_axis(resampled, rng.integers(0, n, size=(RESAMPLES, prompts)), axis=1)
+    ratios = _throughput_ratio(*data[:, draws])
+    low, mid, high = np.quantile(ratios, [(1 - level) / 2, 0.5, (1 + level) / 2])
+    return Interval(float(mid), float(low), float(high))
+
+
 def mean_interval(values, seed: int = 0) -> Interval:
     """The mean of per-prompt values (pass@1, a log-likelihood) with a bootstrap interval over the prompts."""
     x = np.asarray(values, dtype=float)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.intervals import new_set_interval
+
 from evaluation.advice_rules import (CEILING, LLAMA_CPP, OURS, RUNTIMES, TRAINED_RULES, TRANSFORMERS, VLLM,
                                      Setting, best)
 from evaluation.plots import pyplot, save
+from evaluation.simulate_lookup import priced_runs
 
 
 def owning(runtime: str) -> str:
@@ -27,6 +30,21 @@ def verdict(settings: list[Setting], runtime: str = LLAMA_CPP) -> tuple[Setting 
         return None, f"do not speculate here: no setting's interval lies above 1.0{shown}"
     return paying, (f"speculate: {paying.drafter} with {owning(runtime)} {paying.label}, predicted {paying.speedup}x "
                     "target-only")
+
+
+def another_set(setting: Setting | None, costs, prompts: list[int] | None, count: int) -> dict | None:
+    """How ``setting`` may run on ``count`` other prompts like the traced ones (``core.intervals.new_set_interval``:
+    the spread between prompts, which the interval over these prompts' mean leaves out); None without a setting."""
+    if setting is None or len(setting.counts) < 2:
+        return None
+    spread = new_set_interval(*priced_runs(setting.counts, costs, prompts=prompts), count)
+    return {"setting": setting.label, "prompts": count, "level": 0.9, **vars(spread)}
+
+
+def another_set_line(spread: dict, traced: int) -> str:
+    return (f"another {spread['prompts']} prompts like these: {spread['setting']} at {spread['low']:.2f}–"
+            f"{spread['high']:.2f}x target-only in {spread['level']:.0%} of such sets (the intervals are the mean's "
+            f"over these {traced})")
 
 
 def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict:
@@ -90,6 +108,7 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
              f"sampler {1e3 * inputs['sampler']:.2f} ms a token; timed by {inputs['timed_with']}",
              *([f"- our estimates: {', '.join(f'`{e}`' for e in inputs['estimates'])}"]
                if inputs.get("estimates") else []),
+             *([f"- {another_set_line(inputs['another_set'], inputs['traces'])}"] if inputs.get("another_set") else []),
              "", f"## In {owning(runtime)} terms", ""]
     if runtime == LLAMA_CPP:
         lines += ["`llama-server` / `llama-cli` flags (TARGET.gguf and DRAFT.gguf are your two files):", "",

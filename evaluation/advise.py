@@ -27,7 +27,7 @@ from core.prompts import PromptConfig, load_prompt_table
 from core.runfolder import RunFolder, read_json
 from core.shards import SPLITS, read_manifest
 from decoding.costs import read_timing
-from evaluation.advice_report import markdown, paste, picture, verdict
+from evaluation.advice_report import another_set, another_set_line, markdown, paste, picture, verdict
 from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, LLAMA_CPP, OURS, RUNTIME_OF_BACKEND,
                                      TRAINED_RULES, TRANSFORMERS, VLLM,
                                      best, budget, ceilings, our_settings, our_trained_settings, price,
@@ -38,6 +38,10 @@ from evaluation.bench_timing_binaries import TIMED_THROUGH_BINDING, TIMED_WITH
 from evaluation.llama_peer import LlamaPeer
 
 OUTPUTS = ("advice.md", "advice.json", "advice.png", "check.jsonl", "pair.yaml", "traces.yaml")
+
+
+ANOTHER_SET = 20
+"""How many other prompts the advice says the advised setting may run at, without ``--check`` (with it: its count)."""
 
 
 def parse_args(argv: list[str] | None = None):
@@ -393,6 +397,8 @@ def main(argv: list[str] | None = None) -> dict:
         lookups = [s.params for s in settings if s is lookup or s.rule == "prompt_lookup_goodput"]
         settings += price(ceilings(traces, costs, lookups, budget(sampling, runtime)), costs, prompts)
         pick, sentence = verdict(settings, runtime)
+        # what other prompts (--check's) may measure: the mean's interval leaves the spread between prompts out
+        spread = another_set(pick or best(settings, runtime), costs, prompts, a.check or ANOTHER_SET)
         flags = paste(runtime, pick, costs.threads, budget(sampling, runtime))
         folder.start()
         checked = check(a, run, settings, pick, traces, sampling, folder, runtime) if a.check else None
@@ -401,7 +407,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "sampling": "greedy" if sampling["temperature"] == 0 else f"temperature {sampling['temperature']}",
                   "target_step": costs.verify(1), "draft_step": costs.draft, "timed_with": timed_by,
                   "sampler": costs.sample_s, "estimates": [*a.heads, *filter(None, (a.calibration,
-                                                                                    a.lookup_calibration))]}
+                                                                                    a.lookup_calibration))],
+                  "another_set": spread}
         folder.write_text(folder.root / "advice.md", markdown(settings, inputs, pick, sentence, flags, checked,
                                                                        runtime))
         folder.write_json(folder.root / "advice.json", {
@@ -414,6 +421,8 @@ def main(argv: list[str] | None = None) -> dict:
                  "predicted_rates": c["predicted_rates"], "measured_rates": c["measured_rates"]} for c in checked]})
         picture(settings, folder.claim(folder.root / "advice.png"), checked)
     print(sentence)
+    if spread is not None:
+        print(another_set_line(spread, len(traces)))
     print(f"{runtime}: {flags['flags']}")
     for s in (best(settings, runtime, "draft model"), best(settings, runtime, "prompt lookup"),
               *[best([s for s in settings if s.rule in TRAINED_RULES], OURS, drafter)

@@ -22,11 +22,11 @@ PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
 """(n, m) of the prompt-lookup rows: llama.cpp's ngram-simple defaults, then shorter n-grams and copies."""
 
 
-def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None,
-                    prompts: list[int] | None = None) -> Interval:
-    """The speedup of ``counts`` (one per prompt) under ``costs`` over target-only (or over the runs ``over``), with
-    a paired bootstrap interval over the prompts; ``prompts``: each prompt's length, where every run pays its
-    prefill (``CostModel.prefill``)."""
+def priced_runs(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None,
+                prompts: list[int] | None = None) -> tuple[list[dict], list[dict]]:
+    """The runs ``counts`` (one per prompt) priced under ``costs``, and target-only's on the same responses (or the
+    runs ``over``), as the stats a speedup interval reads; ``prompts``: each prompt's length, where every run pays
+    its prefill (``CostModel.prefill``)."""
     lengths = prompts or [0] * len(counts)
 
     def runs(cs):
@@ -35,11 +35,18 @@ def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] |
 
     base = runs(over) if over is not None else [{"new_tokens": c.n, "wall_s": c.n / costs.target_only_rate()
                                                  + costs.prefill(p, False)} for c, p in zip(counts, lengths)]
+    return runs(counts), base
+
+
+def priced_interval(counts: list[Counts], costs: CostModel, over: list[Counts] | None = None,
+                    prompts: list[int] | None = None) -> Interval:
+    """The speedup of ``priced_runs`` with a paired bootstrap interval over the prompts."""
+    runs, base = priced_runs(counts, costs, over, prompts)
     if len(counts) < 2:  # nothing to resample
-        value = sum(r["new_tokens"] for r in runs(counts)) / sum(r["wall_s"] for r in runs(counts)) \
+        value = sum(r["new_tokens"] for r in runs) / sum(r["wall_s"] for r in runs) \
             / (sum(r["new_tokens"] for r in base) / sum(r["wall_s"] for r in base))
         return Interval(value, value, value)
-    return speedup_interval(runs(counts), base)
+    return speedup_interval(runs, base)
 
 
 def total(counts: list[Counts]) -> Counts:

@@ -278,6 +278,11 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
              "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
     assert {f for f in flags if f.startswith("-")} <= known
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
+    # how another 20 prompts may run (``core.intervals.new_set_interval``), printed and in the report
+    another = saved["inputs"]["another_set"]
+    assert another["prompts"] == 20 and another["low"] < another["value"] < another["high"]
+    assert f"another 20 prompts like these: {another['setting']}" in printed
+    assert "another 20 prompts like these" in (out / "advice.md").read_text()
 
 
 def tiny_head(manifest: dict, path: Path, role: str = "stop", seen: list[str] = ()) -> str:
@@ -392,6 +397,7 @@ def test_check_runs_llama_cpps_binaries_beside_the_prediction(llama_labels, tmp_
     calls = (tools / "llama-completion.calls").read_text().splitlines()
     assert len(calls) == 3  # target-only once per prompt
     assert "Measured (`--check`)" in (out / "advice.md").read_text()
+    assert saved["inputs"]["another_set"]["prompts"] == 3 and "another 3 prompts like these" in printed
 
 
 def test_a_rerun_reuses_its_runs_only_when_it_makes_the_same_ones(llama_labels, tmp_path, capsys, monkeypatch):
