@@ -38,13 +38,14 @@ def another_set(setting: Setting | None, costs, prompts: list[int] | None, count
     if setting is None or len(setting.counts) < 2:
         return None
     spread = new_set_interval(*priced_runs(setting.counts, costs, prompts=prompts), count)
-    return {"setting": setting.label, "prompts": count, "level": 0.9, **vars(spread)}
+    return {"setting": setting.label, "prompts": count, "level": 0.9, "median": spread.value, "low": spread.low,
+            "high": spread.high}
 
 
 def another_set_line(spread: dict, traced: int) -> str:
-    return (f"another {spread['prompts']} prompts like these: {spread['setting']} at {spread['low']:.2f}–"
-            f"{spread['high']:.2f}x target-only in {spread['level']:.0%} of such sets (the intervals are the mean's "
-            f"over these {traced})")
+    return (f"another {spread['prompts']} prompts like these (--check's count, default 20): {spread['setting']} at "
+            f"{spread['low']:.2f}–{spread['high']:.2f}x target-only in {spread['level']:.0%} of such sets; the "
+            f"bracketed 95 % intervals are the mean's over these {traced} traces")
 
 
 def paste(runtime: str, pick: Setting | None, threads: int | None, max_new_tokens: int) -> dict:

@@ -210,6 +210,8 @@ def validate(labels: str | Path, config: str, priced: CostModel | None = None) -
     from evaluation.rundir import RunDir
 
     cfg, _ = parse(["--config", config])
+    if not RunDir(cfg.output_dir).results.exists():
+        raise SimulationError(f"{RunDir(cfg.output_dir).results} not found: run `make eval` with {config} first")
     records = ResultStore(RunDir(cfg.output_dir).results).records()
     settings = RunDir(cfg.output_dir).settings
     recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}

@@ -118,16 +118,20 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
     runs = {key: recs for key, recs in by_run.items() if recs[0]["family"] in families}
     if not runs:
         return [], []
+    settings = RunDir(cfg.output_dir).settings
+    if not settings.exists():
+        return [f"prompt lookup's runs not replayed: {settings} is missing (the eval's record of its settings)"], []
+    ran = json.loads(settings.read_text())  # as the runs were made, whatever the config says now
+    template = ran.get("prompts", {}).get("chat_template", cfg.prompts.chat_template)
+    budget = {mode: m.get("max_new_tokens", cfg.max_new_tokens) for mode, m in ran.get("modes", {}).items()}
+    recorded = {**ran.get("heads", {}), **ran.get("goodput_timing", {})}  # file → sha256 at the run
     tokenizer = backend(cfg.backend).tokenizer(cfg.target)
     texts = {p["prompt"]: p["text"] for p in load_prompts(cfg.prompts)}
     prompt_ids = {}
     ends = {tokenizer.eos_token_id} - {None}  # and each token our decoder ended a response at (a peer's text
-    ends |= {r["tokens"][-1] for recs in by_run.values() for r in recs  # read back holds no end token)
-             if r["family"] in POLICIES and r["tokens"] and len(r["tokens"]) < cfg.max_new_tokens}
+    ends |= {r["tokens"][-1] for (mode, _), recs in by_run.items() for r in recs  # read back holds no end token)
+             if r["family"] in POLICIES and r["tokens"] and len(r["tokens"]) < budget.get(mode, cfg.max_new_tokens)}
     fixed = {p.family: p.fixed for p in cfg.policies}
-    settings = RunDir(cfg.output_dir).settings
-    recorded = json.loads(settings.read_text()) if settings.exists() else {}
-    recorded = {**recorded.get("heads", {}), **recorded.get("goodput_timing", {})}  # file → sha256 at the run
     rows, lines = [], []
     for (mode, run), recs in sorted(runs.items()):
         baseline = {r["prompt"]: r["stats"] for r in by_run.get((mode, "target_only"), [])}
@@ -137,18 +141,22 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
         family = recs[0]["family"]
         params = {**fixed.get(family, {}), **recs[0]["params"]}
         files = [str(params[k]) for k in ("calibration", "timing") if k in params]
-        changed = [f for f in files if not Path(f).is_file() or recorded.get(f) != file_sha256(Path(f))]
-        if changed:
-            lines.append(f"  {(mode + ' ' + run)[:42]:<43}not replayed: {', '.join(changed)} changed since the run "
-                         f"(or is not recorded with it)")
+        why = [f"{f}: no such file" if not Path(f).is_file() else f"{f}: not recorded with the run"
+               if f not in recorded else f"{f} changed since the run" for f in files
+               if not Path(f).is_file() or recorded.get(f) != file_sha256(Path(f))]
+        if not sum(len(r["tokens"]) for r in recs):
+            why.append("its responses hold no tokens")
+        if why:
+            lines.append(f"  {(mode + ' ' + run)[:42]:<43}not replayed: {'; '.join(why)}")
             continue
         policy = PromptLookup(**params) if family == PROMPT_LOOKUP else build_policy(family, **params)
         counts = []
         for r in recs:
             if r["prompt"] not in prompt_ids:
-                prompt_ids[r["prompt"]] = tokenize_prompt(tokenizer, texts[r["prompt"]], cfg.prompts.chat_template)
+                prompt_ids[r["prompt"]] = tokenize_prompt(tokenizer, texts[r["prompt"]], template)
             counts.append(prompt_lookup_counts(prompt_ids[r["prompt"]], r["tokens"], policy.n, policy.m,
-                                               cfg.max_new_tokens, sorted(ends), length=policy.length))
+                                               budget.get(mode, cfg.max_new_tokens), sorted(ends),
+                                               length=policy.length))
         replayed, n = total(counts), sum(r["stats"]["new_tokens"] for r in recs)
         measured = speedup_interval([r["stats"] for r in recs], [baseline[r["prompt"]] for r in recs])
         tokens = round(replayed.n / len(counts))
@@ -162,7 +170,7 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
                      "speedups": speedups, "errors": {k: v / measured.value - 1 for k, v in speedups.items()}})
         lines.append(f"  {(mode + ' ' + run)[:42]:<43}N_t/N {rows[-1]['measured']['target']:.3f} "
                      f"{rows[-1]['replayed']['target']:.3f}  N_x/N {rows[-1]['measured']['discarded']:.3f} "
-                     f"{rows[-1]['replayed']['discarded']:.3f}  measured {measured}x"
+                     f"{rows[-1]['replayed']['discarded']:.3f}  {len(recs)} prompts, measured {measured}x"
                      + "".join(f"  {k} {v:.3f} ({rows[-1]['errors'][k]:+.1%})" for k, v in speedups.items())
                      + ("  (the replay's counts are not the run's: a bug, or files changed)"
                         if family in POLICIES and rows[-1]["replayed"] != {k: rows[-1]["measured"][k]
@@ -170,6 +178,7 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
                         else ""))
     if rows:
         lines.insert(0, "prompt lookup's runs replayed along their own responses (N_t/N, N_x/N counted by the run and "
-                        "replayed; speedup over target-only measured and predicted at each cost model, error = "
-                        "predicted / measured − 1)")
+                        "replayed, our runs' alike, llama.cpp's apart where its driver drafts past a response's end "
+                        "or its text reads back as other tokens; speedup over target-only measured and predicted at "
+                        "each cost model, error = predicted / measured − 1)")
     return lines, rows

@@ -280,8 +280,8 @@ def test_the_advice_names_a_setting_in_llama_cpps_flags(llama_labels, tmp_path, 
     assert "advice.md" in printed and "llama.cpp's terms" in (out / "advice.md").read_text()
     # how another 20 prompts may run (``core.intervals.new_set_interval``), printed and in the report
     another = saved["inputs"]["another_set"]
-    assert another["prompts"] == 20 and another["low"] < another["value"] < another["high"]
-    assert f"another 20 prompts like these: {another['setting']}" in printed
+    assert another["prompts"] == 20 and another["low"] < another["median"] < another["high"]
+    assert f"another 20 prompts like these (--check's count, default 20): {another['setting']}" in printed
     assert "another 20 prompts like these" in (out / "advice.md").read_text()
 
 

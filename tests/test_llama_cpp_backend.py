@@ -286,6 +286,10 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     LookupCalibration(length=[1.0, 6.0], keep=[0.3, 0.9], n=1).save(tmp_path / "lookup.json")  # not the run's
     lines, _ = own_response_lines(parse(["--config", str(config)])[0], by_run, lambda mode, run: {"timing": costs})
     assert any("prompt_lookup_goodput" in line and "lookup.json changed since the run" in line for line in lines)
+    emptied = {key: [{**r, "tokens": []} if r["family"] == "prompt_lookup" else r for r in recs]
+               for key, recs in by_run.items()}
+    lines, _ = own_response_lines(parse(["--config", str(config)])[0], emptied, lambda mode, run: {"timing": costs})
+    assert any("prompt_lookup[" in line and "its responses hold no tokens" in line for line in lines), lines
     monkeypatch.setattr("core.prompts.tokenize_prompt", lambda tokenizer, text, template: [])  # no prompt to copy
     assert replayed()["prompt_lookup"]["replayed"]["discarded"] != rows["prompt_lookup"]["measured"]["discarded"]
 
