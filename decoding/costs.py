@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +164,10 @@ class CostModel:
         of n + 1 tokens (its catch-up aside)."""
         n = np.asarray(candidates)
         return self.draft * n + self.verify_table(int(n.max(initial=0)) + 1)[n + 1]
+
+    def without_prefill(self) -> "CostModel":
+        """These costs for runs whose clock starts after the prompt is read: no per-run prefill."""
+        return replace(self, intercept=0.0, draft_intercept=0.0)
 
     def target_only_rate(self) -> float:
         """Target-only decoding's tokens per unit of cost, 1 / (verify(1) + its sampler): the goodput stop's λ when

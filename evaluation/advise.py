@@ -351,13 +351,13 @@ def main(argv: list[str] | None = None) -> dict:
     given = a.labels is not None and a.timing is not None
     if given:
         inputs = check_inputs(a)
-    if a.check and a.runtime in (None, LLAMA_CPP):  # traced here, or labels made on llama.cpp: its binaries run
-        for name in ("llama-completion", "llama-speculative-simple"):
-            LlamaPeer(enabled=True, tools=a.tools).binary(name)
     elif a.labels is not None:
         check_labels(a.labels)
     elif a.timing is not None:
         read_timing(a.timing)
+    if a.check and a.runtime in (None, LLAMA_CPP):  # traced here, or labels made on llama.cpp: its binaries run
+        for name in ("llama-completion", "llama-speculative-simple"):
+            LlamaPeer(enabled=True, tools=a.tools).binary(name)
     if not given and a.pair is not None:
         read_pair_file(a.pair)
     folder.check(beside=None)

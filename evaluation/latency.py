@@ -3,7 +3,6 @@ fits and why) to an evaluation's runs, and the costs an evaluation knows."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +66,7 @@ def latency_fits(records: list[dict], forwards: str | Path | None = None, timing
     if timing:
         fits["timing"] = read_timing(timing, *timing_models)
     if not prefill_timed:
-        fits.update({name: replace(fit, intercept=0.0, draft_intercept=0.0) for name, fit in fits.items()
-                     if name != "fit"})
+        fits.update({name: fit.without_prefill() for name, fit in fits.items() if name != "fit"})
     return fits
 
 

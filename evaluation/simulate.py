@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from core.arguments import CommandParser, description
@@ -214,8 +213,10 @@ def validate(labels: str | Path, config: str, priced: CostModel | None = None) -
         raise SimulationError(f"{RunDir(cfg.output_dir).results} not found: run `make eval` with {config} first")
     records = ResultStore(RunDir(cfg.output_dir).results).records()
     settings = RunDir(cfg.output_dir).settings
-    recorded_heads = json.loads(settings.read_text()).get("heads", {}) if settings.exists() else {}
-    fits = {name: f for name, f in cfg.latency_fits(records).items() if f is not None and name != "timing"}
+    ran = json.loads(settings.read_text()) if settings.exists() else None  # the settings the runs were made at
+    recorded_heads = (ran or {}).get("heads", {})
+    known = cfg.latency_fits(records)
+    fits = {name: f for name, f in known.items() if f is not None and name != "timing"}
     if not fits:
         raise SimulationError(f"{cfg.output_dir} holds too few finished runs to fit the latency model")
     models = [*fits, *([FIT_WITHOUT_RUN] if "fit" in fits else []), *(["timing"] if priced is not None else [])]
@@ -228,7 +229,7 @@ def validate(labels: str | Path, config: str, priced: CostModel | None = None) -
     for r in records:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
     if priced is not None and cfg.untimed_prefill:  # the runs' walls hold no prefill
-        priced = replace(priced, intercept=0.0, draft_intercept=0.0)
+        priced = priced.without_prefill()
     rows, lines = [], []
 
     def models_of(mode: str, run: str) -> dict[str, CostModel]:
@@ -279,7 +280,7 @@ def validate(labels: str | Path, config: str, priced: CostModel | None = None) -
                 f"{rates['decod']['target']:>7.3f}{measured['draft']:>11.3f}{rates['label']['draft']:>7.3f}"
                 f"{rates['decod']['draft']:>7.3f}{f'{iv.value:.3f} [{iv.low:.2f}, {iv.high:.2f}]':>22}")
         lines.append(line + "".join(f"{v:>17.3f}{rows[-1]['errors'][k]:>+8.1%}" for k, v in speedups.items()))
-    lookup, lookup_rows = own_response_lines(cfg, by_run, models_of)
+    lookup, lookup_rows = own_response_lines(cfg, ran, by_run, models_of)
     if not rows and not lookup:
         raise SimulationError(f"{cfg.output_dir} has no decoder traces beside finished runs, and no prompt-lookup "
                               f"runs (run `make eval` with this config to the end: it records them after the runs)")
@@ -297,7 +298,7 @@ def validate(labels: str | Path, config: str, priced: CostModel | None = None) -
              f"predicted / measured − 1)\ncost models: " + "; ".join(costs)
              + (f"; {FIT_WITHOUT_RUN}: the runs' fit without the run it predicts" if FIT_WITHOUT_RUN in models else "")
              + ("; timing: --timing's costs by length" if priced is not None else ""))
-    costs_of_choice = selection_fit(cfg.latency_fits(records), simulated=True)
+    costs_of_choice = selection_fit(known, simulated=True)
     table = [head, "-" * len(head), *lines] if rows else []
     return "\n".join([title, *table, *lookup]), rows + lookup_rows, costs_of_choice.t_draft / costs_of_choice.t_target
 

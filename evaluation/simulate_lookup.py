@@ -6,7 +6,6 @@ evaluation's prompt-lookup runs replayed along their own responses, predicted be
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -97,7 +96,7 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
     return "\n".join(lines)
 
 
-def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
+def own_response_lines(cfg, ran: dict | None, by_run: dict[tuple[str, str], list[dict]],
                        models_of: Callable[[str, str], dict]) -> tuple[list[str], list[dict]]:
     """The prompt-lookup runs of a finished evaluation (``cfg``, an ``EvalConfig``; ``by_run``: its records by mode
     and run), each replayed along its own responses: a proposal is kept where the run's response repeats it, so the
@@ -105,6 +104,7 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
     tokenizer, and its driver's rounds differ a little from the rule's, ``decoding.policies.prompt_lookup``). What
     is left between predicted and measured is the cost model, priced by each of ``models_of(mode, run)`` (name →
     ``CostModel``): sampled runs draw their own responses, which label traces of other samples cannot foresee.
+    ``ran``: the eval's ``settings.json`` (the settings the runs were made at; None where it is missing).
     Returns the lines and a row per run (its rates counted and replayed, speedups measured and predicted)."""
     from core.backends import backend
     from core.cache import file_sha256
@@ -118,10 +118,9 @@ def own_response_lines(cfg, by_run: dict[tuple[str, str], list[dict]],
     runs = {key: recs for key, recs in by_run.items() if recs[0]["family"] in families}
     if not runs:
         return [], []
-    settings = RunDir(cfg.output_dir).settings
-    if not settings.exists():
-        return [f"prompt lookup's runs not replayed: {settings} is missing (the eval's record of its settings)"], []
-    ran = json.loads(settings.read_text())  # as the runs were made, whatever the config says now
+    if ran is None:
+        return [f"prompt lookup's runs not replayed: {RunDir(cfg.output_dir).settings} is missing (the eval's "
+                "record of its settings)"], []
     template = ran.get("prompts", {}).get("chat_template", cfg.prompts.chat_template)
     budget = {mode: m.get("max_new_tokens", cfg.max_new_tokens) for mode, m in ran.get("modes", {}).items()}
     recorded = {**ran.get("heads", {}), **ran.get("goodput_timing", {})}  # file → sha256 at the run

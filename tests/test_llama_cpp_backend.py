@@ -271,9 +271,10 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
     for r in records:
         by_run.setdefault((r["mode"], r["run"]), []).append(r)
     costs = read_timing(tmp_path / "timing.json")
+    ran = json.loads((tmp_path / "eval" / "settings.json").read_text())
 
     def replayed() -> dict[str, dict]:
-        _, rows = own_response_lines(parse(["--config", str(config)])[0], by_run,
+        _, rows = own_response_lines(parse(["--config", str(config)])[0], ran, by_run,
                                      lambda mode, run: {"timing": costs, "fit-out": None})  # too few runs to fit
         return {r["family"]: r for r in rows}
 
@@ -284,11 +285,13 @@ def test_an_eval_on_the_backend_runs_llama_cpps_own_decoding_beside_ours(gguf_pa
         assert rows[family]["replayed"] == {k: rows[family]["measured"][k] for k in ("target", "discarded")}
     assert set(rows["prompt_lookup"]["speedups"]) == {"timing"}
     LookupCalibration(length=[1.0, 6.0], keep=[0.3, 0.9], n=1).save(tmp_path / "lookup.json")  # not the run's
-    lines, _ = own_response_lines(parse(["--config", str(config)])[0], by_run, lambda mode, run: {"timing": costs})
+    lines, _ = own_response_lines(parse(["--config", str(config)])[0], ran, by_run,
+                                  lambda mode, run: {"timing": costs})
     assert any("prompt_lookup_goodput" in line and "lookup.json changed since the run" in line for line in lines)
     emptied = {key: [{**r, "tokens": []} if r["family"] == "prompt_lookup" else r for r in recs]
                for key, recs in by_run.items()}
-    lines, _ = own_response_lines(parse(["--config", str(config)])[0], emptied, lambda mode, run: {"timing": costs})
+    lines, _ = own_response_lines(parse(["--config", str(config)])[0], ran, emptied,
+                                  lambda mode, run: {"timing": costs})
     assert any("prompt_lookup[" in line and "its responses hold no tokens" in line for line in lines), lines
     monkeypatch.setattr("core.prompts.tokenize_prompt", lambda tokenizer, text, template: [])  # no prompt to copy
     assert replayed()["prompt_lookup"]["replayed"]["discarded"] != rows["prompt_lookup"]["measured"]["discarded"]
