@@ -107,13 +107,9 @@ class CostModel:
     """The part of ``draft_step`` that is the draft's sampler (a draft step samples its token, a batch re-read
     does not); 0 where the forwards timed include the sampling."""
     prefill_token_s: float = 0.0
-    """Seconds per prompt token of the target's prefill (``prefill_line``): what a call of a runtime whose time
-    includes its prompt (transformers' ``generate()``) pays before its first token, with ``prefill_call_s``."""
+    """Seconds per prompt token of the target's prefill (the timed prefill over its tokens): what a call of a
+    runtime whose time includes its prompt (transformers' ``generate()``) pays before its first token."""
     draft_prefill_token_s: float = 0.0
-    """The same of the draft, paid by a call that drafts."""
-    prefill_call_s: float = 0.0
-    """Seconds the target's prefill costs whatever the prompt's length (``prefill_line``)."""
-    draft_prefill_call_s: float = 0.0
     """The same of the draft, paid by a call that drafts."""
 
     @classmethod
@@ -180,9 +176,8 @@ class CostModel:
 
     def prefill(self, tokens: int, drafting: bool) -> float:
         """Seconds a call pays to read a prompt of ``tokens`` tokens: the target's prefill, and the draft's where
-        it drafts (each a fixed part and a part per token, as ``prefill_line`` reads them)."""
-        target = self.prefill_call_s + tokens * self.prefill_token_s
-        return target + (self.draft_prefill_call_s + tokens * self.draft_prefill_token_s if drafting else 0.0)
+        it drafts (both proportional to the prompt, as the prefills timed)."""
+        return tokens * (self.prefill_token_s + (self.draft_prefill_token_s if drafting else 0.0))
 
     def forward_rate(self, rate: float) -> float:
         """λ as a stop rule sets it against a round's forwards alone: a token the round adds also costs the sampler
@@ -285,8 +280,8 @@ class CostModel:
                    backend=timing.get("backend", TRANSFORMERS), threads=timing.get("threads"),
                    decoder=timing.get("decoder", "eager"), draft_read_s=read_table(d, d_forward),
                    sample_s=sampler_s(t), draft_sample_s=sampler_s(d),
-                   prefill_call_s=prefill_line(t)[0], prefill_token_s=prefill_line(t)[1],
-                   draft_prefill_call_s=prefill_line(d)[0], draft_prefill_token_s=prefill_line(d)[1])
+                   prefill_token_s=t["prefill"]["median_s"] / t["prefill"]["tokens"],
+                   draft_prefill_token_s=d["prefill"]["median_s"] / d["prefill"]["tokens"])
 
 
 def on_table(table: Mapping[int, float], tokens: int) -> float:
@@ -325,19 +320,6 @@ def timing_entry(name: str, precision: str, prefill: tuple[int, float], cache: i
     if catch_up is not None:
         entry["catch_up"] = {"tokens": 2, "cache": cache, "median_s": catch_up}
     return entry
-
-
-def prefill_line(entry: dict) -> tuple[float, float]:
-    """(Seconds whatever the prompt's length, seconds per prompt token) of a model's prefill as its runtime reads a
-    prompt: the line through the two lengths of ``generate_prefill`` (``bench-timing --generate``), where it was
-    timed, else proportional to the timed prefill's tokens."""
-    timed = entry.get("generate_prefill")
-    if not timed or len(timed) < 2:
-        return 0.0, entry["prefill"]["median_s"] / entry["prefill"]["tokens"]
-    points = sorted((int(n), t["median_s"]) for n, t in timed.items())
-    (short, s_short), (long, s_long) = points[0], points[-1]
-    per_token = max(0.0, (s_long - s_short) / (long - short))
-    return max(0.0, s_long - per_token * long), per_token
 
 
 def sampler_s(entry: dict) -> float:

@@ -315,7 +315,7 @@ def time_model(label: str, shape: str, config, precision: str, device: torch.dev
                            tuple(a.verify_lengths))}
     entry["catch_up"] = catch_up_entry(model, "eager", a.cache[0], a.repeats)  # priced where it drafts
     if a.generate:
-        entry.update(generate_costs(model, device, a.cache[0], step_s(entry), a.repeats, a.prefill))
+        entry.update(generate_costs(model, device, a.cache[0], step_s(entry), a.repeats))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -102,49 +102,29 @@ GENERATE_TOKENS = 9
 
 
 @torch.no_grad()
-def generate_costs(model, device: torch.device, cache: int, step_s: float, repeats: int, prefill: int) -> dict:
+def generate_costs(model, device: torch.device, cache: int, step_s: float, repeats: int) -> dict:
     """What a transformers ``generate()`` call adds to the model's bare forwards, after ``cache`` cached tokens
     (``step_s``: its bare one-token step there): ``sample``, the seconds per token beyond the step (generate's logits
     processors, stopping criteria and bookkeeping around each forward: what the decoding priced by a timing of bare
-    forwards does not see), ``generate_call``, the seconds a call costs beyond its tokens (its setup: what an
-    assisted-generation round pays again for each call of its assistant), from greedy calls of 1 and
-    ``GENERATE_TOKENS`` new tokens over a cache cut back to ``cache`` tokens after each; and ``generate_prefill``, a
-    prompt of ``prefill`` and of half as many tokens read as ``generate()`` reads it (``generate_prefill_read``).
-    Each timed in turns."""
+    forwards does not see), and ``generate_call``, the seconds a call costs beyond its tokens (its setup: what an
+    assisted-generation round pays again for each call of its assistant). From greedy calls of 1 and
+    ``GENERATE_TOKENS`` new tokens over a cache cut back to ``cache`` tokens after each, timed in turns."""
     from transformers import DynamicCache
 
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (1, max(cache, prefill) + 1), generator=g).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (1, cache + 1), generator=g).to(device)
     past = DynamicCache(config=model.config)
     model(ids[:, :cache], past_key_values=past, use_cache=True)
 
     def call(tokens: int):
         def fn():
-            model.generate(ids[:, :cache + 1], attention_mask=torch.ones_like(ids[:, :cache + 1]),
-                           past_key_values=past, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                           output_scores=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
-                           temperature=None, top_k=None, top_p=None)
+            model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=past, max_new_tokens=tokens,
+                           min_new_tokens=tokens, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                           pad_token_id=0, eos_token_id=None, temperature=None, top_k=None, top_p=None)
             past.crop(cache - past.get_seq_length())
         return fn
 
-    def read(tokens: int):
-        return lambda: generate_prefill_read(model, ids[:, :tokens])
-
-    lengths = sorted({max(1, prefill // 2), prefill})
-    timed = time_in_turns({1: call(1), GENERATE_TOKENS: call(GENERATE_TOKENS),
-                           **{("prefill", n): read(n) for n in lengths}}, device, repeats)
+    timed = time_in_turns({1: call(1), GENERATE_TOKENS: call(GENERATE_TOKENS)}, device, repeats)
     per_token = (timed[GENERATE_TOKENS]["median_s"] - timed[1]["median_s"]) / (GENERATE_TOKENS - 1)
     return {"sample": {"tokens": GENERATE_TOKENS, "median_s": max(0.0, per_token - step_s), "by": "generate()"},
-            "generate_call": {"cache": cache, "median_s": max(0.0, timed[1]["median_s"] - per_token)},
-            "generate_prefill": {str(n): timed["prefill", n] for n in lengths}}
-
-
-def generate_prefill_read(model, ids: torch.Tensor):
-    """A prompt read as ``generate()`` reads it: a fresh cache, and the last row's logits alone where the model
-    takes ``logits_to_keep`` (transformers slices the final hidden states to that row). On a CPU the slice's strides
-    can send the output layer to a slow kernel (bfloat16: seconds, whatever the prompt's length), which a read
-    computing every row's logits never meets, so the prefill is timed this way, not as a bare forward."""
-    from transformers import DynamicCache
-
-    keep = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
-    return model(ids, past_key_values=DynamicCache(config=model.config), use_cache=True, **keep)
+            "generate_call": {"cache": cache, "median_s": max(0.0, timed[1]["median_s"] - per_token)}}

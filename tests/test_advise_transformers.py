@@ -158,28 +158,6 @@ def test_a_call_pays_its_prefill_where_the_runtime_times_it():
     assert with_prompts == pytest.approx((20 * 0.01 + 0.1) / (decode + 0.1 + 0.05))
 
 
-def test_a_prefill_timed_as_generate_reads_it_has_a_fixed_part():
-    """A prompt read as ``generate()`` reads it (its last row's logits alone) is priced on the line through the two
-    lengths timed: on a CPU a bfloat16 model pays seconds for that row whatever the prompt's length, which a price
-    proportional to the prompt would spread over its tokens. Without the two lengths, proportional as before."""
-    from decoding.costs import CostModel
-
-    def timing(generate_prefill):
-        target = timing_entry("target", "float32", (200, 1.0), 64, {m: 0.3 for m in range(1, 4)}, verify=2,
-                              by_tokens=True)
-        if generate_prefill:
-            target["generate_prefill"] = {"100": {"median_s": 3.4}, "200": {"median_s": 3.8}}
-        return {"backend": "transformers", "models": [
-            timing_entry("draft", "float32", (200, 0.4), 64, {1: 0.05}, verify=None, catch_up=0.06), target]}
-
-    line = CostModel.from_timing(timing(True))
-    assert line.prefill_call_s == pytest.approx(3.0) and line.prefill_token_s == pytest.approx(0.004)
-    assert line.prefill(50, drafting=False) == pytest.approx(3.2)
-    assert line.prefill(50, drafting=True) == pytest.approx(3.2 + 0.1)
-    proportional = CostModel.from_timing(timing(False))
-    assert proportional.prefill_call_s == 0 and proportional.prefill(50, drafting=False) == pytest.approx(0.25)
-
-
 def test_sampled_traces_and_a_timing_of_other_precisions_are_refused(hf_labels, tiny_pair, label_config, tmp_path,
                                                                       capsys):
     import dataclasses
@@ -213,9 +191,8 @@ def test_generates_own_costs_are_timed_and_priced(tiny_pair):
     from evaluation.timers import generate_costs
 
     draft, _, _ = load_model(ModelSpec(path=str(tiny_pair[0])))
-    added = generate_costs(draft, torch.device("cpu"), cache=24, step_s=0.0, repeats=2, prefill=32)
+    added = generate_costs(draft, torch.device("cpu"), cache=24, step_s=0.0, repeats=2)
     assert added["sample"]["median_s"] > 0 and added["generate_call"]["median_s"] >= 0
-    assert set(added["generate_prefill"]) == {"16", "32"}
     timing = {"device": describe_device(torch.device("cpu")), "backend": "transformers", "models": [
         {**timing_entry("draft", "float32", (64, 0.032), 64, {1: 0.002}, verify=None, catch_up=0.0025),
          "sample": {"tokens": 9, "median_s": 0.001}, "generate_call": {"cache": 64, "median_s": 0.005}},
