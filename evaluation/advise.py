@@ -76,9 +76,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--other_device", action="store_true",
                    help="advise from a timing file of another device: the advice is then for that device")
     p.add_argument("--check", type=int, default=0, metavar="N",
-                   help="also run llama.cpp's own binaries (`make llama-tools`) on N prompts of --check_prompts "
-                        "that are not among the traces: the advised setting, its defaults, one more, and its target "
-                        "alone (default 0: no check)")
+                   help="also run the runtime itself (llama.cpp's own binaries, `make llama-tools`; transformers' "
+                        "generate()) on N prompts of --check_prompts that are not among the traces: the advised "
+                        "setting, its defaults, one more, and its target alone (default 0: no check)")
     p.add_argument("--check_prompts", default=None, metavar="SOURCE",
                    help="the prompts --check runs (a .jsonl with a `prompt` field, or `humaneval`); the labels' "
                         "chat template setting applies")
@@ -257,6 +257,10 @@ def check_inputs(a) -> tuple:
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
     check_estimates(a, manifest)
+    if runtime == TRANSFORMERS and not any("generate_call" in m for m in timing["models"]):
+        print(f"advise: --timing {a.timing} was timed without `bench-timing --generate`: the predictions leave out "
+              "what generate() adds to the bare forwards (its sampler, each assistant call's setup)",
+              file=sys.stderr)
     return manifest, run, costs, timed_with(timing), timed_context(timing)
 
 

@@ -175,6 +175,24 @@ def assistant_settings(draft, **settings):
         draft.generation_config = saved
 
 
+@contextmanager
+def weights_as_loaded(*models):
+    """The models' floating-point weights marked as requiring grad, as ``from_pretrained`` leaves them, for the
+    length of a ``generate()`` call (under ``no_grad``: nothing is recorded). ``core.models.load_model`` freezes
+    them, and on a CPU torch picks other kernels for frozen weights: in bfloat16, the output layer over the last
+    row of a prompt (transformers reads it through a strided slice) took 2.7 s instead of 45 ms, once in every
+    call, a cost the runtime's users do not pay."""
+    frozen = [p for m in models if m is not None for p in m.parameters()
+              if p.is_floating_point() and not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
 def peer_settings(variant: str | float | int, kind: str) -> dict:
     """Generation-config fields of one peer run: ``defaults``, a confidence threshold, or a constant K."""
     if kind == DEFAULTS:
@@ -207,7 +225,8 @@ def hf_generate(draft, target, prompt_ids: list[int], sampling: Sampling, eos_to
     else:
         kw.update(temperature=None, top_k=None, top_p=None)
     torch.manual_seed(seed)  # HF samples from the global generator
-    with assistant_settings(draft, **(settings or {})), _count_forwards(target) as nt, _count_forwards(draft) as nd:
+    with assistant_settings(draft, **(settings or {})), weights_as_loaded(draft, target), \
+            _count_forwards(target) as nt, _count_forwards(draft) as nd:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()

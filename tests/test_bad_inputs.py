@@ -37,6 +37,18 @@ def test_a_timing_file_that_cannot_price_a_round_is_refused_naming_the_field(tmp
     assert read_timing(write(tmp_path / "good.json", timing_file()))  # the same file with sound numbers reads
 
 
+def test_a_sampler_that_adds_nothing_measurable_is_read_and_a_negative_one_refused(tmp_path):
+    """``bench-timing --generate`` clamps what generate() adds to a step at 0 (an int8 draft's can be); a negative
+    or NaN sampler time is still refused."""
+    timing = timing_file()
+    timing["models"][0]["sample"] = {"tokens": 9, "median_s": 0.0}
+    assert read_timing(write(tmp_path / "zero.json", timing)).draft_sample_s == 0
+    for bad in (-0.001, NAN):
+        timing["models"][0]["sample"]["median_s"] = bad
+        with pytest.raises(TimingFileError, match="sample is"):
+            read_timing(write(tmp_path / "bad.json", timing))
+
+
 def test_a_timing_file_of_an_older_layout_is_refused_saying_how_to_time_it_again(tmp_path):
     """A file timed before the draft's catch-up read was is not read as if that read were free."""
     older = timing_file()

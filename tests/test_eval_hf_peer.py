@@ -26,6 +26,30 @@ def test_hf_peer_greedy_matches_target_and_restores_config(tiny_pair):
     assert stats["draft_calls"] > 0 and stats["discarded"] is None
 
 
+def test_generate_runs_on_weights_as_from_pretrained_leaves_them(tiny_pair):
+    """Our loader freezes a model's weights; ``generate()`` runs on them as its users' models hold them (requiring
+    grad: torch picks other CPU kernels for frozen ones), records nothing, and leaves them frozen after, an
+    interrupted call too."""
+    from evaluation.hf_peer import weights_as_loaded
+
+    draft, tok, _ = load_model(ModelSpec(path=str(tiny_pair[0])))
+    target, _, _ = load_model(ModelSpec(path=str(tiny_pair[1])))
+    seen = []
+    target.lm_head.register_forward_hook(
+        lambda module, args, out: seen.append((module.weight.requires_grad, out.requires_grad)))
+    ids = tok("def f ( x ) : return x")["input_ids"]
+    hf_generate(draft, target, ids, Sampling(temperature=0, max_new_tokens=4), eos_token_ids(target, tok), 0,
+                assisted=False)
+    assert seen and all(weight and not recorded for weight, recorded in seen)
+    assert not any(p.requires_grad for m in (draft, target) for p in m.parameters())
+    try:
+        with weights_as_loaded(draft, target):
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert not any(p.requires_grad for m in (draft, target) for p in m.parameters())
+
+
 def test_target_only_and_head_peers_are_the_targets_greedy_tokens(tiny_pair, tmp_path):
     """``hf_target_only`` runs the target alone; ``hf_specdecpp`` runs a stop head inside ``generate()`` (exact:
     under greedy decoding, the target's greedy tokens), with the draft's forwards counted."""
