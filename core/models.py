@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,24 @@ def load_model(spec: ModelSpec, dtype: str = "float32"):
         "weights": weights_sha256(model),
     }
     return model, tok, identity
+
+
+@contextmanager
+def weights_as_loaded(*models):
+    """The models' floating-point weights marked as requiring grad, as ``from_pretrained`` leaves them, for the
+    length of a ``generate()`` call that times transformers as its users run it (under ``no_grad`` or
+    ``inference_mode``: nothing is recorded). ``load_model`` freezes them, and on a CPU torch 2.13 picks another
+    kernel for frozen bfloat16 weights: the output layer over a prompt's last row (transformers reads it through a
+    strided slice) took 2.7 s instead of 45 ms, once in every call, a cost the runtime's users do not pay."""
+    frozen = [p for m in models if m is not None for p in m.parameters()
+              if p.is_floating_point() and not p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
 
 
 def is_gguf(spec: ModelSpec) -> bool:

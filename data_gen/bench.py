@@ -25,7 +25,7 @@ from jsonargparse import ArgumentParser
 from core.arguments import description, parse_settings
 from core.errors import UserError
 from core.backends import BACKENDS
-from core.models import context_window, eos_token_ids
+from core.models import context_window, eos_token_ids, weights_as_loaded
 from data_gen.__main__ import CONFIG, parser as label_parser
 from data_gen.batches import build_records, make_batches
 from data_gen.config import LabelConfig
@@ -42,17 +42,18 @@ def _generate_tokens(target, tok, prompts, cfg: LabelConfig) -> int:
     mask = (torch.arange(width, device=ids.device) >= torch.tensor([width - len(p.input_ids) for p in prompts], device=ids.device).unsqueeze(1)).long()
     s = cfg.sampling
     greedy = s.temperature == 0
-    out = target.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=s.max_new_tokens,
-        do_sample=not greedy,
-        temperature=None if greedy else s.temperature,
-        top_k=s.top_k or None,
-        top_p=s.top_p if s.top_p < 1 else None,
-        pad_token_id=pad,
-        eos_token_id=eos_token_ids(target, tok),
-    )
+    with weights_as_loaded(target):
+        out = target.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=s.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_k=s.top_k or None,
+            top_p=s.top_p if s.top_p < 1 else None,
+            pad_token_id=pad,
+            eos_token_id=eos_token_ids(target, tok),
+        )
     new = out[:, width:]
     ended = torch.isin(new, torch.tensor(eos_token_ids(target, tok), device=new.device))
     # count tokens up to and including the first end-of-sequence token

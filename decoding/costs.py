@@ -429,7 +429,7 @@ def unusable_times(entry: dict) -> str | None:
     for name, timed in fields.items():
         value = timed["median_s"]
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            if name == "sample" and value == 0:  # generate() adds nothing measurable to the draft's step
+            if name == "sample" and value == 0:  # a sampler adding nothing measurable to the step (a missing one is 0)
                 continue
             return f"{name} is {value} s: a time must be a finite number of seconds above 0"
     return None

@@ -26,7 +26,7 @@ from core.models import read_pair_file
 from core.prompts import PromptConfig, load_prompt_table
 from core.runfolder import RunFolder, read_json
 from core.shards import SPLITS, read_manifest
-from decoding.costs import read_timing
+from decoding.costs import find_entry, read_timing
 from evaluation.advice_report import another_set, another_set_line, markdown, paste, picture, verdict
 from evaluation.advice_rules import (CEILING, DRAFT_PROBABILITY_TOP_K, LLAMA_CPP, OURS, RUNTIME_OF_BACKEND,
                                      TRAINED_RULES, TRANSFORMERS, VLLM,
@@ -257,7 +257,7 @@ def check_inputs(a) -> tuple:
             raise SettingError(f"--timing {a.timing} timed {role} {timed!r}, the labels' {role} is {labeled!r}: time "
                                "this pair")
     check_estimates(a, manifest)
-    if runtime == TRANSFORMERS and not any("generate_call" in m for m in timing["models"]):
+    if runtime == TRANSFORMERS and not all("generate_call" in find_entry(timing, roles[r]) for r in roles):
         print(f"advise: --timing {a.timing} was timed without `bench-timing --generate`: the predictions leave out "
               "what generate() adds to the bare forwards (its sampler, each assistant call's setup)",
               file=sys.stderr)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.models import weights_as_loaded
 from core.sampling import Sampling
 from decoding.costs import CostModel
 from decoding.policies import POLICIES, head_family
@@ -173,24 +174,6 @@ def assistant_settings(draft, **settings):
         yield
     finally:
         draft.generation_config = saved
-
-
-@contextmanager
-def weights_as_loaded(*models):
-    """The models' floating-point weights marked as requiring grad, as ``from_pretrained`` leaves them, for the
-    length of a ``generate()`` call (under ``no_grad``: nothing is recorded). ``core.models.load_model`` freezes
-    them, and on a CPU torch picks other kernels for frozen weights: in bfloat16, the output layer over the last
-    row of a prompt (transformers reads it through a strided slice) took 2.7 s instead of 45 ms, once in every
-    call, a cost the runtime's users do not pay."""
-    frozen = [p for m in models if m is not None for p in m.parameters()
-              if p.is_floating_point() and not p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(True)
-    try:
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
 
 
 def peer_settings(variant: str | float | int, kind: str) -> dict:

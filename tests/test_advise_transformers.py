@@ -123,6 +123,7 @@ def test_the_advice_names_transformers_fields_and_checks_them_with_generate(hf_l
     code, printed, err = advise(["--labels", hf_labels["labels"], "--timing", hf_labels["timing"], "--out", out,
                                  "--check", 2, "--check_prompts", hf_labels["check"]], capsys)
     assert code in (0, None), [e for e in err if "error" in e or "Error" in e]
+    assert any("timed without `bench-timing --generate`" in e for e in err)  # what its predictions leave out
     saved = json.loads((out / "advice.json").read_text())
     assert saved["runtime"] == "transformers" and saved["verdict"] in printed
     rules = {(s["runs_in"], s["rule"]) for s in saved["settings"]}
@@ -139,6 +140,18 @@ def test_the_advice_names_transformers_fields_and_checks_them_with_generate(hf_l
     assert any(c["label"].startswith("assisted (schedule constant, k 20, threshold 0.4)") for c in checked)
     lines = (out / "check.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["made_with"]["wall"] == "generate" and len(lines) == 1 + 2 * (1 + len(checked))
+
+
+def test_a_timing_with_generates_own_costs_gets_no_line_about_them(hf_labels, tmp_path, capsys):
+    from test_advise import advise
+
+    timing = json.loads(hf_labels["timing"].read_text())
+    for m in timing["models"]:
+        m.update({"sample": {"tokens": 9, "median_s": 0.0005}, "generate_call": {"cache": 64, "median_s": 0.004}})
+    (tmp_path / "timing.json").write_text(json.dumps(timing))
+    code, _, err = advise(["--labels", hf_labels["labels"], "--timing", tmp_path / "timing.json", "--out",
+                           tmp_path / "advice"], capsys)
+    assert code in (0, None) and not any("--generate" in e for e in err), err
 
 
 def test_a_call_pays_its_prefill_where_the_runtime_times_it():

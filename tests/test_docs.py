@@ -19,13 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+LAUNCHER = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+|taskset\s+-c\s+\S+\s+)+")
+"""What a timed command starts with before its command: environment settings and a ``taskset -c CPUS`` pin."""
+
+
 def commands(page: Path) -> list[str]:
-    """Shell lines of the page's fenced bash blocks and of its tables' first column."""
+    """Shell lines of the page's fenced bash blocks and of its tables' first column, each without its launcher."""
     text = page.read_text()
     lines = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S)
              for line in block.replace("\\\n", " ").splitlines()]  # a continued line joined to the next
     lines += re.findall(r"^\| `([^`]+)` \|", text, re.M)
-    return [line.split("#")[0].strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return [LAUNCHER.sub("", line.split("#")[0].strip()) for line in lines
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def make_targets() -> set[str]:

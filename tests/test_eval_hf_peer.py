@@ -30,7 +30,7 @@ def test_generate_runs_on_weights_as_from_pretrained_leaves_them(tiny_pair):
     """Our loader freezes a model's weights; ``generate()`` runs on them as its users' models hold them (requiring
     grad: torch picks other CPU kernels for frozen ones), records nothing, and leaves them frozen after, an
     interrupted call too."""
-    from evaluation.hf_peer import weights_as_loaded
+    from core.models import weights_as_loaded
 
     draft, tok, _ = load_model(ModelSpec(path=str(tiny_pair[0])))
     target, _, _ = load_model(ModelSpec(path=str(tiny_pair[1])))
