@@ -399,6 +399,10 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
         raise TimingFileError(f"timing file {path}: an interrupted run's, with only some models timed; time the "
                               "device again with `specheads bench-timing`")
     try:
+        for name in (draft, target):
+            bad = unusable_times(find_entry(timing, name))
+            if bad:
+                raise TimingFileError(f"timing file {path}: {name}'s {bad}")
         fit = CostModel.from_timing(timing, draft, target)
     except KeyError as e:
         missing = str(e.args[0]) if e.args else ""
@@ -411,10 +415,6 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file (no {missing!r})") from None
     except (TypeError, AttributeError, ValueError, IndexError) as e:
         raise TimingFileError(f"timing file {path}: not a bench_timing JSON file ({e!r})") from None
-    for name in (draft, target):
-        bad = unusable_times(find_entry(timing, name))
-        if bad:
-            raise TimingFileError(f"timing file {path}: {name}'s {bad}")
     return fit
 
 
@@ -423,13 +423,21 @@ def unusable_times(entry: dict) -> str | None:
     of seconds above 0 (its sampler's may be 0), in words naming the field; None when every one can price a
     forward."""
     fields = {"prefill": entry["prefill"], **{f"decode step after {c}": v for c, v in entry["decode"].items()},
-              **{k: entry[k] for k in ("verify", "verify_short", "catch_up", "sample") if k in entry},
+              **{k: entry[k] for k in ("verify", "verify_short", "catch_up", *MAY_BE_ZERO) if k in entry},
               **{f"verification of {m} tokens": v for m, v in entry.get("verify_by_tokens", {}).items()},
               **{f"one-row read of {m} tokens": v for m, v in entry.get("read_by_tokens", {}).items()}}
     for name, timed in fields.items():
         value = timed["median_s"]
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            if name == "sample" and value == 0:  # a sampler adding nothing measurable to the step (a missing one is 0)
+            if name in MAY_BE_ZERO and value == 0:
                 continue
-            return f"{name} is {value} s: a time must be a finite number of seconds above 0"
+            return f"{name} is {value!r} s: a time must be a finite number of seconds above 0"
+    tokens = entry["prefill"].get("tokens")
+    if not (isinstance(tokens, int) and tokens >= 1):
+        return f"prefill is of {tokens!r} tokens: a prefill reads at least 1"
     return None
+
+
+MAY_BE_ZERO = ("sample", "generate_call")
+"""Entry fields that may time nothing measurable: ``bench-timing --generate`` clamps at 0 what ``generate()`` adds to
+a step (its sampler) and to a call (its setup), and a missing one counts as 0."""

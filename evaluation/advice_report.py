@@ -121,6 +121,9 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
                   "Priced at the timing file's costs, which our decoder's forwards were timed at, not vLLM's: its "
                   "own step, verification and per-round costs on that device may differ. Its prefill is not "
                   "charged (vLLM reports the time per output token apart).", ""]
+    elif pick is None:
+        lines += ["The target alone, without an assistant (greedy, as the traces):", "",
+                  *[f"    {line.strip()}" for line in flags["flags"].split(";")], ""]
     else:
         lines += ["The draft's generation config (transformers reads the assistant's settings there, not from "
                   "`generate()`'s keyword arguments), then the call (greedy, as the traces):", "",

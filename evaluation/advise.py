@@ -211,6 +211,11 @@ def timed_with(timing: dict) -> str:
     return timing.get("timed_with", default)
 
 
+def traced_on(runtime: str) -> str:
+    """The backend whose traces price ``runtime`` (vLLM's: transformers', which runs the same checkpoints)."""
+    return next((b for b, r in RUNTIME_OF_BACKEND.items() if r == runtime), "transformers")
+
+
 def check_inputs(a) -> tuple:
     """The labels' manifest and run settings, the costs and what timed them, each refused in one line where it
     cannot serve."""
@@ -221,7 +226,7 @@ def check_inputs(a) -> tuple:
     priced = {RUNTIME_OF_BACKEND[made_on]} | ({VLLM} if RUNTIME_OF_BACKEND[made_on] == TRANSFORMERS else set())
     if runtime not in priced:
         raise SettingError(f"--runtime {a.runtime_flag}: the labels were made on {made_on}, whose traces price "
-                           f"{' and '.join(sorted(priced))}; trace in transformers for {runtime}")
+                           f"{' and '.join(sorted(priced))}; label with `backend: {traced_on(runtime)}` for {runtime}")
     a.runtime = runtime
     try:
         timing = json.loads(Path(a.timing).read_text())

@@ -53,6 +53,9 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     if len(prompts) < 2:
         raise UserError(f"--check_prompts {a.check_prompts}: {len(prompts)} prompts not among the traces; --check "
                         "needs at least 2")
+    if len(prompts) < a.check:
+        print(f"advise: --check_prompts {a.check_prompts}: {len(prompts)} prompts not among the traces; checking "
+              f"those, not the {a.check} asked", file=sys.stderr)
     chosen = check_settings(settings, pick, runtime)
     runs = [("target only", None), *[(c.label, c) for c in chosen]]
     # the runs kept are reused only for the same runs: a pick that moved would pair new runs with target-only runs

@@ -289,6 +289,11 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         if not shape:
             label, shape = Path(spec).name, spec
         shapes.append((label, shape, model_config(shape)))
+        longest = max(a.prefill, max(a.cache) + max([a.verify, *a.verify_lengths]))
+        window = getattr(shapes[-1][2], "max_position_embeddings", None)
+        if window is not None and longest > window:
+            raise SettingError(f"--model {spec}: its context holds {window} tokens; --prefill, --cache and the "
+                               f"verifications after it reach {longest}")
     jobs = [(label, shape, config, precision) for label, shape, config in shapes for precision in precisions]
     bar = tqdm(jobs, desc="bench-timing", unit="model", file=sys.stderr)
     try:

@@ -493,7 +493,7 @@ def test_bad_input_is_one_line_and_writes_nothing(llama_labels, label_config, tm
          "expected at least one argument"),
         (["--pair", llama_labels["prompts"]], "not a pair file with draft and target"),
         (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--runtime", "vllm"],
-         "trace in transformers for vLLM"),
+         "label with `backend: transformers` for vLLM"),
         (["--labels", llama_labels["labels"], "--timing", llama_labels["timing"], "--runtime", "transformers"],
          "whose traces price llama.cpp"),
         (["--pair", llama_labels["pair"], "--runtime", "vllm"], "give --labels"),

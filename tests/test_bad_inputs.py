@@ -37,16 +37,24 @@ def test_a_timing_file_that_cannot_price_a_round_is_refused_naming_the_field(tmp
     assert read_timing(write(tmp_path / "good.json", timing_file()))  # the same file with sound numbers reads
 
 
-def test_a_sampler_that_adds_nothing_measurable_is_read_and_a_negative_one_refused(tmp_path):
-    """``bench-timing --generate`` clamps what generate() adds to a step at 0 (an int8 draft's can be); a negative
-    or NaN sampler time is still refused."""
+@pytest.mark.parametrize("field", ["sample", "generate_call"])
+def test_what_generate_adds_may_be_nothing_measurable_but_not_negative(tmp_path, field):
+    """``bench-timing --generate`` clamps at 0 what generate() adds to a step (its sampler) and to a call (an int8
+    draft's can be 0); a negative, NaN or infinite one is refused naming the field."""
     timing = timing_file()
-    timing["models"][0]["sample"] = {"tokens": 9, "median_s": 0.0}
-    assert read_timing(write(tmp_path / "zero.json", timing)).draft_sample_s == 0
-    for bad in (-0.001, NAN):
-        timing["models"][0]["sample"]["median_s"] = bad
-        with pytest.raises(TimingFileError, match="sample is"):
+    timing["models"][0][field] = {"tokens": 9, "cache": 64, "median_s": 0.0}
+    assert read_timing(write(tmp_path / "zero.json", timing))
+    for bad in (-0.001, NAN, float("inf"), "0.001"):
+        timing["models"][0][field]["median_s"] = bad
+        with pytest.raises(TimingFileError, match=f"draft's {field} is"):
             read_timing(write(tmp_path / "bad.json", timing))
+
+
+def test_a_prefill_of_no_tokens_is_refused_in_one_line(tmp_path):
+    timing = timing_file()
+    timing["models"][1]["prefill"]["tokens"] = 0
+    with pytest.raises(TimingFileError, match="target's prefill is of 0 tokens"):
+        read_timing(write(tmp_path / "timing.json", timing))
 
 
 def test_a_timing_file_of_an_older_layout_is_refused_saying_how_to_time_it_again(tmp_path):
@@ -141,6 +149,16 @@ def test_bench_timing_counts_below_one_are_one_line(flags, words):
 
     with pytest.raises(SettingError, match=words):
         parse_args(flags)
+
+
+@pytest.mark.parametrize("flags", [["--prefill", "100000"], ["--cache", "40", "32765"], ["--verify", "40000"]])
+def test_bench_timing_beyond_a_models_context_is_one_line_before_any_timing(tmp_path, flags):
+    from evaluation.bench_timing import main
+
+    out = tmp_path / "timing.json"
+    with pytest.raises(SettingError, match="its context holds 32768 tokens"):
+        main(["--model", "tiny", "--precision", "float32", "--out", str(out), *flags])
+    assert not out.exists()
 
 
 def test_bench_timing_out_a_folder_another_file_or_a_path_under_a_file_is_one_line(tmp_path):
