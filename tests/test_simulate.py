@@ -620,7 +620,7 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
     (["--timing", "{missing}"], "none.json: no such file"),
     (["--timing", "{garbage}"], "not a bench_timing JSON file"),
     (["--timing", "{other}"], "timing file has no model 'draft'"),
-    (["--timing", "{partial}"], "not a bench_timing JSON file (no 'decode')"),
+    (["--timing", "{partial}"], "not a bench_timing JSON file (no 'prefill')"),
 ])
 def test_bad_costs_are_one_line_errors(tmp_path, args, message):
     """Checked before anything is read: the library raises the simulator's user error, and the command (run for
