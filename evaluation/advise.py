@@ -406,11 +406,13 @@ def main(argv: list[str] | None = None) -> dict:
         lookups = [s.params for s in settings if s is lookup or s.rule == "prompt_lookup_goodput"]
         settings += price(ceilings(traces, costs, lookups, budget(sampling, runtime)), costs, prompts)
         pick, sentence = verdict(settings, runtime)
-        # what other prompts (--check's) may measure: the mean's interval leaves the spread between prompts out
-        spread = another_set(pick or best(settings, runtime), costs, prompts, a.check or ANOTHER_SET)
         flags = paste(runtime, pick, costs.threads, budget(sampling, runtime))
         folder.start()
         checked = check(a, run, settings, pick, traces, sampling, folder, runtime) if a.check else None
+        # what other prompts (as many as --check ran) may measure: the mean's interval leaves the spread between
+        # prompts out
+        spread = another_set(pick or best(settings, runtime), costs, prompts,
+                             checked[0]["prompts"] if checked else a.check or ANOTHER_SET)
         inputs = {"labels": a.labels, "traces": len(traces), "timing": a.timing, "device": costs.device,
                   "backend": costs.backend, "threads": costs.threads or torch_threads(), "max_new_tokens": max_new,
                   "sampling": "greedy" if sampling["temperature"] == 0 else f"temperature {sampling['temperature']}",

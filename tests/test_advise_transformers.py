@@ -121,9 +121,10 @@ def test_the_advice_names_transformers_fields_and_checks_them_with_generate(hf_l
 
     out = tmp_path / "advice"
     code, printed, err = advise(["--labels", hf_labels["labels"], "--timing", hf_labels["timing"], "--out", out,
-                                 "--check", 2, "--check_prompts", hf_labels["check"]], capsys)
+                                 "--check", 5, "--check_prompts", hf_labels["check"]], capsys)
     assert code in (0, None), [e for e in err if "error" in e or "Error" in e]
     assert any("timed without `bench-timing --generate`" in e for e in err)  # what its predictions leave out
+    assert any("3 prompts not among the traces; checking those, not the 5 asked" in e for e in err)
     saved = json.loads((out / "advice.json").read_text())
     assert saved["runtime"] == "transformers" and saved["verdict"] in printed
     rules = {(s["runs_in"], s["rule"]) for s in saved["settings"]}
@@ -139,7 +140,8 @@ def test_the_advice_names_transformers_fields_and_checks_them_with_generate(hf_l
     assert checked and all(c["measured"]["value"] > 0 for c in checked)
     assert any(c["label"].startswith("assisted (schedule constant, k 20, threshold 0.4)") for c in checked)
     lines = (out / "check.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["made_with"]["wall"] == "generate" and len(lines) == 1 + 2 * (1 + len(checked))
+    assert json.loads(lines[0])["made_with"]["wall"] == "generate" and len(lines) == 1 + 3 * (1 + len(checked))
+    assert saved["inputs"]["another_set"]["prompts"] == 3 and "another 3 prompts like these" in printed
 
 
 def test_a_timing_with_generates_own_costs_gets_no_line_about_them(hf_labels, tmp_path, capsys):
