@@ -407,7 +407,10 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
     except KeyError as e:
         missing = str(e.args[0]) if e.args else ""
         if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
-            raise TimingFileError(f"{path}: {missing}") from None
+            asked = missing.split("'")[1] if missing.count("'") >= 2 else ""
+            precision = f" --precision {asked.partition('@')[2]}" if "@" in asked else ""
+            raise TimingFileError(f"timing file {path}: {missing.removeprefix('timing file ')}: time it with "
+                                  f"`specheads bench-timing{precision}`") from None
         if missing == "catch_up":  # the last field the layout gained
             raise TimingFileError(f"timing file {path}: of an older layout, without the draft's catch-up read; "
                                   f"time the device again with `specheads bench-timing` (--backend "

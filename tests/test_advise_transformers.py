@@ -191,7 +191,8 @@ def test_sampled_traces_and_a_timing_of_other_precisions_are_refused(hf_labels, 
     out = tmp_path / "advice"
     for argv, words in [
         (["--labels", tmp_path / "sampled", "--timing", hf_labels["timing"]], "label with temperature 0"),
-        (["--labels", hf_labels["labels"], "--timing", tmp_path / "bf16.json"], "no model 'draft@float32'"),
+        (["--labels", hf_labels["labels"], "--timing", tmp_path / "bf16.json"],
+         "time it with `specheads bench-timing --precision float32`"),
     ]:
         code, _, err = advise([*argv, "--out", out], capsys)
         assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0], (argv, err)

@@ -619,7 +619,7 @@ def test_validation_against_a_finished_eval_on_the_tiny_pair(label_config, tiny_
     (["--c", "0.1", "-0.5"], "--c must be a positive cost ratio t_draft / t_target, got -0.5"),
     (["--timing", "{missing}"], "none.json: no such file"),
     (["--timing", "{garbage}"], "not a bench_timing JSON file"),
-    (["--timing", "{other}"], "timing file has no model 'draft'"),
+    (["--timing", "{other}"], "other: has no model 'draft'"),
     (["--timing", "{partial}"], "not a bench_timing JSON file (no 'prefill')"),
 ])
 def test_bad_costs_are_one_line_errors(tmp_path, args, message):
