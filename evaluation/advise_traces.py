@@ -68,7 +68,7 @@ def load_draft(manifest: dict, run: dict, labels: str | Path, threads: int):
 
 def advice_traces(labels: str | Path, draft, top_k: int | None, quiet: bool = False) -> list[AdviceTrace]:
     """Every ``target`` response of the label folder (all its splits: the runtimes' rules train on none of them; a
-    head's seen prompts are left out by ``advise.unseen_traces``), read
+    head's seen prompts are left out by ``evaluation.advise.unseen_traces``), read
     by ``draft`` (on the labels' backend) for its tops, their probabilities over its ``top_k`` largest logits (None:
     over the whole vocabulary)."""
     responses = responses_by_prompt(labels, SPLITS)
