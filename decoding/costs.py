@@ -400,17 +400,21 @@ def read_timing(path: str | Path, draft: str = "draft", target: str = "target") 
                               "device again with `specheads bench-timing`")
     try:
         for name in (draft, target):
-            bad = unusable_times(find_entry(timing, name))
+            try:
+                entry = find_entry(timing, name)
+            except KeyError as e:
+                if not str(e.args[0]).startswith("timing file has no model"):
+                    raise
+                precision = name.partition("@")[2]  # find_entry's line names the models the file has
+                raise TimingFileError(f"timing file {path}: {str(e.args[0]).removeprefix('timing file ')}: time it "
+                                      f"with `specheads bench-timing{' --precision ' + precision if precision else ''}`"
+                                      ) from None
+            bad = unusable_times(entry)
             if bad:
                 raise TimingFileError(f"timing file {path}: {name}'s {bad}")
         fit = CostModel.from_timing(timing, draft, target)
     except KeyError as e:
         missing = str(e.args[0]) if e.args else ""
-        if missing.startswith("timing file has no model"):  # find_entry's, naming the models the file has
-            asked = missing.split("'")[1] if missing.count("'") >= 2 else ""
-            precision = f" --precision {asked.partition('@')[2]}" if "@" in asked else ""
-            raise TimingFileError(f"timing file {path}: {missing.removeprefix('timing file ')}: time it with "
-                                  f"`specheads bench-timing{precision}`") from None
         if missing == "catch_up":  # the last field the layout gained
             raise TimingFileError(f"timing file {path}: of an older layout, without the draft's catch-up read; "
                                   f"time the device again with `specheads bench-timing` (--backend "
@@ -442,5 +446,4 @@ def unusable_times(entry: dict) -> str | None:
 
 
 MAY_BE_ZERO = ("sample", "generate_call")
-"""Entry fields that may time nothing measurable: ``bench-timing --generate`` clamps at 0 what ``generate()`` adds to
-a step (its sampler) and to a call (its setup), and a missing one counts as 0."""
+"""Entry fields that may be 0: what ``bench-timing --generate`` finds generate() adds to a step and to a call."""

@@ -284,12 +284,12 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
     result = {"device": describe_device(device), "device_type": device.type, "precisions": precisions,
               "torch": torch.__version__, "prefill": a.prefill, "verify": a.verify, "models": []}
     shapes = []
+    longest = max(a.prefill, max(a.cache) + max([a.verify, *a.verify_lengths]))  # tokens a timed forward reaches
     for spec in a.model or DEFAULT_MODELS:
         label, _, shape = spec.partition("=")
         if not shape:
             label, shape = Path(spec).name, spec
         shapes.append((label, shape, model_config(shape)))
-        longest = max(a.prefill, max(a.cache) + max([a.verify, *a.verify_lengths]))
         window = getattr(shapes[-1][2], "max_position_embeddings", None)
         if window is not None and longest > window:
             raise SettingError(f"--model {spec}: its context holds {window} tokens; --prefill, --cache and the "
