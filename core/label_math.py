@@ -58,6 +58,13 @@ FEATURE_POSITIONS = {
 the previous one, which produced q for it (SPRINTER §3.2)."""
 
 
+def confidence_top1(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The top-1 probability of a model's confidence distribution, softmax(logits / T) with T the sampling
+    temperature (1 under greedy decoding, where the sampling distribution is a point mass), top-k and top-p aside:
+    what a stop rule reads of the target's own certainty (prompt lookup's, ``data_gen/SCHEMA.md``)."""
+    return (logits.float() / (temperature or 1.0)).softmax(-1).max(-1).values
+
+
 def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Log-probabilities of the sampling distribution: temperature, then top-k, then top-p (nucleus).
 

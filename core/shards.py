@@ -110,6 +110,10 @@ SEQUENCE_FEATURES = Features({
 })
 """A batch's token sequences (``data_gen.labeler.sequences``)."""
 
+TARGET_STATE_FEATURES = {"target_hidden": List(Value("float16")), "target_top1": List(Value("float32"))}
+"""What a run of ``target_states`` adds to its sequences: the target's state along each response (flattened, the
+manifest's ``feature.target_states`` wide) and its top-1 probability (``data_gen.labeler.target_state_columns``)."""
+
 
 def sequences_path(shard: Path) -> Path:
     """Where the token sequences of a batch's shard ``<split>/<key>.arrow`` live."""
@@ -126,7 +130,8 @@ def batch_files(key: str) -> list[Path]:
 def write_sequences(path: Path, seqs: dict[str, list]) -> int:
     """Write a batch's token sequences atomically, with their record; return the prompt count."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_with(path, lambda tmp: _write_arrow(tmp, SEQUENCE_FEATURES, {k: seqs[k] for k in SEQUENCE_FEATURES}))
+    feats = Features({**SEQUENCE_FEATURES, **(TARGET_STATE_FEATURES if "target_hidden" in seqs else {})})
+    write_with(path, lambda tmp: _write_arrow(tmp, feats, {k: seqs[k] for k in feats}))
     write_json(_record_path(path), {"rows": len(seqs["prompt_id"]), "sha256": file_sha256(path)})
     return len(seqs["prompt_id"])
 
@@ -293,7 +298,8 @@ def split_summary(out_dir: Path, split: str) -> dict:
 def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_source: str, sampling: dict,
                    mixing_ratio: float, categories: list[str], seed: int, settings_sha256: str,
                    seconds: float, inputs: dict | None = None, keys: list[str] | None = None,
-                   tapped_layers: tuple[int, ...] | None = None, snapshot: dict | None = None) -> dict:
+                   tapped_layers: tuple[int, ...] | None = None, snapshot: dict | None = None,
+                   target_states: bool = False) -> dict:
     """Write ``manifest.json`` (last: its presence marks the dataset complete) from the run's settings and the
     shards' own counts; return it. ``read_manifest`` reads it back. ``snapshot``: where the dataset holds the
     batches a run had finished when it was copied (``data_gen.snapshot``), which run and how much of it."""
@@ -308,6 +314,8 @@ def write_manifest(out_dir: Path, *, models: dict, prompts: dict, response_sourc
                                   tapped=bool(tapped_layers)),
             "tapped_layers": list(tapped_layers) if tapped_layers else None,
             "dtype": "float16",
+            # the width of the sequences' target_hidden per response token (TARGET_STATE_FEATURES), where stored
+            "target_states": models["target"]["hidden_size"] if target_states else None,
         },
         "prompts": prompts,
         "response_source": response_source,

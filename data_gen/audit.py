@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from core import label_math as lm
 from core.arguments import CommandParser, description, path_argument, resolve_paths
 from core.backends import Context, backend_of
 from core.errors import UserError
@@ -69,7 +70,8 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     sampling = Sampling(**settings["sampling"])
     labeling = Labeling(int(settings["seed"]), sampling.max_new_tokens, float(settings.get("mixing_ratio", 0.0)),
                         settings.get("response_source", "target") == "target")
-    tol = tolerances(*identities, manifest["feature"]["sizes"])
+    states = manifest["feature"].get("target_states")
+    tol = tolerances(*identities, {**manifest["feature"]["sizes"], **({"target_hidden": states} if states else {})})
     diffs = {c: [] for c in (*EXACT_COLUMNS, *tol)}
     where = {c: [] for c in diffs}
 
@@ -113,6 +115,10 @@ def audit(folder: str | Path, rows: int = 200, seed: int = 0, access: str = "pla
     chosen.sort(key=lambda c: c[2]["prompt_id"])  # rows of one prompt in a row: its forward is read once
     for i, ds, seq, draw in tqdm(chosen, desc="audit (recomputed rows)", disable=quiet):
         row = ds[i]
+        if states and row["category"] in ("target", lm.TOKEN_MIXED):  # labeled on the response: its state there
+            t = int(row["response_index"])
+            row = {**row, "target_hidden": np.asarray(seq["target_hidden"]).reshape(-1, states)[t],
+                   "target_top1": seq["target_top1"][t]}
         again = recompute(row, seq, *models, sampling, draw)
         note(row, differences(row, again, tol))
     report = {}

@@ -13,13 +13,18 @@ from scipy.stats import binom
 from core.backends import backend_of
 from core.shards import FLOAT_COLUMNS, vector_sizes
 
-VECTOR_COLUMNS = tuple(vector_sizes(1, 1))
+TARGET_STATE_COLUMNS = ("target_hidden", "target_top1")
+"""The sequences' target states (``target_states: true``), compared on the rows labeled on the target's response
+(``target``, ``token_mixed``), whose label prefix ends where the stored state at the row's response index was read."""
+
+VECTOR_COLUMNS = (*vector_sizes(1, 1), "target_hidden")
 """The vector columns, compared by the norm of the difference relative to the recomputed vector's norm: a head's
 linear read of them changes by at most that share."""
 
 DRAFT_COLUMNS = ("logp_draft", "entropy_draft", "read_logp_draft", "read_entropy_draft", "read_margin_draft", "hidden",
                  "hidden_prev", "hidden_layers", "hidden_layers_prev")
-TARGET_COLUMNS = ("logp_target", "entropy_target", "stale_entropy_target", "stale_top1_target", "stale_hidden_target")
+TARGET_COLUMNS = ("logp_target", "entropy_target", "stale_entropy_target", "stale_top1_target", "stale_hidden_target",
+                  *TARGET_STATE_COLUMNS)
 """Columns read from one model; the others (acceptance, ratio, tv, js, greedy_match, the drawn token) from both."""
 
 FLOAT32_TOLERANCE = 2e-3
@@ -98,6 +103,8 @@ def tolerances(draft: dict, target: dict, sizes: dict[str, int]) -> dict[str, fl
         return max(FLOAT32_TOLERANCE, ROUNDING_UNITS * u)
 
     out = {c: tol(c) for c in (*FLOAT_COLUMNS, *(v for v in VECTOR_COLUMNS if v in sizes))}
+    if "target_hidden" in sizes:
+        out["target_top1"] = tol("target_top1")
     return {**out, DRAW_COLUMN: out["tv"], **dict.fromkeys(DISCRETE_COLUMNS, 0.0)}
 
 
@@ -121,7 +128,7 @@ def differences(row: dict, again: dict, compared) -> dict[str, float]:
     the vectors, 0/1 for the discrete and exact columns."""
     diff = {}
     for col in compared:
-        if col not in again:
+        if col not in again or (col in TARGET_STATE_COLUMNS and col not in row):  # stored for some rows only
             continue
         if col == DRAW_COLUMN:
             diff[col] = float(again[col])

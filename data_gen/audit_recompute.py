@@ -191,9 +191,13 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
 
     token = torch.tensor(ctx.token)
     _, q_logits, _ = draft(ctx.label, 1, seq["prompt_ids"])
-    _, p_logits, _ = target(ctx.label, 1, seq["prompt_ids"])
+    p_hidden, p_logits, _ = target(ctx.label, 1, seq["prompt_ids"])
     q, p = warp(q_logits[0]), warp(p_logits[0])
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(q, p, token).items()}
+    # the target's state after the label prefix, and its top-1: a stored target state's, where the prefix is the
+    # response's (``data_gen.labeler.target_state_columns``)
+    out.update(target_hidden=p_hidden[0].numpy(),
+               target_top1=lm.confidence_top1(p_logits[0], sampling.temperature).item())
     if draw is not None:
         dist, stream, i, u = draw
         out[DRAW_COLUMN] = draw_gap(q if dist == "q" else p, float(u[stream, i]), ctx.token)

@@ -38,6 +38,10 @@ class LabelConfig:
     dataset's reference answers instead (much faster; recorded in the manifest)."""
     mixing_ratio: float = 0.15
     """Share r of target tokens in the token-mixed response Z (``interleaved`` prefixes, ``token_mixed`` rows)."""
+    target_states: bool = False
+    """Store, beside each target response in the sequences, the target's state that produced each of its tokens and
+    that token's top-1 probability: what prompt lookup's learned stop reads (``data_gen/SCHEMA.md``; about 3 KB a
+    response token for the 1.5B target)."""
     categories: list[str] = field(default_factory=lambda: list(lm.CATEGORIES))
     """SPRINTER prefix categories to produce, in equal shares of prompts."""
     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -70,6 +74,9 @@ class LabelConfig:
         unknown = sorted(set(self.categories) - set(lm.CATEGORIES))
         if unknown or not self.categories:
             raise LabelingError(f"unknown categories {unknown}; known: {', '.join(lm.CATEGORIES)}")
+        if self.target_states and not {"target", "interleaved"} & set(self.categories):
+            raise LabelingError("target_states stores the target's state along its responses: categories needs "
+                                "target or interleaved")
         if not 0 <= self.mixing_ratio < 1:
             raise LabelingError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
         if self.batch_size < 1:
@@ -122,6 +129,8 @@ class LabelConfig:
         for k in ("output_dir", "accelerator", "devices", "num_nodes", "overwrite"):
             d.pop(k)
         d.pop("threads")  # how fast, not what: the rows do not depend on it
+        if not self.target_states:  # named only where set, as runs before it was a setting
+            d.pop("target_states")
         if not backend(self.backend).named_in_records:
             d.pop("backend")
         for model in (d["draft"], d["target"]):  # a check of the input, not a setting (the manifest has the digest)

@@ -311,7 +311,9 @@ class LlamaLabeler:
             stats = lm.token_stats(logq_z, logp_z, c)
             extra = {"read_margin_draft": lm.top2_margin(logq_z), **self._stale(z_states, a, lens, u[:, U_STALE, :n])}
             rows.append(make_rows(prompts, "interleaved", stats, c, feats_c, h_prev_z, valid, valid, a, extra))
-        return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z)}
+        hidden, logits = (torch.stack(t) for t in zip(*(st.at(a[b] - 1) for b, st in enumerate(target_states))))
+        states = hidden, lm.confidence_top1(logits, self.s.temperature)
+        return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z, states)}
 
 
 def is_llama(model) -> bool:

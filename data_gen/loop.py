@@ -21,23 +21,24 @@ from core.models import eos_token_ids
 from data_gen.batches import BatchList, finished, labeling_order
 from data_gen.config import LabelConfig
 from data_gen.errors import LabelingInterrupted
-from data_gen.labeler import SEQUENCES, Labeler
+from data_gen.labeler import SEQUENCES, Labeler, with_target_states
 from data_gen.llama_labeler import LlamaLabeler, is_llama
 
 
 class LabelingModule(pl.LightningModule):
     """Holds draft and target; ``predict_step`` labels one batch of prompts."""
 
-    def __init__(self, draft, target, labeler_kwargs: dict):
+    def __init__(self, draft, target, labeler_kwargs: dict, target_states: bool = False):
         super().__init__()
         self.draft, self.target = draft, target
-        self.labeler_kwargs = labeler_kwargs
+        self.labeler_kwargs, self.target_states = labeler_kwargs, target_states
 
     def on_predict_start(self) -> None:
         self.labeler = new_labeler(self.draft, self.target, self.labeler_kwargs)
 
     def predict_step(self, batch, batch_idx):
-        return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": self.labeler.label(batch["prompts"], self.device)}
+        cols = with_target_states(self.labeler.label(batch["prompts"], self.device), self.target_states)
+        return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": cols}
 
 
 def labeler_settings(cfg: LabelConfig, target, tok) -> dict:
@@ -115,7 +116,7 @@ def label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict,
                   callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
     todo = [b for b in labeling_order(batches) if not _done(out / f"{b['key']}.arrow")]
-    module = LabelingModule(draft, target, labeler_settings(cfg, target, tok))
+    module = LabelingModule(draft, target, labeler_settings(cfg, target, tok), cfg.target_states)
     llama = is_llama(draft)
     sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"], tapped=not llama)
     trainer = pl.Trainer(

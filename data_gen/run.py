@@ -123,7 +123,7 @@ def write_run_manifest(out: Path, cfg: LabelConfig, models: dict, inputs: dict, 
         mixing_ratio=cfg.mixing_ratio, categories=cfg.categories, seed=cfg.seed,
         settings_sha256=hashlib.sha256(json.dumps(cfg.settings(), sort_keys=True).encode()).hexdigest(),
         seconds=round(seconds, 1), tapped_layers=tap_layers(draft_layers) if draft_layers else None,
-        snapshot=snapshot,
+        snapshot=snapshot, target_states=cfg.target_states,
     )
 
 

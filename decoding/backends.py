@@ -154,6 +154,8 @@ class CachedLM:
         self._last: tuple | None = None  # after all of ``ids``: hidden, log-probs, logits, taps
         self.last_logits: torch.Tensor | None = None
         """Raw logits (V,) of the next token after all of ``ids`` (before warping)."""
+        self.row_logits: torch.Tensor | None = None
+        """Raw logits (rows, V) of the rows the last ``advance`` returned."""
 
     def _crop(self, n: int) -> None:
         if n < len(self.ids):
@@ -175,7 +177,7 @@ class CachedLM:
             common += 1
         if rows == 1 and common == len(seq) == len(self.ids) and self._last is not None:
             hidden, logprobs, self.last_logits, taps = self._last
-            self.last_taps = taps
+            self.last_taps, self.row_logits = taps, self.last_logits[None]
             return hidden, logprobs
         self._crop(min(common, len(seq) - rows))
         new = seq[len(self.ids):]
@@ -194,7 +196,7 @@ class CachedLM:
             self.beyond_one += len(new) - 1
             self.reads[len(new)] = self.reads.get(len(new), 0) + 1
             self.partial_reads += rows < len(new)
-        self.last_logits = logits[-1]
+        self.last_logits, self.row_logits = logits[-1], logits
         self._last = (hidden[-1:], logprobs[-1:], self.last_logits,
                       self.last_taps[-1:] if self.layers else None)
         return hidden, logprobs

@@ -68,11 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def lookup_rows_of(responses: list[tuple[list[int], list[int]]], n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """``lookup_rows`` of every response."""
-    from decoding.lookup_stop import lookup_rows
+    """The match lengths and keep indicators of ``lookup_rows`` of every response."""
+    from decoding.lookup_stop import LookupRows, lookup_rows
 
-    rows = [lookup_rows(prompt, response, n, m) for prompt, response in responses]
-    return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
+    rows = LookupRows.join([lookup_rows(prompt, response, n, m) for prompt, response in responses])
+    return rows.length, rows.kept
 
 
 def stored_responses(folder: str, splits: tuple[str, ...]) -> list[tuple[list[int], list[int]]]:

@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from core.errors import UserError
 from core.runfolder import write_text
 from decoding import rules
 from decoding.costs import CostModel
+from heads.export import LOOKUP_HEAD_ROLE
+from heads.features import scores_from_columns
 
 class LookupCalibrationError(UserError):
     """A file that is not a saved prompt-lookup calibration, or one fitted for other proposals."""
@@ -88,8 +93,15 @@ class LookupCalibration:
             raise ValueError(f"lam must be positive tokens per second, got {lam}")
         return LookupGoodput(self, costs, lam, self.m if m is None else m)
 
-    def chances(self, length: int, count: int) -> np.ndarray:
-        """The keep chances of ``count`` candidates whose first has a match of ``length``."""
+    def check_target_model(self, target) -> None:
+        """Refuse a loaded target of another identity than the one whose responses the calibration was fitted on."""
+        from core.identity import model_identity
+
+        self.check_target(model_identity(target), "this decoding's target")
+
+    def chances(self, length: int, count: int, state: RoundState | None = None) -> np.ndarray:
+        """The keep chances of ``count`` candidates whose first has a match of ``length`` (the target's ``state``
+        is not read)."""
         return self.keep_chance(np.minimum(length + np.arange(count), rules.MATCH_CAP))
 
     def keep_chance(self, lengths: np.ndarray) -> np.ndarray:
@@ -145,20 +157,39 @@ class LookupCalibration:
                                          f"lookup looks up {n}-grams: fit one at n = {n}")
 
 
-def lookup_rows(prompt: list[int], response: list[int], n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+class LookupRows(NamedTuple):
+    """Prompt lookup's label rows along responses (``lookup_rows``), one entry per candidate."""
+
+    length: np.ndarray
+    """The candidate's match length (the round's, plus the kept candidates before it), as ``chances`` reads it."""
+    kept: np.ndarray
+    """Whether the response repeats the candidate (greedy: the target keeps it)."""
+    start: np.ndarray
+    """The response index its round starts at: a stop rule there holds the target's state that produced response
+    token ``start − 1`` (none at 0)."""
+    place: np.ndarray
+    """The candidate's index in its round, from 0."""
+
+    @classmethod
+    def join(cls, parts: list["LookupRows"]) -> "LookupRows":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+                     for f in cls._fields))
+
+
+def lookup_rows(prompt: list[int], response: list[int], n: int, m: int) -> LookupRows:
     """Label rows of prompt lookup along a response of the target's: at every position where a proposal exists,
-    each of its candidates up to and including the first the response does not repeat, as (match length, kept)."""
-    lengths, kept = [], []
+    each of its candidates up to and including the first the response does not repeat."""
+    parts = []
     seq = list(prompt)
     for s in range(len(response)):
         source, proposal = rules.ngram_simple_match(seq, n, m)
         if proposal:
             base, repeated = rules.match_length(seq, source), rules.kept_count(proposal, response, s)
-            for j in range(min(repeated + 1, len(proposal), len(response) - s)):
-                lengths.append(min(base + j, rules.MATCH_CAP))  # as ``chances`` reads it
-                kept.append(j < repeated)
+            j = np.arange(min(repeated + 1, len(proposal), len(response) - s))
+            parts.append(LookupRows(np.minimum(base + j, rules.MATCH_CAP), j < repeated, np.full(len(j), s), j))
         seq.append(response[s])
-    return np.array(lengths, dtype=np.int64), np.array(kept, dtype=bool)
+    rows = LookupRows.join(parts)
+    return rows._replace(kept=rows.kept.astype(bool))
 
 
 def best_length(chances: np.ndarray, verify: np.ndarray, rate: float) -> int:
@@ -169,10 +200,11 @@ def best_length(chances: np.ndarray, verify: np.ndarray, rate: float) -> int:
 
 
 class LookupGoodput:
-    """The rule as a callable of a round: ``(seq, source, proposal)`` → how many candidates to submit."""
+    """The rule as a callable of a round: ``(seq, source, proposal, state)`` → how many candidates to submit, the
+    keep chances from ``estimate`` (a ``LookupCalibration`` or a ``LookupHead``)."""
 
-    def __init__(self, calibration: LookupCalibration, costs: CostModel, rate: float, m: int):
-        self.calibration, self.rate = calibration, float(rate)
+    def __init__(self, estimate: "LookupCalibration | LookupHead", costs: CostModel, rate: float, m: int):
+        self.estimate, self.rate = estimate, float(rate)
         self.forward_rate = costs.forward_rate(self.rate)  # λ against the forwards, each token's sampler aside
         self.verify = costs.verify_table(m + 1)
         if costs.verify_s is not None and max(costs.verify_s) < m + 1:
@@ -180,6 +212,80 @@ class LookupGoodput:
                           f"up to {m + 1} on the line beyond: time them (bench-timing --verify_lengths … {m + 1})",
                           stacklevel=2)
 
-    def __call__(self, seq: list[int], source: int, proposal: list[int]) -> int:
-        chances = self.calibration.chances(rules.match_length(seq, source), len(proposal))
+    def __call__(self, seq: list[int], source: int, proposal: list[int], state: RoundState | None = None) -> int:
+        chances = self.estimate.chances(rules.match_length(seq, source), len(proposal), state)
         return best_length(chances, self.verify, self.forward_rate)
+
+    def along(self, state_at: Callable[[int], RoundState | None] | None,
+              prompt_length: int) -> Callable[[list[int], int, list[int]], int]:
+        """The rule along one stored response (``decoding.replay.prompt_lookup_counts``' ``length``): each round
+        reads the target's state at its response index from ``state_at`` (``decoding.traces.round_states``), none
+        where that is None."""
+        if state_at is None:
+            return self
+        return lambda seq, source, proposal: self(seq, source, proposal, state_at(len(seq) - prompt_length))
+
+
+class RoundState(NamedTuple):
+    """What a prompt-lookup round starts from, for free: the target's hidden state (d,) that produced the last
+    token, and that distribution's top-1 probability (none before the target's first call)."""
+
+    hidden: torch.Tensor
+    top1: float
+
+
+LOOKUP_HEAD_SCORES = ("log_match_length", "round_index", "stale_top1_target")
+"""The scores a prompt-lookup stop head may read beside the target's state (``pipeline.lookup_data``)."""
+
+
+class LookupHead:
+    """Keep chances of prompt-lookup candidates from a stop head trained on the target's state where the round
+    starts (``LabelDataModule(label="lookup")``, ``make train``): the head's sigmoid of each candidate, the state
+    shared, zeros before the target's first call, as the rows it trained on hold. ``load`` reads an exported one."""
+
+    def __init__(self, module: torch.nn.Module, hidden_size: int, n: int, m: int, rate: float | None = None,
+                 exported=None):
+        self.module, self.hidden_size, self.n, self.m = module.eval(), int(hidden_size), int(n), int(m)
+        self.scores = list(getattr(module, "scores", []))
+        self.rate = rate
+        """λ chosen on the validation traces at export, or None."""
+        self.exported = exported
+        """The ``heads.exported.ExportedHead`` it was loaded from, if any."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LookupHead":
+        from heads.exported import ExportedHead
+
+        head = ExportedHead(path, role=LOOKUP_HEAD_ROLE, computes=LOOKUP_HEAD_SCORES)
+        label, rate = head.meta["label"], head.meta["threshold"].get("value")
+        return cls(head.module, head.meta["hidden_size"], label["n"], label["m"],
+                   None if rate is None else float(rate), exported=head)
+
+    def check_n(self, n: int) -> None:
+        if n != self.n:
+            raise LookupCalibrationError(f"the head was trained on proposals of {self.n}-grams, this prompt lookup "
+                                         f"looks up {n}-grams")
+
+    def check_target_model(self, target) -> None:
+        """Refuse a target the head was not trained on (its states differ): ``heads.export.check_model``."""
+        if self.exported is not None:
+            self.exported.check(target)
+
+    @torch.no_grad()
+    def chances(self, length: int, count: int, state: RoundState | None = None) -> np.ndarray:
+        j = torch.arange(count, dtype=torch.float32)
+        held = state is not None
+        columns = {"match_length": (length + j).clamp(max=rules.MATCH_CAP),
+                   "round_index": (j + 1) * held, "stale_top1_target": torch.full((count,), state.top1 if held else 0.)}
+        hidden = (state.hidden.float().cpu() if held else torch.zeros(self.hidden_size)).expand(count, -1)
+        self.module.cpu()
+        logits = (self.module(hidden, scores_from_columns(self.scores, columns)) if self.scores
+                  else self.module(hidden))
+        return torch.sigmoid(logits).numpy().astype(float)
+
+    def stop(self, costs: CostModel, lam: float | None = None, m: int | None = None) -> LookupGoodput:
+        """The goodput stop on this head's chances at ``lam``, else the λ chosen at export, else target-only's rate."""
+        lam = float(lam if lam is not None else self.rate if self.rate is not None else costs.target_only_rate())
+        if not lam > 0:
+            raise ValueError(f"lam must be positive tokens per second, got {lam}")
+        return LookupGoodput(self, costs, lam, self.m if m is None else m)

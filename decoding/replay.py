@@ -24,7 +24,7 @@ import torch
 
 from core.errors import SettingError
 from decoding import rules
-from decoding.lookup_stop import LookupCalibration, LookupGoodput
+from decoding.lookup_stop import LookupCalibration, LookupGoodput, LookupHead, RoundState
 from decoding.traces import Trace
 from heads.features import draft_scores
 
@@ -335,18 +335,21 @@ LOOKUP_RATE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 
 
 def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int, m: int, max_new_tokens: int,
-                        calibration: LookupCalibration, costs: CostModel) -> dict:
+                        calibration: LookupCalibration | LookupHead, costs: CostModel,
+                        states: Sequence[Callable[[int], RoundState | None]] | None = None) -> dict:
     """The rate λ at which to run prompt lookup's goodput stop (``decoding.lookup_stop``) over the responses: the
     best of ``fixed_point_rate``'s search and of ``LOOKUP_RATE_GRID``. The rule is certainty-equivalent and myopic:
     a round cut short leaves the rest of its copy to the next round, which E(L) − λ·verify(L + 1) does not credit,
     so the fixed point can settle at a worse rate than another λ does (``tried`` and ``achieved`` list every λ
-    replayed and the rate it achieved)."""
+    replayed and the rate it achieved). ``states``: for each response, the target's ``RoundState`` a round at each
+    response index starts from, where the estimate reads it (a ``LookupHead``)."""
     traces = [LookupTrace(prompt, response, n, m, max_new_tokens) for prompt, response in responses]
 
     def counts_at(rate: float) -> Counts:
         rule, total = LookupGoodput(calibration, costs, rate, m), Counts()
-        for (prompt, response), trace in zip(responses, traces):
-            total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=rule, trace=trace)
+        for i, ((prompt, response), trace) in enumerate(zip(responses, traces)):
+            length = rule.along(None if states is None else states[i], len(prompt))
+            total += prompt_lookup_counts(prompt, response, n, m, max_new_tokens, length=length, trace=trace)
         return total
 
     found = fixed_point_rate(counts_at, costs)

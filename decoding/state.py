@@ -242,6 +242,8 @@ class Decoding:
         self.stale: tuple[int, torch.Tensor, torch.Tensor] | None = None
         """What the last target call left (``head_context``): the index in ``seq`` of the token it sampled, the
         target's hidden state that produced that token's distribution, and that distribution (log-probs)."""
+        self.stale_logits: torch.Tensor | None = None
+        """The raw logits (V,) of ``stale``'s distribution (before warping)."""
         self._stale_scores: tuple[torch.Tensor, torch.Tensor] | None = None
         self._target_rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self.discarded = 0
@@ -317,14 +319,15 @@ class Decoding:
     def target_dist(self, candidates: list[int] = (), rows: int = 1) -> torch.Tensor:
         """p at the last ``rows`` positions of seq + candidates, (rows, V); one target call."""
         hidden, logps = self.target.advance(self.seq + list(candidates), rows=rows)
-        self._target_rows = (hidden[-rows:], logps)
+        self._target_rows = (hidden[-rows:], logps, self.target.row_logits)
         return logps
 
     def target_sampled(self, row: int) -> None:
         """Note that the token appended next to ``seq`` is drawn at row ``row`` of the last ``target_dist`` call
         (the bonus token, a correction, or a candidate the target judged), for ``head_context``."""
-        hidden, logps = self._target_rows
+        hidden, logps, logits = self._target_rows
         self.stale = (len(self.seq), hidden[row], logps[row])
+        self.stale_logits = logits[row]
         self._stale_scores = None
 
     def head_context(self, candidates: list[int], layers: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -8,14 +8,19 @@ head may read (the state that produced q, and the state after reading Y_i). The 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from core.errors import UserError
 from core.shards import ShardError, load_split, prompt_digests, read_manifest
+
+if TYPE_CHECKING:
+    from decoding.lookup_stop import RoundState
 
 TRACE_CATEGORY = "target"
 
@@ -84,6 +89,28 @@ def load_responses(folder: str | Path, splits: tuple[str, ...],
     """(prompt ids, the target's response ids) of each of ``prompts`` (None: every prompt) in ``splits``, from the
     sequences a label folder stores (what prompt lookup copies from); none where it stores none."""
     return list(responses_by_prompt(folder, splits, prompts).values())
+
+
+def round_states(folder: str | Path, splits: tuple[str, ...]) -> dict[int, Callable[[int], RoundState | None]]:
+    """For each response a label folder of ``target_states: true`` stores in ``splits``, by prompt id: the target's
+    state a prompt-lookup round at each response index starts from (``decoding.lookup_stop.RoundState``; none at
+    the first); empty where the folder stores none (``data_gen/SCHEMA.md``)."""
+    from core.shards import load_sequences
+    from decoding.lookup_stop import RoundState
+
+    width = read_manifest(folder, verify=False)["feature"].get("target_states")
+    out = {}
+    for split in filled_splits(folder, splits) if width else []:
+        for row in load_sequences(folder, split).with_format("numpy"):
+            if row["category"] != TRACE_CATEGORY:
+                continue
+            hidden = torch.from_numpy(row["target_hidden"].reshape(-1, width).astype(np.float32))
+            top1 = row["target_top1"]
+
+            def state(s: int, hidden=hidden, top1=top1) -> RoundState | None:
+                return None if s < 1 else RoundState(hidden[s - 1], float(top1[s - 1]))
+            out[int(row["prompt_id"])] = state
+    return out
 
 
 def responses_by_prompt(folder: str | Path, splits: tuple[str, ...],

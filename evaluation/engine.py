@@ -89,11 +89,12 @@ class Engine:
         likelihood, the traces and the timing of its forwards (``time_forwards``); ``peers``: the backend's peer."""
         from core.identity import model_identity
         from decoding.estimates import load_calibration
-        from decoding.lookup_stop import LookupCalibration
+        from decoding.lookup_stop import LookupCalibration, LookupHead
         from decoding.policies import build_policy
         from decoding.state import HEAD_FEATURES, ModelPair
         from evaluation.likelihood import mean_loglik
         from evaluation.traces import record_trace
+        from heads.export import LOOKUP_HEAD_ROLE, read_metadata
         from heads.exported import ExportedHead
 
         return cls(
@@ -101,7 +102,10 @@ class Engine:
             make_pair=lambda s: ModelPair(draft=draft, target=target, eos_token_ids=eos, sampling=s, decoder=decoder,
                                           untimed_prefill=cfg.untimed_prefill),
             build_policy=build_policy,
-            check_head=lambda path: ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
+            # a prompt-lookup stop head reads the target's state: checked against the target
+            check_head=lambda path: LookupHead.load(path).check_target_model(target)
+            if read_metadata(path)["role"] == LOOKUP_HEAD_ROLE
+            else ExportedHead(path, computes=HEAD_FEATURES).check(draft, target),
             check_calibration=lambda path: LookupCalibration.load(path).check_target(model_identity(target),
                                                                                      "this evaluation's target")
             if LookupCalibration.holds_one(path) else load_calibration(path).check_draft(model_identity(draft),

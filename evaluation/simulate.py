@@ -29,14 +29,14 @@ from decoding.costs import read_timing
 from decoding.policies import POLICIES, head_family, simulated
 from decoding import rules
 from decoding.estimates import CalibratedConfidence
-from decoding.lookup_stop import LookupCalibration
+from decoding.lookup_stop import LookupCalibration, LookupHead
 from decoding.replay import check_cost_ratios, goodput_rate
 from decoding.simulate import cached_head, head_logits, replayable, simulate
 from decoding.traces import Trace, filled_splits, load_label_traces, unseen
 from decoding.costs import CostModel
 from evaluation.simulate_lookup import own_response_lines, prompt_lookup_lines
 from evaluation.traces import read_recorded
-from heads.export import HeadFileError, check_labels, read_metadata, seen_prompts
+from heads.export import HeadFileError, check_draft, check_labels, read_metadata, seen_prompts
 
 
 class SimulationError(UserError):
@@ -353,6 +353,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lookup_calibration", default=None, metavar="FILE",
                    help="prompt lookup's keep chance (`specheads calibrate --prompt_lookup`): with --timing, adds "
                         "prompt lookup's goodput stop")
+    p.add_argument("--lookup_head", default=None, metavar="FILE",
+                   help="a prompt-lookup stop head (`specheads train --configs configs/train/lookup_stop_d0.yaml`): "
+                        "with --timing, adds prompt lookup's goodput stop on its chances, along labels that store "
+                        "the target's states (`target_states: true`)")
     p.add_argument("--goodput_flat", action="store_true",
                    help="also the goodput stop of each stop head (and --calibration) under a flat cost at each --c "
                         "(every verification costs one target forward, a draft step c): SpecDec++'s cost model, "
@@ -383,7 +387,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SettingError("--lookup_calibration adds prompt lookup's goodput stop, which prices rounds by a timing "
                            "file: give --timing")
     calibrated = CalibratedConfidence.load(a.calibration) if a.calibration else None  # a bad file: one line now
+    if a.lookup_head and not a.timing:
+        raise SettingError("--lookup_head adds prompt lookup's goodput stop, which prices rounds by a timing file: "
+                           "give --timing")
     lookup = LookupCalibration.load(a.lookup_calibration) if a.lookup_calibration else None
+    lookup_head = LookupHead.load(a.lookup_head) if a.lookup_head else None
     costs = list(a.c)
     priced = None
     if a.timing:
@@ -393,6 +401,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     manifest = read_manifest(a.labels)
     if lookup is not None:  # responses of another target say nothing of this one's keep chance
         lookup.check_target(manifest["models"]["target"], f"the target of the labels in {a.labels}")
+    if lookup_head is not None:  # nor do another target's states
+        check_draft(lookup_head.exported.meta, draft=manifest["models"]["target"], path=a.lookup_head)
     if calibrated is not None:  # replayed over labels of another draft, its estimates would predict nothing
         calibrated.check_draft(manifest["models"]["draft"], f"the draft of the labels in {a.labels}")
     if a.heads is None:  # every exported head the traces can replay, trained for the labels' draft
@@ -411,7 +421,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for head in heads:  # a head replayed over labels of another draft would predict nothing about either
             check_labels(head, manifest, a.labels)
     traces = load_label_traces(a.labels, tuple(a.splits))
-    seen = set().union(*(seen_prompts(read_metadata(h)) for h in heads))
+    seen = set().union(*(seen_prompts(read_metadata(h)) for h in [*heads, *filter(None, [a.lookup_head])]))
     kept = unseen(traces, seen)
     if len(kept) < len(traces):  # a head's speed on prompts it saw is optimistic: no policy is replayed on them
         print(f"left out {len(traces) - len(kept)} of {len(traces)} traces: prompts a head trained on or had its "
@@ -431,7 +441,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if checks:
         print(checks)
-    print(prompt_lookup_lines(a.labels, tuple(a.splits), traces, costs, priced, lookup))
+    print(prompt_lookup_lines(a.labels, tuple(a.splits), traces, costs, priced, lookup, lookup_head))
     for c in costs:
         picks = best_settings(rows, c)
         print(f"fastest at c = {c:.3g}: " + "; ".join(f"{r['policy']} {CostModel.eq51(c).speedup(r['counts']):.3f}x"

@@ -12,9 +12,9 @@ from typing import Callable
 from core.intervals import Interval, speedup_interval
 from core.shards import read_manifest
 from decoding.costs import CostModel
-from decoding.lookup_stop import LookupCalibration
+from decoding.lookup_stop import LookupCalibration, LookupHead
 from decoding.replay import Counts, LookupTrace, prompt_lookup_counts, prompt_lookup_oracle_counts
-from decoding.traces import Trace, load_responses
+from decoding.traces import Trace, responses_by_prompt, round_states
 from evaluation.rundir import RunDir
 
 PROMPT_LOOKUP_SETTINGS = ((12, 48), (4, 16), (2, 8))
@@ -56,21 +56,24 @@ def total(counts: list[Counts]) -> Counts:
 
 
 def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: list[Trace], costs: list[float],
-                        priced: CostModel | None, calibration: LookupCalibration | None = None) -> str:
+                        priced: CostModel | None, calibration: LookupCalibration | None = None,
+                        head: LookupHead | None = None) -> str:
     """Prompt lookup's rows: at a cost ratio c every call costs one target step whatever it verifies, so its speedup
     there is N / N_target; ``priced`` charges each call its length, and adds the oracle of each setting and, with
     ``calibration``, the goodput stop at its n and the λ the policy runs at (the calibration's own, else
-    target-only's rate). The labels record no end token: a last round's proposals past a response's end are priced
-    as proposed."""
-    responses = load_responses(labels, splits, {t.prompt_id for t in traces})
+    target-only's rate), and with ``head`` the goodput stop on a prompt-lookup stop head's chances at its n and the λ
+    chosen at its export, reading the target's states the labels store (``target_states: true``). The labels record
+    no end token: a last round's proposals past a response's end are priced as proposed."""
+    by_prompt = responses_by_prompt(labels, splits, {t.prompt_id for t in traces})
+    responses = list(by_prompt.values())
     if not responses:
         return "prompt lookup: not replayed (the labels store no token sequences)"
     max_new = read_manifest(labels)["sampling"]["max_new_tokens"]
     lines = [f"prompt lookup (llama.cpp's ngram-simple, no draft model), replayed along {len(responses)} responses"
              + ("" if priced is None else f"; speedups under {priced.name} with 95 % intervals over the prompts")]
     fixed, traces = {}, {}  # by (n, m): each response's rounds, shared by its replays
-    stop_at = None if calibration is None else (calibration.n, calibration.m)
-    for n, m in (*PROMPT_LOOKUP_SETTINGS, *([stop_at] if stop_at and stop_at not in PROMPT_LOOKUP_SETTINGS else [])):
+    stops = [(e.n, e.m) for e in (calibration, head) if e is not None]
+    for n, m in dict.fromkeys((*PROMPT_LOOKUP_SETTINGS, *stops)):
         traces[n, m] = [LookupTrace(prompt, response, n, m, max_new) for prompt, response in responses]
         fixed[n, m] = [prompt_lookup_counts(prompt, response, n, m, max_new, trace=trace)
                        for (prompt, response), trace in zip(responses, traces[n, m])]
@@ -82,17 +85,26 @@ def prompt_lookup_lines(labels: str | Path, splits: tuple[str, ...], traces: lis
                       for (prompt, response), trace in zip(responses, traces[n, m])]
             line += f"  priced {priced_interval(fixed[n, m], priced)}x  oracle {priced_interval(oracle, priced)}x"
         lines.append(line)
-    if calibration is not None and priced is not None:
-        n, m = stop_at
-        rule = calibration.stop(priced)
-        rate, where = rule.rate, "the calibration's" if calibration.rate is not None else "target-only's"
-        stopped = [prompt_lookup_counts(prompt, response, n, m, max_new, length=rule, trace=trace)
-                   for (prompt, response), trace in zip(responses, traces[n, m])]
-        base = fixed[n, m]
+    states = round_states(labels, splits) if head is not None else {}
+    if head is not None and set(by_prompt) - set(states):
+        lines.append(f"  the goodput stop on the head not replayed: {labels} stores no target states (label with "
+                     "`target_states: true`)")
+        head = None
+    for estimate, what in ((calibration, "the calibration's"), (head, "the head's")):
+        if estimate is None or priced is None:
+            continue
+        n, m = estimate.n, estimate.m
+        rule = estimate.stop(priced)
+        where = what if estimate.rate is not None else "target-only's"
+        stopped = []
+        for (prompt_id, (prompt, response)), trace in zip(by_prompt.items(), traces[n, m]):
+            length = rule.along(states.get(prompt_id) if estimate is head else None, len(prompt))
+            stopped.append(prompt_lookup_counts(prompt, response, n, m, max_new, length=length, trace=trace))
         all_of = total(stopped)
-        lines.append(f"  n={n:<3}m={m:<4}goodput stop (λ {rate:.3f}, {where}): N_t/N {all_of.target / all_of.n:.3f}  "
-                     f"N_x/N {all_of.discarded / all_of.n:.3f}  priced {priced_interval(stopped, priced)}x, "
-                     f"{priced_interval(stopped, priced, over=base)}x the fixed length's")
+        lines.append(f"  n={n:<3}m={m:<4}goodput stop, {'head' if estimate is head else 'calibration'} (λ "
+                     f"{rule.rate:.3f}, {where}): N_t/N {all_of.target / all_of.n:.3f}  N_x/N "
+                     f"{all_of.discarded / all_of.n:.3f}  priced {priced_interval(stopped, priced)}x, "
+                     f"{priced_interval(stopped, priced, over=fixed[n, m])}x the fixed length's")
     return "\n".join(lines)
 
 

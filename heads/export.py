@@ -11,7 +11,9 @@ under ``specheads_sha256``::
     inputs:     what the head reads: the hidden state and its position (``own``: after reading the token;
                 ``prev``: the state that produced q for it), and the draft scores named in init_args
     label:      {"kind": "sprinter", "lam": 1.0} or {"kind": "soft", "w_acc": 1.0, "w_rej": 6.0}
-    role:       "verifier" (accept when P̂ ≥ τ) or "stop" (stop drafting when 1 − ∏ P̂ over the round > h)
+    role:       "verifier" (accept when P̂ ≥ τ), "stop" (stop drafting when 1 − ∏ P̂ over the round > h) or
+                "lookup_stop" (prompt lookup's goodput stop on P̂ of each copied candidate: ``draft`` then names
+                the target, whose state the head reads, and ``label`` the proposals' n and m)
     threshold:  {"name": "tau" | "h", "value": …, "rule": …}; a stop head's also has ``chosen_by`` (the trace
                 simulator's method, split, cost and grid: ``pipeline.train_all.stop_threshold``)
     metrics:    validation (and test) metrics of the exported weights
@@ -55,6 +57,8 @@ from heads.registry import HEADS, build_head
 SCHEMA_VERSION = "2"
 META_KEY = "specheads"
 META_DIGEST_KEY = "specheads_sha256"
+LOOKUP_HEAD_ROLE = "lookup_stop"
+"""The role of a prompt-lookup stop head (``decoding.lookup_stop.LookupHead``)."""
 REQUIRED = ("head", "draft", "hidden_size", "vocab_size", "label", "role", "threshold", "metrics", "weights_sha256")
 
 
@@ -70,8 +74,10 @@ def feature_position(meta: dict) -> str:
 
 def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: int, label: dict, role: str,
                 threshold: dict, metrics: dict, position: str = "own", vectors: list[str] = (),
-                tapped_layers: list[int] | None = None, trained_on: dict | None = None) -> Path:
-    """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path."""
+                tapped_layers: list[int] | None = None, trained_on: dict | None = None,
+                hidden: str | None = None) -> Path:
+    """Write ``head``'s weights and metadata to ``path`` (a ``.safetensors`` file); return the path. ``hidden``:
+    what the head's hidden input is, where not the draft's state at ``position``."""
     unknown = [v for v in vectors if v not in VECTORS]
     if unknown or bool(int(head.config.get("extra_size", 0))) != bool(vectors):
         raise HeadFileError(f"the head's vector features {list(vectors)} are not known ones ({', '.join(VECTORS)}) "
@@ -86,7 +92,7 @@ def export_head(head: nn.Module, path: str | Path, *, draft: dict, vocab_size: i
         "head": {"type": head.head_type, "init_args": dict(head.config)},
         "draft": record_identity(draft),
         "hidden_size": int(head.config["hidden_size"]),
-        "inputs": {"hidden": FEATURE_POSITIONS[position].description, "position": position,
+        "inputs": {"hidden": hidden or FEATURE_POSITIONS[position].description, "position": position,
                    "scores": {n: SCORES[n] for n in head.config.get("scores", [])},
                    "vectors": {n: FEATURE_COLUMNS[vector_column(n, position)] for n in vectors},
                    **({"tapped_layers": list(tapped_layers)} if "layers" in vectors else {})},

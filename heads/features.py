@@ -12,7 +12,8 @@ q as the candidate was drawn from it, top-k and top-p applied; softmax of the ra
 
 Beyond the draft's confidence, a head may read the scalars of the other feature families a decoder holds for free
 when it decides (``data_gen/SCHEMA.md``, ``pipeline/DESIGN.md``): the draft's top-2 margin, the candidate's index
-in its round and in the response, and the target's entropy and top-1 probability at its last call. Each score names
+in its round and in the response, the target's entropy and top-1 probability at its last call, and, for prompt
+lookup's stop (``pipeline.lookup_data``), the candidate's match length. Each score names
 the label column it is read from (``SCORES``); a runtime that does not compute a column cannot feed a head that
 reads it (``score_columns`` says which).
 
@@ -43,12 +44,21 @@ SCORES = {
     "response_index": "the candidate's index in the response (negative inside the prompt)",
     "stale_entropy_target": "H(p) where the target's last call sampled, k positions back, nats",
     "stale_top1_target": "the target's top-1 probability there",
+    "log_match_length": "log of a prompt-lookup candidate's match length (decoding.rules.match_length, plus its "
+                        "place in the round)",
 }
 SCORE_COLUMNS = {"p_draft": "read_logp_draft", "logp_draft": "read_logp_draft", "entropy_draft": "read_entropy_draft",
                  "margin_draft": "read_margin_draft", "round_index": "round_index",
                  "response_index": "response_index", "stale_entropy_target": "stale_entropy_target",
-                 "stale_top1_target": "stale_top1_target"}
+                 "stale_top1_target": "stale_top1_target", "log_match_length": "match_length"}
 """The label column each score is read from."""
+
+LOOKUP_SCORES = ("log_match_length",)
+"""Scores of prompt lookup's stop rows alone (``pipeline.lookup_data``): no draft token has them."""
+DRAFT_SCORES = tuple(n for n in SCORES if n not in LOOKUP_SCORES)
+"""The scores a draft's head may read."""
+SHARD_SCORE_COLUMNS = tuple(dict.fromkeys(SCORE_COLUMNS[n] for n in DRAFT_SCORES))
+"""The score columns the label shards hold; a prompt-lookup row's match length is read along its response."""
 
 VECTOR_COLUMNS = {
     "layers": {"own": "hidden_layers", "prev": "hidden_layers_prev"},
@@ -93,6 +103,8 @@ def scores_from_columns(names: Sequence[str], columns: dict[str, torch.Tensor]) 
         x = columns[SCORE_COLUMNS[name]].float()
         if name == "p_draft":
             return x.clamp(min=LOGP_FLOOR).exp()
+        if name == "log_match_length":
+            return x.clamp(min=1).log()
         return x.clamp(min=LOGP_FLOOR) if name == "logp_draft" else x
 
     if not names:

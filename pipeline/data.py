@@ -23,9 +23,10 @@ from core.backends import backend_of
 from core.errors import SettingError
 from core.identity import identity_mismatch
 from core.shards import load_split, read_manifest
-from heads.features import SCORE_COLUMNS, vector_column
+from heads.features import SHARD_SCORE_COLUMNS, vector_column
+from pipeline.lookup_data import LookupStopRows, state_width
 
-SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "prompt_id", *dict.fromkeys(SCORE_COLUMNS.values()))
+SMALL_COLUMNS = ("loss_mask", "category", "acceptance", "ratio", "prompt_id", *SHARD_SCORE_COLUMNS)
 
 
 class LabelRows(Dataset):
@@ -76,7 +77,7 @@ class LabelRows(Dataset):
             self.target = self.binary = lm.sprinter_label(ratio, lam).float()
         # every scalar a head may read (``heads.features.SCORES``), by label column; the draft scores are at the
         # prefix the hidden states read (what a decoder computes)
-        self.columns = {c: col(c) for c in dict.fromkeys(SCORE_COLUMNS.values())}
+        self.columns = {c: col(c) for c in SHARD_SCORE_COLUMNS}
         self.prompt_id = torch.from_numpy(small["prompt_id"].to_numpy(zero_copy_only=False)[self.index])
         self.prompt_ids = np.unique(self.prompt_id.numpy())
         """The prompts of the selected rows."""
@@ -175,8 +176,10 @@ class LabelDataModule(pl.LightningDataModule):
         labels: str = "runs/labels/corpus",
         test_labels: str | None = None,
         train_share: float = 1.0,
-        label: Literal["soft", "sprinter"] = "soft",
+        label: Literal["soft", "sprinter", "lookup"] = "soft",
         lam: float = 1.0,
+        lookup_n: int = 4,
+        lookup_m: int = 48,
         categories: list[str] | None = None,
         balance_categories: bool | None = None,
         feature_position: Literal["own", "prev"] = "own",
@@ -194,8 +197,13 @@ class LabelDataModule(pl.LightningDataModule):
                 prompts, e.g. ``runs/labels/humaneval-heldout`` beside corpus labels); labeled with the same draft.
             train_share: train on this share of the train split's prompts (all their rows), the same prompts for
                 the same seed, and a smaller share's prompts among a larger one's (a learning curve).
-            label: ``soft``: the acceptance probability min(1, p/q) (SpecDec++); ``sprinter``: 1[q/p ≤ lam].
+            label: ``soft``: the acceptance probability min(1, p/q) (SpecDec++); ``sprinter``: 1[q/p ≤ lam];
+                ``lookup``: whether the target keeps a prompt-lookup candidate, on the target's state where its
+                round starts (``pipeline.lookup_data``; labels of ``target_states: true``).
             lam: SPRINTER's λ (only with ``label: sprinter``).
+            lookup_n: with ``label: lookup``, the n-gram prompt lookup looks up (llama.cpp's ``ngram-simple``
+                size n).
+            lookup_m: with ``label: lookup``, the longest continuation it copies (size m).
             categories: train on rows of these categories (default: the rows of the label's head,
                 ``label_math.ROWS_FOR_LABEL``).
             balance_categories: weight the rows so that each category has an equal share of the loss, whatever its
@@ -213,8 +221,12 @@ class LabelDataModule(pl.LightningDataModule):
             seed: seed of the shuffling.
         """
         super().__init__()
-        if label not in ("soft", "sprinter"):
-            raise SettingError(f"label must be 'soft' or 'sprinter', got {label!r}")
+        if label not in ("soft", "sprinter", "lookup"):
+            raise SettingError(f"label must be 'soft', 'sprinter' or 'lookup', got {label!r}")
+        if label == "lookup" and (vectors or categories or min(lookup_n, lookup_m) < 1):
+            raise SettingError("label: lookup reads the target's state and no vector feature or category; lookup_n "
+                               f"and lookup_m are at least 1 (got vectors {vectors}, categories {categories}, "
+                               f"lookup_n {lookup_n}, lookup_m {lookup_m})")
         if not 0 < lam < math.inf:  # a NaN λ would label every row 0
             raise SettingError(f"lam must be positive, got {lam}")
         if not 0 < train_share <= 1:
@@ -232,7 +244,8 @@ class LabelDataModule(pl.LightningDataModule):
                              f"got {feature_position!r}")
         self.save_hyperparameters()
         self.labels, self.label, self.lam = labels, label, lam
-        self.categories = list(categories or lm.ROWS_FOR_LABEL[label])
+        self.lookup = (lookup_n, lookup_m)
+        self.categories = list(categories or lm.ROWS_FOR_LABEL.get(label, ()))
         self.balance_categories = label == "sprinter" if balance_categories is None else balance_categories
         self.feature_position = feature_position
         self.vectors = list(vectors or [])
@@ -247,7 +260,9 @@ class LabelDataModule(pl.LightningDataModule):
 
     @property
     def hidden_size(self) -> int:
-        """Size of the feature (the draft's hidden state), from the manifest."""
+        """Size of the feature (the draft's hidden state; the target's for ``label: lookup``), from the manifest."""
+        if self.label == "lookup":
+            return state_width(self.manifest, self.labels)
         return int(self.manifest["feature"]["hidden_size"])
 
     @property
@@ -270,7 +285,14 @@ class LabelDataModule(pl.LightningDataModule):
         """The label folder a split is read from."""
         return self.test_labels if split == "test" and self.test_labels is not None else self.labels
 
-    def rows(self, split: str) -> LabelRows:
+    def rows(self, split: str) -> LabelRows | LookupStopRows:
+        if split not in self.splits and self.label == "lookup":
+            folder = self.folder(split)
+            share = None
+            if split == "train" and self.train_share < 1:
+                every = LookupStopRows(folder, split, n=self.lookup[0], m=self.lookup[1]).prompt_ids
+                share = first_prompts(every, self.train_share, self.seed)
+            self.splits[split] = LookupStopRows(folder, split, n=self.lookup[0], m=self.lookup[1], prompt_ids=share)
         if split not in self.splits:
             folder = self.folder(split)
             rows = LabelRows(folder, split, label=self.label, lam=self.lam, categories=self.categories,

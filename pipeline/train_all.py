@@ -42,8 +42,9 @@ from decoding.costs import CostModel, read_timing
 from decoding.replay import (MAX_K, STOP_H_GRID, TRACE_SCORES, check_cost_ratios, choose_stop_threshold,
                              trace_head_logits)
 from decoding.traces import TraceError, load_label_traces
-from heads.export import HeadFileError, check_draft, export_head, read_metadata
+from heads.export import LOOKUP_HEAD_ROLE, HeadFileError, check_draft, export_head, read_metadata
 from pipeline.cli import HeadCLI
+from pipeline.lookup_data import LOOKUP_HIDDEN, lookup_threshold
 from pipeline.metrics import BASELINES
 
 DEFAULT_CONFIGS = ("configs/train/sprinter_lam1.yaml", "configs/train/specdecpp_d3_w6.yaml")
@@ -167,16 +168,18 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     val_pred = _predict(trainer, model, dm.val_dataloader())
     tau = youden_threshold(val_pred["binary"], val_pred["probs"])
     model.threshold = tau
-    soft = dm.label == "soft"
-    if soft:
+    soft, lookup = dm.label == "soft", dm.label == "lookup"
+    costs, timing_source = (read_timing(timing), Path(timing).name) if timing else (None, None)
+    if lookup:
+        label = {"kind": "lookup", "n": dm.lookup[0], "m": dm.lookup[1], "w_acc": model.w_acc, "w_rej": model.w_rej}
+        threshold = lookup_threshold(model.head, dm.rows("val"), *dm.lookup,
+                                     dm.manifest["sampling"]["max_new_tokens"], costs, timing_source)
+    elif soft:
         label = {"kind": "soft", "w_acc": model.w_acc, "w_rej": model.w_rej}
+        threshold = stop_threshold(model.head, labels, dm.feature_position, dm.vectors, stop_c, costs, timing_source)
     else:
         label = {"kind": "sprinter", "lam": dm.lam}
-    threshold = (
-        stop_threshold(model.head, labels, dm.feature_position, dm.vectors, stop_c,
-                       read_timing(timing) if timing else None, Path(timing).name if timing else None) if soft
-        else {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
-    )
+        threshold = {"name": "tau", "value": tau, "rule": "accept the draft token when P_hat >= tau"}
     val = _scalars(trainer.validate(model, datamodule=dm, verbose=False)[0], "val")
     test = _scalars(trainer.test(model, datamodule=dm, verbose=False)[0], "test")
     result = RunResult(name, label, threshold, val, test, train_prompts=len(dm.rows("train").prompt_ids),
@@ -187,10 +190,13 @@ def train_one(config: str, labels: str, out: Path, checkpoints: Path, heads_dir:
     result.curves.update({b: (test_pred["binary"], test_pred[b]) for b in BASELINES})
     result.intervals = auroc_intervals(test_pred, test)
     if heads_dir is not None:
+        reads = dm.manifest["models"]["target"] if lookup else dm.draft  # the model whose states the head reads
         result.export = export_head(
-            model.head, heads_dir / f"{name}.safetensors", draft=dm.draft,
-            vocab_size=int(dm.draft["vocab_size"]), label=label, role="stop" if soft else "verifier",
+            model.head, heads_dir / f"{name}.safetensors", draft=reads,
+            vocab_size=int(reads["vocab_size"]), label=label,
+            role=LOOKUP_HEAD_ROLE if lookup else "stop" if soft else "verifier",
             threshold=threshold, position=dm.feature_position, vectors=dm.vectors,
+            hidden=LOOKUP_HIDDEN if lookup else None,
             tapped_layers=dm.manifest["feature"].get("tapped_layers"),
             metrics={**{f"val/{k}": v for k, v in val.items()}, **{f"test/{k}": v for k, v in test.items()}},
             trained_on=seen,
@@ -254,6 +260,8 @@ def plot_roc(results: list[RunResult], path: Path) -> Path:
 
 
 def _label_text(label: dict) -> str:
+    if label["kind"] == "lookup":
+        return f"lookup kept, w_rej={label['w_rej']:g}"
     return f"1[q/p ≤ {label['lam']}]" if label["kind"] == "sprinter" else f"soft, w_rej={label['w_rej']:g}"
 
 
@@ -268,7 +276,8 @@ def table(results: list[RunResult]) -> str:
     for r in results:
         t = r.test
         best_free = max(t.get(f"{b}/auroc", float("nan")) for b in BASELINES)
-        thr = f"{r.threshold['name']}={r.threshold['value']:.3f}"
+        value = r.threshold["value"]
+        thr = f"{r.threshold['name']}={'none' if value is None else format(value, '.3f')}"
         lines.append(f"{r.name:<{w}}{_label_text(r.label):<20}{'head':<14}"
                      + "".join(f"{t[f'head/{k}']:>7.3f}" for k in head_cols.values())
                      + f"{thr:>12}{t['head/auroc'] - best_free:>+8.3f}" + _intervals_text(r.intervals))
@@ -301,15 +310,15 @@ def check_heads_folder(heads_dir: Path, labels: str) -> None:
     found = sorted(heads_dir.glob("*.safetensors")) if heads_dir.is_dir() else []
     if not found:
         return
-    draft = read_manifest(labels, verify=False)["models"]["draft"]
+    models = read_manifest(labels, verify=False)["models"]
     for path in found:
         try:
             meta = read_metadata(path)
         except HeadFileError as e:
             raise SettingError(f"--heads_dir {heads_dir} holds {path.name}, which is not a head this project can read "
                                f"({e}); export into another folder") from None
-        try:
-            check_draft(meta, draft=draft, path=path)
+        try:  # a prompt-lookup stop head reads the target's states, and records the target
+            check_draft(meta, draft=models["target" if meta["role"] == LOOKUP_HEAD_ROLE else "draft"], path=path)
         except HeadFileError as e:
             raise SettingError(f"--heads_dir {heads_dir} holds heads of another draft than {labels}'s ({e}); "
                                "export into another folder, e.g. one per pair and backend") from None

@@ -383,8 +383,23 @@ LOOKUP_STOP = {"calibration": LookupCalibration(length=[1.0, 3.0], keep=[0.5, 1.
 """Prompt lookup's goodput stop on the enumeration's proposals: one candidate of a match of 1, two of a longer."""
 
 
+def lookup_head_stop() -> dict:
+    """Prompt lookup's goodput stop on a head that reads the target's state (the stubs' one-hot of the token the round
+    starts after) and its top-1 probability: a chance that differs by the state, so the stop's cuts do too."""
+    from decoding.lookup_stop import LookupHead
+    from heads.resnet import ResNetHead
+
+    module = ResNetHead(hidden_size=3, depth=0, scores=["log_match_length", "round_index", "stale_top1_target"])
+    with torch.no_grad():
+        module.out.weight.copy_(torch.tensor([[3.0, -3.0, 0.5]]))
+        module.out.bias.fill_(0.0)
+        module.score_term.linear.weight.copy_(torch.tensor([[1.0, -0.5, 1.0]]))
+    return {**LOOKUP_STOP, "calibration": None, "head": LookupHead(module, hidden_size=3, n=1, m=2)}
+
+
 @pytest.mark.parametrize("sampling, eos, stop", [("t0.8-top2", (), False), ("t1.2-topp0.7", (), False),
-                                                 ("t0.8-top2", (0,), False), ("t0.8-top2", (), True)])
+                                                 ("t0.8-top2", (0,), False), ("t0.8-top2", (), True),
+                                                 ("t1.2-topp0.7", (), "head")])
 @pytest.mark.parametrize("broken", [False, True])
 def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, sampling, eos, stop, broken):
     """Proposals copied from the prompt and the text so far, each a point mass q = 1[y], verified exactly: the
@@ -394,8 +409,9 @@ def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, samp
     if broken:
         monkeypatch.setattr(Decoding, "verify", partialmethod(Decoding.verify, accept=lambda *args: True))
     prompt = LOOKUP_PROMPT_WITH_END if eos else LOOKUP_PROMPT
+    settings = lookup_head_stop() if stop == "head" else LOOKUP_STOP if stop else {}
     dist = enumerate_policy(paths, "prompt_lookup_goodput" if stop else "prompt_lookup",
-                            {"n": 1, "m": 2, **(LOOKUP_STOP if stop else {})}, sampling, eos, prompt=prompt)
+                            {"n": 1, "m": 2, **settings}, sampling, eos, prompt=prompt)
     s = SAMPLINGS3[sampling]
     distance = tv(marginal(dist), target_sequences(hand_warp(TARGET3, s), prompt[-1], s.max_new_tokens, eos))
     if broken:

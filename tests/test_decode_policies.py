@@ -435,14 +435,14 @@ def test_heads_reading_every_feature_family_decode_exactly(models, tmp_path, pos
     (greedy SpecDec++ still equals target-only); the transformers runtime refuses them in one line."""
     from core.adapter import tap_layers
     from heads.exported import ExportedHead
-    from heads.features import SCORES
+    from heads.features import DRAFT_SCORES
 
     draft, target = (m.config.hidden_size for m in models)
     layers = tap_layers(models[0].config.num_hidden_layers)
     extra = len(layers) * draft + target
     torch.manual_seed(0)
-    stop = ResNetHead(hidden_size=draft, depth=1, scores=list(SCORES), extra_size=extra, extra_rank=4)
-    verifier = SprinterHead(hidden_size=draft, scores=list(SCORES), extra_size=extra)
+    stop = ResNetHead(hidden_size=draft, depth=1, scores=list(DRAFT_SCORES), extra_size=extra, extra_rank=4)
+    verifier = SprinterHead(hidden_size=draft, scores=list(DRAFT_SCORES), extra_size=extra)
     with torch.no_grad():
         for head in (stop, verifier):
             for p in head.parameters():
@@ -532,8 +532,8 @@ def test_prompt_lookup_replayed_along_its_own_response_gives_its_rounds(models, 
             else build_policy("prompt_lookup", n=1, m=4)
         if stop:  # the stop cuts some proposals short and submits others whole
             rule = policy.length
-            policy.length = lambda seq, source, proposal: cuts.add(rule(seq, source, proposal) < len(proposal)) \
-                or rule(seq, source, proposal)
+            policy.length = lambda seq, source, proposal, state=None: \
+                cuts.add(rule(seq, source, proposal, state) < len(proposal)) or rule(seq, source, proposal, state)
         result = generate(policy, pair, prompt, seed=seed)
         counts = prompt_lookup_counts(prompt, result.tokens, 1, 4, 40, eos, length=policy.length)
         assert (counts.target, counts.discarded, counts.draft) == (result.stats.target_calls,

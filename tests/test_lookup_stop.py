@@ -30,8 +30,9 @@ def test_label_rows_follow_each_proposal_to_its_first_rejection():
     prompt = [5, 1, 2, 3, 6, 1]
     # position 0: [1] looked up at 1, proposal [2, 3], match 1: 2 kept, 3 not (4 follows)
     # position 1: [2] looked up at 2, proposal [3, 6], match 2: rejected at once
-    lengths, kept = lookup_rows(prompt, [2, 4], 1, 2)
-    assert lengths.tolist() == [1, 2, 2] and kept.tolist() == [True, False, False]
+    rows = lookup_rows(prompt, [2, 4], 1, 2)
+    assert rows.length.tolist() == [1, 2, 2] and rows.kept.tolist() == [True, False, False]
+    assert rows.start.tolist() == [0, 0, 1] and rows.place.tolist() == [0, 1, 0]
 
 
 def test_the_rule_submits_the_candidates_worth_their_verification():
@@ -124,7 +125,7 @@ def test_a_calibration_is_fitted_saved_and_refused_where_it_does_not_apply(tmp_p
         build_policy("prompt_lookup_goodput", n=3, calibration=tmp_path / "lookup.json", costs=costs)
     with pytest.raises(ValueError, match="exactly one of timing"):
         build_policy("prompt_lookup_goodput", n=2, calibration=tmp_path / "lookup.json")
-    with pytest.raises(ValueError, match="reads a calibration"):
+    with pytest.raises(ValueError, match="reads one estimate: a calibration"):
         build_policy("prompt_lookup_goodput", costs=costs)
 
 
@@ -158,7 +159,7 @@ def test_the_commands_fit_and_replay_it_on_tiny_labels(label_config, tmp_path, c
     sim.main(["--labels", str(cfg.output_dir), "--splits", "val", "test", "--heads", "--c", "0.1",
               "--timing", str(timing), "--lookup_calibration", str(out)])
     printed = capsys.readouterr().out
-    assert "oracle" in printed and f"goodput stop (λ {fitted.rate:.3f}, the calibration's)" in printed
+    assert "oracle" in printed and f"goodput stop, calibration (λ {fitted.rate:.3f}, the calibration's)" in printed
     with pytest.raises(SystemExit):
         calibrate.main(["--labels", str(cfg.output_dir), "--timing", str(timing), "--out", str(tmp_path / "x.json")])
     assert "give --prompt_lookup" in capsys.readouterr().err

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from core.identity import model_identity
+from core.label_math import confidence_top1
 from core.models import vocab_size
 from decoding.costs import CostModel, read_timing
-from decoding.lookup_stop import LookupCalibration, LookupGoodput
+from decoding.lookup_stop import LookupCalibration, LookupGoodput, LookupHead, RoundState
 from decoding.policies.registry import register
 from decoding.rules import prompt_lookup_proposal
 from decoding.state import DecodeResult, Decoding, ModelPair
@@ -47,40 +47,58 @@ class PromptLookup:
         while not dec.done:
             source, candidates = prompt_lookup_proposal(dec.seq, self.n, self.m, dec.remaining - 1, dec.eos)
             if candidates and self.length is not None:
-                candidates = candidates[:self.length(dec.seq, source, candidates)]
+                candidates = candidates[:self.length(dec.seq, source, candidates, round_state(dec))]
             if not candidates:
-                dec.extend([dec.sample(dec.target_dist()[-1])])
+                token = dec.sample(dec.target_dist()[-1])
+                dec.target_sampled(-1)  # the state the next round starts from
+                dec.extend([token])
                 continue
             logqs = [point.index_fill(0, torch.tensor([y], device=pair.device), 0.0) for y in candidates]
             dec.verify(candidates, logqs)
         return dec.result()
 
 
+def round_state(dec: Decoding) -> RoundState | None:
+    """The target's state that produced the last token of ``dec.seq`` and its confidence's top-1 probability
+    (``core.label_math.confidence_top1``, as the labels store it), where the target sampled that token (none before
+    its first call)."""
+    if dec.stale is None or dec.stale[0] != len(dec.seq) - 1:
+        return None
+    return RoundState(dec.stale[1], float(confidence_top1(dec.stale_logits, dec.pair.sampling.temperature)))
+
+
 @register("prompt_lookup_goodput", setting="lam", lemma31=False)
 class PromptLookupGoodput(PromptLookup):
     """Prompt lookup whose rounds submit only as many of a proposal's candidates as the goodput stop finds worth
-    their verification (``decoding.lookup_stop``): ``calibration`` (``specheads calibrate --prompt_lookup``, a file
-    or one loaded), the device's costs (``timing``, a ``bench-timing`` JSON, or ``costs``) and λ (``lam``, tokens
-    per second; None: the calibration's own, found over its responses, else target-only's 1 / verify(1))."""
+    their verification (``decoding.lookup_stop``): the keep chances from ``calibration`` (``specheads calibrate
+    --prompt_lookup``, a file or one loaded) or from a ``head`` (an exported prompt-lookup stop head, ``make
+    train``, reading the target's state where the round starts), the device's costs (``timing``, a
+    ``bench-timing`` JSON, or ``costs``) and λ (``lam``, tokens per second; None: the estimate's own, found over its
+    responses, else target-only's 1 / verify(1))."""
 
     def __init__(self, n: int = 12, m: int = 48, calibration: str | Path | LookupCalibration | None = None,
-                 timing: str | Path | None = None, costs: CostModel | None = None, lam: float | None = None):
+                 timing: str | Path | None = None, costs: CostModel | None = None, lam: float | None = None,
+                 head: str | Path | LookupHead | None = None):
         super().__init__(n, m)
-        if calibration is None:
-            raise ValueError("prompt lookup's goodput stop reads a calibration (`specheads calibrate "
-                             "--prompt_lookup`)")
+        if (calibration is None) == (head is None):
+            raise ValueError("prompt lookup's goodput stop reads one estimate: a calibration (`specheads calibrate "
+                             "--prompt_lookup`) or a head (`make train`)")
         if (timing is None) == (costs is None):
             raise ValueError("the goodput stop prices rounds: give exactly one of timing (a bench-timing file) and "
                              "costs")
-        if not isinstance(calibration, LookupCalibration):
-            calibration = LookupCalibration.load(calibration)
-        calibration.check_n(self.n)
+        if head is not None:
+            estimate = head if isinstance(head, LookupHead) else LookupHead.load(head)
+        elif isinstance(calibration, LookupCalibration):
+            estimate = calibration
+        else:
+            estimate = LookupCalibration.load(calibration)
+        estimate.check_n(self.n)
         costs = read_timing(timing) if costs is None else costs
-        self.length = calibration.stop(costs, lam, self.m)
-        self.calibration, self.checked = calibration, None
+        self.length = estimate.stop(costs, lam, self.m)
+        self.estimate, self.checked = estimate, None
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
-        if self.checked is not pair.target:  # a calibration of another target's responses predicts nothing here
-            self.calibration.check_target(model_identity(pair.target), "this decoding's target")
+        if self.checked is not pair.target:  # an estimate of another target's responses predicts nothing here
+            self.estimate.check_target_model(pair.target)
             self.checked = pair.target
         return super().generate(pair, prompt_ids, generator)
