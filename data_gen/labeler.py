@@ -94,18 +94,13 @@ def target_state_columns(states: tuple[torch.Tensor, torch.Tensor], valid: torch
 def with_target_states(cols: dict, wanted: bool) -> dict:
     """A labeled batch's columns with the target-state columns of its sequences where the run stores them
     (``target_states``): empty for prompts without a target response, so that every batch's sequences have one
-    schema; without them where it does not."""
+    schema."""
     seqs = cols[SEQUENCES]
-    if not wanted:
-        return {**cols, SEQUENCES: {k: v for k, v in seqs.items() if k not in TARGET_STATE_COLUMNS}}
-    if "target_hidden" in seqs:
+    if not wanted or "target_hidden" in seqs:
         return cols
     empty = {"target_hidden": np.zeros(0, np.float16), "target_top1": np.zeros(0, np.float32)}
     return {**cols, SEQUENCES: {**seqs, **{k: [v] * len(seqs["prompt_id"]) for k, v in empty.items()}}}
 
-
-TARGET_STATE_COLUMNS = ("target_hidden", "target_top1")
-"""The sequences' columns a run of ``target_states`` adds (``target_state_columns``)."""
 
 
 def batch_category(prompts: list[Prompt]) -> str:
@@ -166,8 +161,11 @@ class Labeler:
         pad_token_id: int,
         mixing_ratio: float = 0.15,
         mask_dtype=torch.float32,
+        target_states: bool = False,
     ):
         self.draft, self.target, self.s = draft, target, sampling
+        self.target_states = target_states
+        """Whether the sequences of responses store the target's state along them (``target_state_columns``)."""
         self.seed, self.eos, self.pad = seed, torch.tensor(eos_token_ids), pad_token_id
         self.mixing_ratio = mixing_ratio
         self.mask_dtype = mask_dtype
@@ -366,8 +364,10 @@ class Labeler:
             stats = lm.token_stats(logq_z, logp_z, c)
             extra = self._extra(taps, taps_prev_z, logq_z, self._stale(h_t, full_mask, a, p_len, u[:, U_STALE, :n]))
             rows.append(make_rows(prompts, "interleaved", stats, c, feats, h_prev_z, valid, valid, offsets, extra))
-        h_states = h_x[:, p_len - 1 : p_len - 1 + n]
-        states = (h_states, lm.confidence_top1(self.target.logits(h_states), self.s.temperature))
+        states = None
+        if self.target_states:  # (the logits of every response row: only where they are stored)
+            h_states = h_x[:, p_len - 1 : p_len - 1 + n]
+            states = (h_states, lm.confidence_top1(self.target.logits(h_states), self.s.temperature))
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z, states)}
 
     @staticmethod

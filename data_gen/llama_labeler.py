@@ -62,14 +62,14 @@ class LlamaLabeler:
     """Turns a batch of prompts into label rows (a dict of column tensors), as ``Labeler`` does, on llama.cpp."""
 
     def __init__(self, draft: LlamaCppModel, target: LlamaCppModel, sampling: Sampling, *, seed: int,
-                 eos_token_ids: list[int], pad_token_id: int, mixing_ratio: float = 0.15):
+                 eos_token_ids: list[int], pad_token_id: int, mixing_ratio: float = 0.15, target_states: bool = False):
         n = sampling.max_new_tokens
         if draft.sequences < n + 1:
             raise ValueError(f"the draft's context holds {draft.sequences} sequences; labeling {n} tokens a prompt "
                              f"needs {n + 1}")
         self.draft, self.target, self.s = draft, target, sampling
         self.seed, self.eos, self.pad = seed, torch.tensor(eos_token_ids), pad_token_id
-        self.mixing_ratio = mixing_ratio
+        self.mixing_ratio, self.target_states = mixing_ratio, target_states
         self.timing: dict[str, float] | None = None
         """As ``Labeler.timing``: seconds of ``target_generation`` and ``draft_reading``, when a dict."""
 
@@ -311,8 +311,10 @@ class LlamaLabeler:
             stats = lm.token_stats(logq_z, logp_z, c)
             extra = {"read_margin_draft": lm.top2_margin(logq_z), **self._stale(z_states, a, lens, u[:, U_STALE, :n])}
             rows.append(make_rows(prompts, "interleaved", stats, c, feats_c, h_prev_z, valid, valid, a, extra))
-        hidden, logits = (torch.stack(t) for t in zip(*(st.at(a[b] - 1) for b, st in enumerate(target_states))))
-        states = hidden, lm.confidence_top1(logits, self.s.temperature)
+        states = None
+        if self.target_states:  # the target's state along each response (``labeler.target_state_columns``)
+            hidden, logits = (torch.stack(t) for t in zip(*(st.at(a[b] - 1) for b, st in enumerate(target_states))))
+            states = hidden, lm.confidence_top1(logits, self.s.temperature)
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z, states)}
 
 

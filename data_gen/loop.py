@@ -28,16 +28,16 @@ from data_gen.llama_labeler import LlamaLabeler, is_llama
 class LabelingModule(pl.LightningModule):
     """Holds draft and target; ``predict_step`` labels one batch of prompts."""
 
-    def __init__(self, draft, target, labeler_kwargs: dict, target_states: bool = False):
+    def __init__(self, draft, target, labeler_kwargs: dict):
         super().__init__()
         self.draft, self.target = draft, target
-        self.labeler_kwargs, self.target_states = labeler_kwargs, target_states
+        self.labeler_kwargs = labeler_kwargs
 
     def on_predict_start(self) -> None:
         self.labeler = new_labeler(self.draft, self.target, self.labeler_kwargs)
 
     def predict_step(self, batch, batch_idx):
-        cols = with_target_states(self.labeler.label(batch["prompts"], self.device), self.target_states)
+        cols = with_target_states(self.labeler.label(batch["prompts"], self.device), self.labeler.target_states)
         return {"key": batch["key"], "n_prompts": len(batch["prompts"]), "cols": cols}
 
 
@@ -45,7 +45,7 @@ def labeler_settings(cfg: LabelConfig, target, tok) -> dict:
     """The keyword arguments of a labeler for ``cfg``'s run of a loaded pair (``load_pair``)."""
     return dict(sampling=cfg.sampling, seed=cfg.seed, eos_token_ids=eos_token_ids(target, tok),
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                mixing_ratio=cfg.mixing_ratio)
+                mixing_ratio=cfg.mixing_ratio, target_states=cfg.target_states)
 
 
 def new_labeler(draft, target, settings: dict):
@@ -116,7 +116,7 @@ def label_batches(cfg: LabelConfig, out: Path, draft, target, tok, models: dict,
                   callbacks: list | None, quiet: bool) -> bool:
     """Label the batches without a shard in ``out`` through ``Trainer.predict``; True on rank 0."""
     todo = [b for b in labeling_order(batches) if not _done(out / f"{b['key']}.arrow")]
-    module = LabelingModule(draft, target, labeler_settings(cfg, target, tok), cfg.target_states)
+    module = LabelingModule(draft, target, labeler_settings(cfg, target, tok))
     llama = is_llama(draft)
     sizes = shards.vector_sizes(models["draft"]["hidden_size"], models["target"]["hidden_size"], tapped=not llama)
     trainer = pl.Trainer(

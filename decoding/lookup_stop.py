@@ -234,7 +234,7 @@ class RoundState(NamedTuple):
     top1: float
 
 
-LOOKUP_HEAD_SCORES = ("log_match_length", "round_index", "stale_top1_target")
+LOOKUP_HEAD_SCORES = ("log_match_length", "round_index", "target_top1")
 """The scores a prompt-lookup stop head may read beside the target's state (``pipeline.lookup_data``)."""
 
 
@@ -276,7 +276,7 @@ class LookupHead:
         j = torch.arange(count, dtype=torch.float32)
         held = state is not None
         columns = {"match_length": (length + j).clamp(max=rules.MATCH_CAP),
-                   "round_index": (j + 1) * held, "stale_top1_target": torch.full((count,), state.top1 if held else 0.)}
+                   "round_index": (j + 1) * held, "target_top1": torch.full((count,), state.top1 if held else 0.)}
         hidden = (state.hidden.float().cpu() if held else torch.zeros(self.hidden_size)).expand(count, -1)
         self.module.cpu()
         logits = (self.module(hidden, scores_from_columns(self.scores, columns)) if self.scores

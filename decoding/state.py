@@ -28,7 +28,7 @@ from decoding import rules
 from decoding.backends import CachedLM, keeps_own_cache, model_device
 from decoding.schedule import ForcedRounds, FreeRounds
 from decoding.static import StaticLM, static_lm
-from heads.features import SCORES, VECTORS
+from heads.features import DRAFT_SCORES, VECTORS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -153,7 +153,7 @@ def default_decoder(device: torch.device | str) -> str:
     return "graphs" if torch.device(device).type == "cuda" else "eager"
 
 
-HEAD_FEATURES = (*SCORES, *VECTORS)
+HEAD_FEATURES = (*DRAFT_SCORES, *VECTORS)
 """Every feature a head may read that this decoder feeds (``Decoding.head_context``, ``heads.features``)."""
 
 

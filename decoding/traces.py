@@ -102,7 +102,7 @@ def round_states(folder: str | Path, splits: tuple[str, ...]) -> dict[int, Calla
     out = {}
     for split in filled_splits(folder, splits) if width else []:
         for row in load_sequences(folder, split).with_format("numpy"):
-            if row["category"] != TRACE_CATEGORY:
+            if not len(row["target_top1"]):  # a prompt without a target response
                 continue
             hidden = torch.from_numpy(row["target_hidden"].reshape(-1, width).astype(np.float32))
             top1 = row["target_top1"]
@@ -121,6 +121,8 @@ def responses_by_prompt(folder: str | Path, splits: tuple[str, ...],
     out = {}
     for split in filled_splits(folder, splits):
         sequences = load_sequences(folder, split)
+        if sequences is not None:  # (not the target states a folder may store: megabytes a response)
+            sequences = sequences.select_columns(["prompt_id", "category", "prompt_ids", "response_ids"])
         for row in [] if sequences is None else sequences:
             if row["category"] == TRACE_CATEGORY and (prompts is None or row["prompt_id"] in prompts):
                 out[int(row["prompt_id"])] = (list(row["prompt_ids"]), list(row["response_ids"]))

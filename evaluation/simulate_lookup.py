@@ -126,7 +126,7 @@ def own_response_lines(cfg, ran: dict | None, by_run: dict[tuple[str, str], list
     from evaluation.llama_peer import PROMPT_LOOKUP
     from evaluation.prompts import load_prompts
 
-    families = {"prompt_lookup", "prompt_lookup_goodput", PROMPT_LOOKUP}
+    families = {"prompt_lookup", "prompt_lookup_goodput", "prompt_lookup_head", PROMPT_LOOKUP}
     runs = {key: recs for key, recs in by_run.items() if recs[0]["family"] in families}
     if not runs:
         return [], []
@@ -157,6 +157,8 @@ def own_response_lines(cfg, ran: dict | None, by_run: dict[tuple[str, str], list
                if not Path(f).is_file() or recorded.get(f) != file_sha256(Path(f))]
         if not sum(len(r["tokens"]) for r in recs):
             why.append("its responses hold no tokens")
+        if "head" in params:  # (`specheads simulate --lookup_head` replays it along label traces that hold them)
+            why.append("its head reads the target's states along the responses, which an eval does not record")
         if why:
             lines.append(f"  {(mode + ' ' + run)[:42]:<43}not replayed: {'; '.join(why)}")
             continue

@@ -46,14 +46,17 @@ SCORES = {
     "stale_top1_target": "the target's top-1 probability there",
     "log_match_length": "log of a prompt-lookup candidate's match length (decoding.rules.match_length, plus its "
                         "place in the round)",
+    "target_top1": "the top-1 probability of softmax(logits / T) of the target's state a prompt-lookup round starts "
+                   "from (T 1 under greedy decoding)",
 }
 SCORE_COLUMNS = {"p_draft": "read_logp_draft", "logp_draft": "read_logp_draft", "entropy_draft": "read_entropy_draft",
                  "margin_draft": "read_margin_draft", "round_index": "round_index",
                  "response_index": "response_index", "stale_entropy_target": "stale_entropy_target",
-                 "stale_top1_target": "stale_top1_target", "log_match_length": "match_length"}
+                 "stale_top1_target": "stale_top1_target", "log_match_length": "match_length",
+                 "target_top1": "target_top1"}
 """The label column each score is read from."""
 
-LOOKUP_SCORES = ("log_match_length",)
+LOOKUP_SCORES = ("log_match_length", "target_top1")
 """Scores of prompt lookup's stop rows alone (``pipeline.lookup_data``): no draft token has them."""
 DRAFT_SCORES = tuple(n for n in SCORES if n not in LOOKUP_SCORES)
 """The scores a draft's head may read."""

@@ -7,7 +7,7 @@ the round starts after and that state's top-1 probability (stored by a labeling 
 ``data_gen/SCHEMA.md``), the candidate's match length and its index in the round. So the head's hidden input is the
 target's state (the round's candidates share it; a round at the response's first token holds none: zeros, as the
 decoder gives), and its scores read ``log_match_length``, ``round_index`` (the index from 1; 0 where no state is
-held) and ``stale_top1_target``.
+held) and ``target_top1``.
 
 The training-free baselines the metrics rank beside the head (``pipeline.metrics.BASELINES``, named for a draft's
 rows) both hold the match length here: the one feature the calibrated stop reads (an isotonic map of it ranks as
@@ -42,7 +42,11 @@ class LookupStopRows(Dataset):
     """The stop rows of one split's target responses; ``rows[idx_array]`` returns a batch as ``LabelRows`` does."""
 
     def __init__(self, folder, split: str, *, n: int, m: int, prompt_ids: np.ndarray | None = None):
-        width = state_width(read_manifest(folder), folder)
+        manifest = read_manifest(folder)
+        width = state_width(manifest, folder)
+        if manifest["response_source"] != "target":
+            raise SettingError(f"{folder}: its responses are dataset answers, teacher-forced; prompt lookup's stop rows "
+                               "read the target's own (label with `response_source: target`)")
         seqs = load_sequences(folder, split)
         if seqs is None or "target_hidden" not in seqs.column_names:
             raise SettingError(f"{folder}: the {split} split stores no target states; label with `target_states: "
@@ -79,8 +83,7 @@ class LookupStopRows(Dataset):
         kept = torch.from_numpy(rows.kept).float()
         self.columns = {"match_length": torch.from_numpy(rows.length).float(),
                         "round_index": torch.from_numpy(np.where(held, rows.place + 1, 0)).float(),
-                        "stale_top1_target": torch.from_numpy(self.top1[self.state_of.numpy()]).float()
-                        * self.held}
+                        "target_top1": torch.from_numpy(self.top1[self.state_of.numpy()]).float() * self.held}
         self.target = self.binary = kept
         self.ratio = torch.where(kept > 0, 1.0, torch.inf)  # q/p of a copied token: 1 / p, p ∈ {0, 1} greedy
         self.baseline = self.columns["match_length"] / MATCH_CAP

@@ -389,12 +389,13 @@ def lookup_head_stop() -> dict:
     from decoding.lookup_stop import LookupHead
     from heads.resnet import ResNetHead
 
-    module = ResNetHead(hidden_size=3, depth=0, scores=["log_match_length", "round_index", "stale_top1_target"])
+    module = ResNetHead(hidden_size=3, depth=0, scores=["log_match_length", "round_index", "target_top1"])
     with torch.no_grad():
         module.out.weight.copy_(torch.tensor([[3.0, -3.0, 0.5]]))
         module.out.bias.fill_(0.0)
         module.score_term.linear.weight.copy_(torch.tensor([[1.0, -0.5, 1.0]]))
-    return {**LOOKUP_STOP, "calibration": None, "head": LookupHead(module, hidden_size=3, n=1, m=2)}
+    return {"costs": LOOKUP_STOP["costs"], "lam": LOOKUP_STOP["lam"],
+            "head": LookupHead(module, hidden_size=3, n=1, m=2)}
 
 
 @pytest.mark.parametrize("sampling, eos, stop", [("t0.8-top2", (), False), ("t1.2-topp0.7", (), False),
@@ -410,7 +411,8 @@ def test_prompt_lookup_outputs_the_targets_distribution(paths, monkeypatch, samp
         monkeypatch.setattr(Decoding, "verify", partialmethod(Decoding.verify, accept=lambda *args: True))
     prompt = LOOKUP_PROMPT_WITH_END if eos else LOOKUP_PROMPT
     settings = lookup_head_stop() if stop == "head" else LOOKUP_STOP if stop else {}
-    dist = enumerate_policy(paths, "prompt_lookup_goodput" if stop else "prompt_lookup",
+    family = "prompt_lookup_head" if stop == "head" else "prompt_lookup_goodput" if stop else "prompt_lookup"
+    dist = enumerate_policy(paths, family,
                             {"n": 1, "m": 2, **settings}, sampling, eos, prompt=prompt)
     s = SAMPLINGS3[sampling]
     distance = tv(marginal(dist), target_sequences(hand_warp(TARGET3, s), prompt[-1], s.max_new_tokens, eos))

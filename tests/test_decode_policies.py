@@ -87,7 +87,18 @@ def example_kwargs(heads) -> dict[str, dict]:
         "sprinter": {"head": heads["verifier"]},  # τ = 0.6 > 0.5: rejects every token, so exact
         "goodput": {"head": heads["stop"], "costs": CostModel.by_length(draft=0.1, verify=lambda m: 0.5 + 0.1 * m), "lam": 2.0},
         "prompt_lookup": {"n": 1, "m": 4}, "prompt_lookup_goodput": LOOKUP_GOODPUT,
+        "prompt_lookup_head": {**{k: v for k, v in LOOKUP_GOODPUT.items() if k != "calibration"},
+                               "head": lookup_head()},
     }
+
+
+def lookup_head():
+    """A random prompt-lookup stop head on the tiny target's state (d = 32)."""
+    from decoding.lookup_stop import LookupHead
+
+    torch.manual_seed(0)
+    return LookupHead(ResNetHead(hidden_size=32, depth=0, scores=["log_match_length", "round_index", "target_top1"]),
+                      hidden_size=32, n=1, m=4)
 
 
 def generate(policy, pair, prompt, seed=0):
@@ -98,7 +109,7 @@ def generate(policy, pair, prompt, seed=0):
                                           ("confidence", {}), ("svip", {"h": 0.5}), ("specdecpp", None),
                                           ("goodput", None), ("goodput", CALIBRATED_GOODPUT), ("fuzzy", {"T": 0.5}),
                                           ("sprinter", None), ("prompt_lookup", None),
-                                          ("prompt_lookup_goodput", None)])
+                                          ("prompt_lookup_goodput", None), ("prompt_lookup_head", None)])
 def test_greedy_equals_target_greedy(models, heads, name, kwargs):
     pair = pair_with(models, temperature=0.0, max_new_tokens=16)
     kwargs = example_kwargs(heads)[name] if kwargs is None else kwargs

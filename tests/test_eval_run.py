@@ -259,11 +259,13 @@ def test_auto_dtype_is_bf16_only_where_native(monkeypatch):
 def test_eval_config_parses_and_names_the_pair_once(path):
     """Every eval config decodes the pair its labels were made with: both include the one pair file; one that runs
     a trained head or calibration decodes HumanEval only (the corpus is what they train on); one that runs prompt
-    lookup's calibration, only the first 20 edit requests, whose functions its labels (`--skip 20`) never hold."""
+    lookup's calibration or head, only the first 20 edit requests, whose functions its labels (`--skip 20`) never
+    hold."""
     cfg, report_only = parse(["--config", path])
     trained = {s.family for s in cfg.policies for key in ("head", "calibration") if key in s.fixed or key in s.grid}
-    assert not report_only and (cfg.prompts.source == "humaneval" or not trained - {"prompt_lookup_goodput"})
-    if "prompt_lookup_goodput" in trained and cfg.prompts.source != "humaneval":
+    lookup = {"prompt_lookup_goodput", "prompt_lookup_head"}
+    assert not report_only and (cfg.prompts.source == "humaneval" or not trained - lookup)
+    if trained & lookup and cfg.prompts.source != "humaneval":
         assert "edits" in cfg.prompts.source and cfg.prompts.limit <= 20
         assert "--skip 20" in Path("configs/labels/edits-llama.yaml").read_text()
     families = {s.family for s in cfg.policies}

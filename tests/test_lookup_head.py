@@ -111,7 +111,7 @@ def test_the_stop_rows_read_the_state_where_each_round_starts(lookup_labels):
     got = list(zip(batch["match_length"].tolist(), batch["round_index"].tolist(), batch["target"].tolist()))
     assert got == [(float(a), float(b), float(c)) for a, b, c in expected]
     assert torch.allclose(batch["hidden"], torch.from_numpy(np.stack(states)))
-    assert np.allclose(batch["stale_top1_target"].numpy(), np.array(top1, np.float32))
+    assert np.allclose(batch["target_top1"].numpy(), np.array(top1, np.float32))
     assert 0 < batch["target"].mean() < 1
 
 
@@ -169,12 +169,12 @@ def test_make_train_exports_a_lookup_stop_head_that_the_decoder_runs(lookup_labe
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     pair = ModelPair(target, target, eos_token_ids=[], sampling=Sampling(temperature=0.0, max_new_tokens=24))
     prompt = [1, 10, 11, 12, 10, 11, 12, 10, 11]
-    policy = build_policy("prompt_lookup_goodput", n=1, m=4, head=result.export, timing=str(timing))
+    policy = build_policy("prompt_lookup_head", n=1, m=4, head=result.export, timing=str(timing))
     ours = policy.generate(pair, prompt, torch.Generator().manual_seed(0))
     alone = build_policy("target_only").generate(pair, prompt, torch.Generator().manual_seed(0))
     assert ours.tokens == alone.tokens and ours.stats.target_calls <= alone.stats.target_calls
     with pytest.raises(LookupCalibrationError, match="proposals of 1-grams, .* looks up 2-grams"):
-        build_policy("prompt_lookup_goodput", n=2, m=4, head=result.export, timing=str(timing))
+        build_policy("prompt_lookup_head", n=2, m=4, head=result.export, timing=str(timing))
     from evaluation import simulate as sim
 
     sim.main(["--labels", str(labels), "--splits", "test", "--heads", "--timing", str(timing),
@@ -235,8 +235,8 @@ def test_the_decoder_gives_the_head_the_state_that_produced_the_last_token(tiny_
     from heads.resnet import ResNetHead
 
     target = AutoModelForCausalLM.from_pretrained(tiny_pair[1]).eval()
-    module = ResNetHead(hidden_size=32, depth=0, scores=["log_match_length", "round_index", "stale_top1_target"])
-    policy = build_policy("prompt_lookup_goodput", n=1, m=4, head=LookupHead(module, 32, n=1, m=4),
+    module = ResNetHead(hidden_size=32, depth=0, scores=["log_match_length", "round_index", "target_top1"])
+    policy = build_policy("prompt_lookup_head", n=1, m=4, head=LookupHead(module, 32, n=1, m=4),
                           costs=CostModel.by_length(0.0, verify=lambda m: 1.0 + 0.3 * m), lam=1.0)
     rule, seen = policy.length, []
     policy.length = lambda seq, source, proposal, state=None: seen.append((list(seq), state)) or \

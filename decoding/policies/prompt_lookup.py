@@ -102,3 +102,18 @@ class PromptLookupGoodput(PromptLookup):
             self.estimate.check_target_model(pair.target)
             self.checked = pair.target
         return super().generate(pair, prompt_ids, generator)
+
+
+@register("prompt_lookup_head", setting="lam", lemma31=False)
+class PromptLookupHead(PromptLookupGoodput):
+    """Prompt lookup's goodput stop on a learned estimate: ``head``, an exported prompt-lookup stop head
+    (``specheads train --configs configs/train/lookup_stop_d0.yaml`` on labels of ``target_states: true``) that reads
+    the target's state where each round starts; a family of its own, so that an eval runs it beside the calibrated
+    stop. λ: ``lam``, else the one chosen at the head's export, else target-only's rate."""
+
+    def __init__(self, n: int = 12, m: int = 48, head: str | Path | LookupHead | None = None,
+                 timing: str | Path | None = None, costs: CostModel | None = None, lam: float | None = None):
+        if head is None:
+            raise ValueError("prompt_lookup_head reads a head: an exported prompt-lookup stop head (`specheads train "
+                             "--configs configs/train/lookup_stop_d0.yaml`)")
+        super().__init__(n, m, timing=timing, costs=costs, lam=lam, head=head)
