@@ -108,11 +108,11 @@ SEQUENCE_FEATURES = Features({
     "response_ids": List(Value("int32")),
     "mixed_ids": List(Value("int32")),
 })
-"""A batch's token sequences (``data_gen.labeler.sequences``)."""
+"""A batch's token sequences (``data_gen.sequences.sequences``)."""
 
 TARGET_STATE_FEATURES = {"target_hidden": List(Value("float16")), "target_top1": List(Value("float32"))}
 """What a run of ``target_states`` adds to its sequences: the target's state along each response (flattened, the
-manifest's ``feature.target_states`` wide) and its top-1 probability (``data_gen.labeler.target_state_columns``)."""
+manifest's ``feature.target_states`` wide) and its top-1 probability (``data_gen.sequences.target_state_columns``)."""
 
 
 def sequences_path(shard: Path) -> Path:

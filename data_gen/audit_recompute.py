@@ -46,7 +46,7 @@ def misplaced(row: dict, seq: dict, max_new_tokens: int) -> str | None:
 
 
 def contexts(row: dict, seq: dict) -> Contexts:
-    """A row's prefixes from its prompt's stored sequences (``data_gen.labeler.sequences``)."""
+    """A row's prefixes from its prompt's stored sequences (``data_gen.sequences.sequences``)."""
     prompt, response, mixed = seq["prompt_ids"], seq["response_ids"], seq["mixed_ids"]
     pos, category = int(row["position"]), row["category"]
     # an original row's draws are indexed by its distance from the prompt's end, a response row's by its index
@@ -195,7 +195,7 @@ def recompute(row: dict, seq: dict, draft: Reader, target: Reader, sampling: Sam
     q, p = warp(q_logits[0]), warp(p_logits[0])
     out = {k: v.item() if v.dim() == 0 else v for k, v in lm.token_stats(q, p, token).items()}
     # the target's state after the label prefix, and its top-1: a stored target state's, where the prefix is the
-    # response's (``data_gen.labeler.target_state_columns``)
+    # response's (``data_gen.sequences.target_state_columns``)
     out.update(target_hidden=p_hidden[0].numpy(),
                target_top1=lm.confidence_top1(p_logits[0], sampling.temperature).item())
     if draw is not None:

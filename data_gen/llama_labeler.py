@@ -29,9 +29,10 @@ from core import label_math as lm
 from core.backends import runtime_of
 from core.llama_cpp import LlamaCppModel
 from core.sampling import Sampling
-from data_gen.labeler import (MAX_ROUND_INDEX, SEQUENCES, U_C, U_MIX, U_STALE, U_X, U_Y, Prompt, batch_category,
-                              concat_rows, make_rows, prompt_uniforms, read_scores, round_index, sequences,
+from data_gen.labeler import (MAX_ROUND_INDEX, U_C, U_MIX, U_STALE, U_X, U_Y, Prompt, batch_category,
+                              concat_rows, make_rows, prompt_uniforms, read_scores, round_index,
                               stale_columns)
+from data_gen.sequences import SEQUENCES, sequences
 
 STALE_REACH = MAX_ROUND_INDEX + 1
 """How far before its row a row's stale target state lies at most: the target's states are kept from there."""
@@ -312,7 +313,7 @@ class LlamaLabeler:
             extra = {"read_margin_draft": lm.top2_margin(logq_z), **self._stale(z_states, a, lens, u[:, U_STALE, :n])}
             rows.append(make_rows(prompts, "interleaved", stats, c, feats_c, h_prev_z, valid, valid, a, extra))
         states = None
-        if self.target_states:  # the target's state along each response (``labeler.target_state_columns``)
+        if self.target_states:  # the target's state along each response (``data_gen.sequences.target_state_columns``)
             hidden, logits = (torch.stack(t) for t in zip(*(st.at(a[b] - 1) for b, st in enumerate(target_states))))
             states = hidden, lm.confidence_top1(logits, self.s.temperature)
         return {**concat_rows(rows), SEQUENCES: sequences(prompts, x, valid, z, states)}

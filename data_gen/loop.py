@@ -21,7 +21,8 @@ from core.models import eos_token_ids
 from data_gen.batches import BatchList, finished, labeling_order
 from data_gen.config import LabelConfig
 from data_gen.errors import LabelingInterrupted
-from data_gen.labeler import SEQUENCES, Labeler, with_target_states
+from data_gen.labeler import Labeler
+from data_gen.sequences import SEQUENCES, with_target_states
 from data_gen.llama_labeler import LlamaLabeler, is_llama
 
 

@@ -383,13 +383,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.calibration and not (a.timing or a.goodput_flat):
         raise SettingError("--calibration adds the goodput stop, which prices rounds by a timing file or at a flat "
                            "cost: give --timing or --goodput_flat")
-    if a.lookup_calibration and not a.timing:
-        raise SettingError("--lookup_calibration adds prompt lookup's goodput stop, which prices rounds by a timing "
-                           "file: give --timing")
+    if (a.lookup_calibration or a.lookup_head) and not a.timing:
+        raise SettingError(f"--{'lookup_calibration' if a.lookup_calibration else 'lookup_head'} adds prompt lookup's "
+                           "goodput stop, which prices rounds by a timing file: give --timing")
     calibrated = CalibratedConfidence.load(a.calibration) if a.calibration else None  # a bad file: one line now
-    if a.lookup_head and not a.timing:
-        raise SettingError("--lookup_head adds prompt lookup's goodput stop, which prices rounds by a timing file: "
-                           "give --timing")
     lookup = LookupCalibration.load(a.lookup_calibration) if a.lookup_calibration else None
     lookup_head = LookupHead.load(a.lookup_head) if a.lookup_head else None
     costs = list(a.c)

@@ -200,18 +200,18 @@ def test_the_lookup_config_parses_through_the_cli(lookup_labels):
 def test_the_audit_recomputes_the_stored_states(tmp_path, tiny_pair, prompt_file, monkeypatch, broken):
     """``specheads audit`` reads each recomputed row's target state where its prefix ends and compares the stored
     one; a labeler that stores each response's states one token late fails it."""
-    import data_gen.labeler as labeler
+    import data_gen.sequences as stored
     from data_gen.audit import audit
     from data_gen.run import run_labels
     from testing.tiny import label_config
 
     if broken:
-        store = labeler.target_state_columns
+        store = stored.target_state_columns
 
         def late(states, valid):
             hidden, top1 = states
             return store((torch.roll(hidden, -1, dims=1), torch.roll(top1, -1, dims=1)), valid)
-        monkeypatch.setattr(labeler, "target_state_columns", late)
+        monkeypatch.setattr(stored, "target_state_columns", late)
     cfg = label_config(*tiny_pair, prompt_file, tmp_path / "labels", max_new_tokens=8, categories=["target"],
                        target_states=True)
     run_labels(cfg, quiet=True)
