@@ -3,25 +3,21 @@ and, in a run of ``target_states``, the target's state along each response."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from data_gen.labeler import Prompt
 
 SEQUENCES = "sequences"
 """The key of a labeled batch's token sequences (``sequences``) beside its row columns."""
 
 
-def sequences(prompts: list["Prompt"], response: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+def sequences(prompts: list, response: torch.Tensor | None = None, valid: torch.Tensor | None = None,
               mixed: torch.Tensor | None = None, states: tuple[torch.Tensor, torch.Tensor] | None = None
               ) -> dict[str, list]:
-    """What every row of a batch was read from, one entry per prompt: the prompt's ids, its ``response`` (the
-    target's X, a dataset answer, or the draft's own completion Z for ``draft`` prompts) and the token-mixed Z
-    (``target`` and ``interleaved`` prompts), each cut to its ``valid`` tokens. A row at ``position`` of category
-    ``original`` reads prompt[:position]; ``draft`` and ``target`` read (prompt + response)[:position];
+    """What every row of a batch was read from, one entry per prompt (``data_gen.labeler.Prompt``): the prompt's
+    ids, its ``response`` (the target's X, a dataset answer, or the draft's own completion Z for ``draft`` prompts)
+    and the token-mixed Z (``target`` and ``interleaved`` prompts), each cut to its ``valid`` tokens. A row at
+    ``position`` of category ``original`` reads prompt[:position]; ``draft`` and ``target`` read
+    (prompt + response)[:position];
     ``interleaved`` reads (prompt + mixed)[:position]; ``token_mixed`` is labeled at (prompt + response)[:position]
     and read at (prompt + mixed)[:position] (``data_gen/SCHEMA.md``). With ``states`` (a run of
     ``target_states``), the target's state that produced each response token (B, N, d) and its top-1 probability
