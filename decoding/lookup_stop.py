@@ -245,7 +245,8 @@ class LookupHead:
 
     def __init__(self, module: torch.nn.Module, hidden_size: int, n: int, m: int, rate: float | None = None,
                  exported=None):
-        self.module, self.hidden_size, self.n, self.m = module.eval(), int(hidden_size), int(n), int(m)
+        # on the CPU once: a round's few candidates are read there, beside the decoder's state
+        self.module, self.hidden_size, self.n, self.m = module.eval().cpu(), int(hidden_size), int(n), int(m)
         self.scores = list(getattr(module, "scores", []))
         self.rate = rate
         """λ chosen on the validation traces at export, or None."""
@@ -278,7 +279,6 @@ class LookupHead:
         columns = {"match_length": (length + j).clamp(max=rules.MATCH_CAP),
                    "round_index": (j + 1) * held, "target_top1": torch.full((count,), state.top1 if held else 0.)}
         hidden = (state.hidden.float().cpu() if held else torch.zeros(self.hidden_size)).expand(count, -1)
-        self.module.cpu()
         logits = (self.module(hidden, scores_from_columns(self.scores, columns)) if self.scores
                   else self.module(hidden))
         return torch.sigmoid(logits).numpy().astype(float)

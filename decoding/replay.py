@@ -341,8 +341,7 @@ def lookup_goodput_rate(responses: Sequence[tuple[list[int], list[int]]], n: int
     best of ``fixed_point_rate``'s search and of ``LOOKUP_RATE_GRID``. The rule is certainty-equivalent and myopic:
     a round cut short leaves the rest of its copy to the next round, which E(L) − λ·verify(L + 1) does not credit,
     so the fixed point can settle at a worse rate than another λ does (``tried`` and ``achieved`` list every λ
-    replayed and the rate it achieved). ``states``: for each response, the target's ``RoundState`` a round at each
-    response index starts from, where the estimate reads it (a ``LookupHead``)."""
+    replayed and the rate it achieved). ``states``: each response's ``RoundState`` by index, for a ``LookupHead``."""
     traces = [LookupTrace(prompt, response, n, m, max_new_tokens) for prompt, response in responses]
 
     def counts_at(rate: float) -> Counts:

@@ -40,6 +40,9 @@ class PromptLookup:
             raise ValueError(f"n and m must be at least 1, got n={n}, m={m}")
         self.n, self.m = int(n), int(m)
         self.length: LookupGoodput | None = None
+        self.reads_state = False
+        """Whether the stop reads the target's state at a round's start (``round_state``, a softmax over the
+        vocabulary a round): only a head does."""
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         dec = Decoding(pair, prompt_ids, generator, reads=("target",))
@@ -47,7 +50,8 @@ class PromptLookup:
         while not dec.done:
             source, candidates = prompt_lookup_proposal(dec.seq, self.n, self.m, dec.remaining - 1, dec.eos)
             if candidates and self.length is not None:
-                candidates = candidates[:self.length(dec.seq, source, candidates, round_state(dec))]
+                state = round_state(dec) if self.reads_state else None
+                candidates = candidates[:self.length(dec.seq, source, candidates, state)]
             if not candidates:
                 token = dec.sample(dec.target_dist()[-1])
                 dec.target_sampled(-1)  # the state the next round starts from
@@ -96,6 +100,7 @@ class PromptLookupGoodput(PromptLookup):
         costs = read_timing(timing) if costs is None else costs
         self.length = estimate.stop(costs, lam, self.m)
         self.estimate, self.checked = estimate, None
+        self.reads_state = isinstance(estimate, LookupHead)
 
     def generate(self, pair: ModelPair, prompt_ids: list[int], generator: torch.Generator) -> DecodeResult:
         if self.checked is not pair.target:  # an estimate of another target's responses predicts nothing here
