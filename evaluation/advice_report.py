@@ -155,14 +155,28 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
                   "tokens/s over its target alone with a 95 % paired bootstrap interval; N_t/N and N_x/N as "
                   f"predicted and as {runtime} counted them (where they agree and the speedups do not, the costs are "
                   "off, not the replay; transformers does not count the discarded tokens).", "",
-                  "| setting | predicted | measured | measured / predicted | N_t/N pred., meas. | N_x/N pred., meas. |",
-                  "|---|---|---|---|---|---|"]
+                  *during_note(checked),
+                  "| setting | predicted | measured | measured / predicted | N_t/N pred., meas. | N_x/N pred., meas. |"
+                  + (" at the check's costs | measured / that |" if checked[0].get("timed_during") else ""),
+                  "|---|---|---|---|---|---|" + ("---|---|" if checked[0].get("timed_during") else "")]
         for c in checked:
             (pt, px), (mt, mx) = c["predicted_rates"], c["measured_rates"]
             shown_mx = "–" if mx is None else f"{mx:.3f}"
+            during = c.get("predicted_during")
             lines.append(f"| {c['label']} | {c['predicted']:.3f} | {c['measured']} | "
-                         f"{c['measured'].value / c['predicted']:.3f} | {pt:.3f}, {mt:.3f} | {px:.3f}, {shown_mx} |")
+                         f"{c['measured'].value / c['predicted']:.3f} | {pt:.3f}, {mt:.3f} | {px:.3f}, {shown_mx} |"
+                         + (f" {during:.3f} | {c['measured'].value / during:.3f} |" if during else ""))
     return "\n".join(lines) + "\n"
+
+
+def during_note(checked: list[dict]) -> list[str]:
+    """What the columns at the check's costs are, where the check timed the device during its runs."""
+    if not checked[0].get("timed_during"):
+        return []
+    return [f"The device was timed again {checked[0]['timed_during']} times during the check (before its first "
+            "prompt, at its middle, after its last) and the same counts priced at the median of those costs: a "
+            "shared machine's steps drift by the minute, and where the two predictions differ, so did the device "
+            "between the timing and the check.", ""]
 
 
 def _shown(settings: list[Setting]) -> list[Setting]:

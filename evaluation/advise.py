@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "default": s.default, "speedup": vars(s.speedup), "rates": s.rates()} for s in settings],
             "checked": None if checked is None else [
                 {"label": c["label"], "predicted": c["predicted"], "measured": vars(c["measured"]),
+                 "predicted_at_check_costs": c["predicted_during"], "device_timed_during_check": c["timed_during"],
                  "predicted_rates": c["predicted_rates"], "measured_rates": c["measured_rates"]} for c in checked]})
         picture(settings, folder.claim(folder.root / "advice.png"), checked)
     print(sentence)
@@ -306,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         print(f"  {s.runtime:<13}{s.drafter:<15}{s.label:<40} {s.speedup}x")
     for c in checked or []:
-        print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x  measured {c['measured']}x  "
+        during = "" if c["predicted_during"] is None else f" (at the check's costs {c['predicted_during']:.3f}x)"
+        print(f"  checked {c['label']:<44} predicted {c['predicted']:.3f}x{during}  measured {c['measured']}x  "
               f"(N_t/N {c['predicted_rates'][0]:.3f}, measured {c['measured_rates'][0]:.3f})")
     print(f"report: {folder.root / 'advice.md'}")
     return {"verdict": sentence, "advised": pick, "settings": settings, "checked": checked}

@@ -18,12 +18,21 @@ from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.runfolder import RunFolder
 from core.sampling import Sampling, prompt_seed
 from evaluation import llama_peer
+from decoding.costs import CostModel
 from evaluation.advice_rules import LLAMA_CPP, TRANSFORMERS, Setting, best, budget
+from evaluation.advise_inputs import timed_with
+from evaluation.bench_timing_binaries import TIMED_WITH, median_timing, time_alike
+from evaluation.simulate_lookup import priced_interval
 
 MORE = {LLAMA_CPP: ("draft-simple", {"n_max": 16, "p_min": 0.0}),
         TRANSFORMERS: ("assisted", {"schedule": "heuristic_transient", "k": 20, "threshold": 0.4})}
 """The one more setting ``--check`` measures: llama.cpp's former default n_max with today's p_min, where users report
 acceptance falling apart; transformers' former default schedule (K moved each round) at its defaults otherwise."""
+
+
+RETIMING_REPEATS = 3
+"""``llama-bench``'s repetitions of each forward when the check times the device again (three times: before its
+first prompt, at its middle, after its last; each time about a minute on two cores for the default pair)."""
 
 
 def check_settings(settings: list[Setting], pick: Setting | None, runtime: str = LLAMA_CPP) -> list[Setting]:
@@ -43,7 +52,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
     missing, one with other settings or other runs to make starts the file again."""
     opened = (open_llama if runtime == LLAMA_CPP else open_transformers)(a, run, sampling)
-    tok, made_with, run_one = opened
+    tok, made_with, run_one, timer = opened
     template = bool(run["prompts"].get("chat_template"))
     seen = {prompt_digest(t.prompt) for t in traces}
     rows = load_prompt_table(PromptConfig(source=a.check_prompts, response_field=None, chat_template=template),
@@ -62,22 +71,44 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     # of another hour, which the report calls side by side
     made_with = {**made_with, "runs": sorted(label for label, _ in runs)}
     record = folder.claim(folder.root / "check.jsonl")
-    done = read_check(record, made_with)
-    if not done:
+    done, timings = read_check(record, made_with)
+    if not done and not timings:
         record.write_text(json.dumps({"made_with": made_with}) + "\n")
-    todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
-            if (prompt_digest(ids), run_[0]) not in done]
-    if done and not record.read_text().endswith("\n"):  # a killed run's half line: the next starts on its own
+    if (done or timings) and not record.read_text().endswith("\n"):  # a killed run's half line: the next on its own
         with record.open("a") as f:
             f.write("\n")
-    for i, ids, (label, setting) in tqdm(todo, desc="advise: --check", disable=a.quiet, file=sys.stderr):
-        done[prompt_digest(ids), label] = stats = run_one(setting, ids, prompt_seed(0, i))
-        with record.open("a") as f:
-            f.write(json.dumps({"prompt": prompt_digest(ids), "run": label, "stats": stats}) + "\n")
+    marks = {} if timer is None else timing_marks(len(prompts))
+    todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
+            if (prompt_digest(ids), run_[0]) not in done]
+    bar = tqdm(total=len(todo) + len(set(marks.values()) - set(timings)), desc="advise: --check", disable=a.quiet,
+               file=sys.stderr)
+    for i in range(len(prompts) + 1):
+        if i in marks and marks[i] not in timings:  # the device's costs at this minute, between the prompts' runs
+            timings[marks[i]] = timer()
+            append_line(record, {"device_timing": marks[i], "timing": timings[marks[i]]})
+            bar.update()
+        for _, ids, (label, setting) in (t for t in todo if t[0] == i):
+            done[prompt_digest(ids), label] = stats = run_one(setting, ids, prompt_seed(0, i))
+            append_line(record, {"prompt": prompt_digest(ids), "run": label, "stats": stats})
+            bar.update()
+    bar.close()
+    during = CostModel.from_timing(median_timing([timings[k] for k in sorted(timings)])) if timings else None
     measured = {label: [done[prompt_digest(ids), label] for ids in prompts] for label, _ in runs}
     return [{"setting": c, "label": c.label, "predicted": c.speedup.value, "prompts": len(prompts),
-             "measured": speedup_interval(measured[c.label], measured["target only"]),
+             "predicted_during": None if during is None else priced_interval(c.counts, during).value,
+             "timed_during": len(timings), "measured": speedup_interval(measured[c.label], measured["target only"]),
              "predicted_rates": c.rates(), "measured_rates": rates(measured[c.label])} for c in chosen]
+
+
+def timing_marks(prompts: int) -> dict[int, int]:
+    """Before which prompt's runs (``prompts``: after the last) the check times the device again, each mark's
+    number: before the first, at the middle and after the last."""
+    return {i: k for k, i in enumerate(sorted({0, prompts // 2, prompts}))}
+
+
+def append_line(record: Path, line: dict) -> None:
+    with record.open("a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def open_llama(a, run: dict, sampling: dict):
@@ -103,7 +134,11 @@ def open_llama(a, run: dict, sampling: dict):
         except RuntimeError as e:  # the binary failed: its last lines, in one
             raise UserError(" ".join(str(e).split())) from None
 
-    return tok, made_with, run_one
+    timing = json.loads(Path(a.timing).read_text())
+    # a timing of llama.cpp's binaries is made again during the check; one through the binding is the decoder's
+    paths = {"draft": draft_path, "target": target_path}
+    timer = (lambda: time_alike(timing, a.tools, paths, RETIMING_REPEATS)) if timed_with(timing) == TIMED_WITH else None
+    return tok, made_with, run_one, timer
 
 
 def open_transformers(a, run: dict, sampling: dict):
@@ -128,7 +163,7 @@ def open_transformers(a, run: dict, sampling: dict):
             return hf_generate(pair.draft, pair.target, ids, s, eos, seed, assisted=False)[1]
         return hf_generate(pair.draft, pair.target, ids, s, eos, seed, generation_fields(setting.params))[1]
 
-    return pair.tokenizer, made_with, run_one
+    return pair.tokenizer, made_with, run_one, None
 
 
 def rates(runs: list[dict]) -> tuple[float, float | None]:
@@ -141,20 +176,23 @@ def rates(runs: list[dict]) -> tuple[float, float | None]:
             None if None in discarded else sum(discarded) / tokens)
 
 
-def read_check(path: Path, made_with: dict) -> dict:
-    """(prompt digest, run) → stats of the runs ``check.jsonl`` holds, when made with ``made_with``; else none. A
-    line a killed run left half-written is skipped (its run is made again)."""
+def read_check(path: Path, made_with: dict) -> tuple[dict, dict]:
+    """((prompt digest, run) → stats, mark → the device's timing at it) of what ``check.jsonl`` holds, when made with
+    ``made_with``; else none. A line a killed run left half-written is skipped (its run is made again)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     try:
         if not lines or json.loads(lines[0]).get("made_with") != json.loads(json.dumps(made_with)):
-            return {}
+            return {}, {}
     except (ValueError, AttributeError):
-        return {}
-    done = {}
+        return {}, {}
+    done, timings = {}, {}
     for line in lines[1:]:
         try:
             r = json.loads(line)
-            done[r["prompt"], r["run"]] = r["stats"]
+            if "device_timing" in r:
+                timings[int(r["device_timing"])] = r["timing"]
+            else:
+                done[r["prompt"], r["run"]] = r["stats"]
         except (ValueError, KeyError, TypeError):
             continue
-    return done
+    return done, timings

@@ -24,7 +24,7 @@ from core.device import describe_device
 from core.errors import UserError
 from core.llama_cpp import repacks_safely
 from core.sampling import Sampling
-from decoding.costs import timing_entry
+from decoding.costs import find_entry, read_table, timing_entry, verify_table
 from evaluation import llama_peer
 
 TIMED_WITH = "llama-bench"
@@ -139,3 +139,25 @@ def time_binaries(tools, paths: dict[str, Path], threads: int, prompt_tokens: in
                              sample={"tokens": SAMPLED_TOKENS, "median_s": sample}, **reads)
         result["models"].append(entry)
     return result
+
+
+def time_alike(timing: dict, tools, paths: dict[str, Path], repeats: int) -> dict:
+    """``time_binaries`` again at the lengths, cache length and prompt of a timing file it made: the device's costs at
+    another minute (``specheads advise --check`` times them during its runs: a shared machine's steps drift by
+    the minute, and a prediction at an hour-old timing carries the drift)."""
+    target, draft = find_entry(timing, "target"), find_entry(timing, "draft")
+    return time_binaries(tools, paths, int(timing["threads"]), int(target["prefill"]["tokens"]),
+                         min(map(int, target["decode"])), sorted(verify_table(target) or {}),
+                         sorted(set(read_table(draft, 0.0) or {}) - {1}), int(target["verify"]["tokens"]), repeats)
+
+
+def median_timing(timings: list):
+    """One timing of several that ``time_alike`` made at other minutes: each time (``median_s``) the median of
+    theirs, every other field the first's."""
+    first = timings[0]
+    if isinstance(first, dict):
+        return {k: statistics.median(t[k] for t in timings) if k == "median_s"
+                else median_timing([t[k] for t in timings]) for k in first}
+    if isinstance(first, list):
+        return [median_timing([t[i] for t in timings]) for i in range(len(first))]
+    return first

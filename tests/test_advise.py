@@ -401,6 +401,57 @@ def test_check_runs_llama_cpps_binaries_beside_the_prediction(llama_labels, tmp_
     assert saved["inputs"]["another_set"]["prompts"] == 3 and "another 3 prompts like these" in printed
 
 
+def test_a_check_times_the_device_again_during_its_runs(llama_labels, tmp_path, capsys):
+    """With a timing of llama.cpp's binaries, the check times the device again (the same lengths, cache and prompt)
+    before its first prompt, at its middle and after its last, and prices the same counts at the median of those
+    costs beside the prediction; a rerun makes neither the runs nor the timings again."""
+    from testing.llama_tools import write_stub_tools
+    from testing.tiny import write_prompts
+
+    tools = write_stub_tools(tmp_path / "tools")
+    timing = _timing_with(llama_labels["timing"], tmp_path, timed_with="llama-bench")
+    others = write_prompts(tmp_path / "others.jsonl", n=5, seed=7)
+    out = tmp_path / "advice"
+    argv = ["--labels", llama_labels["labels"], "--timing", timing, "--out", out, "--check", 3, "--check_prompts",
+            others, "--tools", tools]
+    code, printed, err = advise(argv, capsys)
+    assert code in (0, None), err
+    lines = [json.loads(line) for line in (out / "check.jsonl").read_text().splitlines()[1:]]
+    marks = [i for i, line in enumerate(lines) if "device_timing" in line]
+    runs = len(lines) - len(marks)
+    # before the first prompt's runs, after the first prompt's (3 // 2 = 1), after the last
+    assert marks == [0, 1 + runs // 3, len(lines) - 1], marks
+    assert [lines[i]["device_timing"] for i in marks] == [0, 1, 2]
+    bench = [json.loads(line) for line in (tools / "llama-bench.calls").read_text().splitlines()]
+    assert {call[call.index("-d") + 1] for call in bench if "-d" in call} == {"64"}
+    timed = json.loads(timing.read_text())
+    target = next(m for m in timed["models"] if m["name"] == "target")
+    asked = {int(m) for call in bench if "-embd" in call and call[call.index("-embd") + 1] == "1"
+             for m in call[call.index("-p") + 1].split(",")}
+    assert asked == {int(m) for m in target["verify_by_tokens"]}
+    saved = json.loads((out / "advice.json").read_text())
+    for c in saved["checked"]:
+        assert c["device_timed_during_check"] == 3 and c["predicted_at_check_costs"] > 0
+    # the stub's costs are not the timing file's: the two predictions differ
+    assert any(abs(c["predicted_at_check_costs"] - c["predicted"]) > 1e-3 for c in saved["checked"])
+    assert "at the check's costs" in (out / "advice.md").read_text() and "at the check's costs" in printed
+    made = len(bench)
+    assert advise(argv, capsys)[0] in (0, None)
+    assert len((tools / "llama-bench.calls").read_text().splitlines()) == made
+
+
+def test_timings_made_alike_give_each_time_the_median():
+    from evaluation.bench_timing_binaries import median_timing
+
+    timings = [{"threads": 2, "models": [{"name": "target", "decode": {"64": {"median_s": s}},
+                                          "verify_by_tokens": {"2": {"cache": 64, "median_s": 2 * s}}}]}
+               for s in (0.03, 0.05, 0.04)]
+    got = median_timing(timings)
+    assert got["threads"] == 2 and got["models"][0]["name"] == "target"
+    assert got["models"][0]["decode"]["64"]["median_s"] == 0.04
+    assert got["models"][0]["verify_by_tokens"]["2"] == {"cache": 64, "median_s": 0.08}
+
+
 def test_a_rerun_reuses_its_runs_only_when_it_makes_the_same_ones(llama_labels, tmp_path, capsys, monkeypatch):
     """Runs kept from an earlier check pair with new ones only when the runs to make are the same: a check whose
     settings changed starts again, target-only included, so every ratio it reports is of runs made side by side."""
