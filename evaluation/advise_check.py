@@ -17,11 +17,11 @@ from core.models import gguf_file, llama_tokenizer, recorded_model
 from core.prompts import PromptConfig, load_prompt_table, tokenize_prompt
 from core.runfolder import RunFolder
 from core.sampling import Sampling, prompt_seed
-from evaluation import llama_peer
 from decoding.costs import CostModel
+from evaluation import llama_peer
 from evaluation.advice_rules import LLAMA_CPP, TRANSFORMERS, Setting, best, budget
 from evaluation.advise_inputs import timed_with
-from evaluation.bench_timing_binaries import TIMED_WITH, median_timing, time_alike
+from evaluation.bench_timing_binaries import TIMED_WITH, layout, median_timing, time_alike
 from evaluation.simulate_lookup import priced_interval
 
 MORE = {LLAMA_CPP: ("draft-simple", {"n_max": 16, "p_min": 0.0}),
@@ -52,7 +52,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
     missing, one with other settings or other runs to make starts the file again."""
     opened = (open_llama if runtime == LLAMA_CPP else open_transformers)(a, run, sampling)
-    tok, made_with, run_one, timer = opened
+    tok, made_with, run_one, timer, timed_like = opened
     template = bool(run["prompts"].get("chat_template"))
     seen = {prompt_digest(t.prompt) for t in traces}
     rows = load_prompt_table(PromptConfig(source=a.check_prompts, response_field=None, chat_template=template),
@@ -72,6 +72,7 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     made_with = {**made_with, "runs": sorted(label for label, _ in runs)}
     record = folder.claim(folder.root / "check.jsonl")
     done, timings = read_check(record, made_with)
+    timings = {k: t for k, t in timings.items() if timed_like is not None and layout(t) == timed_like}
     if not done and not timings:
         record.write_text(json.dumps({"made_with": made_with}) + "\n")
     if (done or timings) and not record.read_text().endswith("\n"):  # a killed run's half line: the next on its own
@@ -112,8 +113,9 @@ def append_line(record: Path, line: dict) -> None:
 
 
 def open_llama(a, run: dict, sampling: dict):
-    """(tokenizer, what the runs are made with, one run of a setting — None: the target alone — on a prompt) of
-    llama.cpp's own binaries."""
+    """(tokenizer, what the runs are made with, one run of a setting — None: the target alone — on a prompt, a
+    timing of the device like ``--timing``'s and that timing's ``layout``; both None where ``--timing`` was not
+    timed by llama.cpp's binaries) of llama.cpp's own binaries."""
     peer = llama_peer.LlamaPeer(enabled=True, tools=a.tools)
     for name in ("llama-completion", "llama-speculative-simple"):
         peer.binary(name)  # missing binaries: one line, before anything runs
@@ -135,15 +137,18 @@ def open_llama(a, run: dict, sampling: dict):
             raise UserError(" ".join(str(e).split())) from None
 
     timing = json.loads(Path(a.timing).read_text())
-    # a timing of llama.cpp's binaries is made again during the check; one through the binding is the decoder's
+    # a timing of llama.cpp's binaries is made again during the check (those kept from a run at another timing
+    # file's lengths are not mixed in); one through the binding is of the decoder's forwards, not the binaries'
     paths = {"draft": draft_path, "target": target_path}
-    timer = (lambda: time_alike(timing, a.tools, paths, RETIMING_REPEATS)) if timed_with(timing) == TIMED_WITH else None
-    return tok, made_with, run_one, timer
+    if timed_with(timing) != TIMED_WITH:
+        return tok, made_with, run_one, None, None
+    return tok, made_with, run_one, lambda: time_alike(timing, a.tools, paths, RETIMING_REPEATS), layout(timing)
 
 
 def open_transformers(a, run: dict, sampling: dict):
-    """``open_llama``'s three of transformers' ``generate()``: the labels' pair loaded as they were labeled, the
-    draft as ``assistant_model`` with the setting on its generation config; greedy, as the traces."""
+    """``open_llama``'s five of transformers' ``generate()`` (no timing again: its forwards are timed otherwise):
+    the labels' pair loaded as they were labeled, the draft as ``assistant_model`` with the setting on its
+    generation config; greedy, as the traces."""
     import torch
 
     from core.backends import backend
@@ -163,7 +168,7 @@ def open_transformers(a, run: dict, sampling: dict):
             return hf_generate(pair.draft, pair.target, ids, s, eos, seed, assisted=False)[1]
         return hf_generate(pair.draft, pair.target, ids, s, eos, seed, generation_fields(setting.params))[1]
 
-    return pair.tokenizer, made_with, run_one, None
+    return pair.tokenizer, made_with, run_one, None, None
 
 
 def rates(runs: list[dict]) -> tuple[float, float | None]:

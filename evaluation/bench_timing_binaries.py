@@ -141,14 +141,21 @@ def time_binaries(tools, paths: dict[str, Path], threads: int, prompt_tokens: in
     return result
 
 
-def time_alike(timing: dict, tools, paths: dict[str, Path], repeats: int) -> dict:
-    """``time_binaries`` again at the lengths, cache length and prompt of a timing file it made: the device's costs at
-    another minute (``specheads advise --check`` times them during its runs: a shared machine's steps drift by
-    the minute, and a prediction at an hour-old timing carries the drift)."""
+def layout(timing: dict) -> tuple:
+    """What ``time_alike`` times again of a timing file: its threads, the target's prompt, cache length, lengths and
+    verification length, and the draft's batch reads."""
     target, draft = find_entry(timing, "target"), find_entry(timing, "draft")
-    return time_binaries(tools, paths, int(timing["threads"]), int(target["prefill"]["tokens"]),
-                         min(map(int, target["decode"])), sorted(verify_table(target) or {}),
-                         sorted(set(read_table(draft, 0.0) or {}) - {1}), int(target["verify"]["tokens"]), repeats)
+    return (int(timing["threads"]), int(target["prefill"]["tokens"]), min(map(int, target["decode"])),
+            sorted(verify_table(target) or {}), sorted(set(read_table(draft, 0.0) or {}) - {1}),
+            int(target["verify"]["tokens"]))
+
+
+def time_alike(timing: dict, tools, paths: dict[str, Path], repeats: int) -> dict:
+    """``time_binaries`` again at the ``layout`` of a timing file it made: the device's costs at another minute
+    (``specheads advise --check`` times them during its runs: a shared machine's steps drift by the minute, and a
+    prediction at an hour-old timing carries the drift)."""
+    threads, prompt, cache, lengths, reads, verify = layout(timing)
+    return time_binaries(tools, paths, threads, prompt, cache, lengths, reads, verify, repeats)
 
 
 def median_timing(timings: list):

@@ -438,6 +438,13 @@ def test_a_check_times_the_device_again_during_its_runs(llama_labels, tmp_path, 
     made = len(bench)
     assert advise(argv, capsys)[0] in (0, None)
     assert len((tools / "llama-bench.calls").read_text().splitlines()) == made
+    # a timing file of other lengths: the runs are kept, the device is timed again at its lengths, not mixed
+    fewer = json.loads(timing.read_text())
+    del next(m for m in fewer["models"] if m["name"] == "target")["verify_by_tokens"]["17"]
+    timing.write_text(json.dumps(fewer))
+    assert advise(argv, capsys)[0] in (0, None)
+    assert len((tools / "llama-bench.calls").read_text().splitlines()) == 2 * made
+    assert len((tools / "llama-completion.calls").read_text().splitlines()) == 3 + 2 * 3 * 2
 
 
 def test_timings_made_alike_give_each_time_the_median():
