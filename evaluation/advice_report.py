@@ -173,10 +173,10 @@ def during_note(checked: list[dict]) -> list[str]:
     """What the columns at the check's costs are, where the check timed the device during its runs."""
     if not checked[0].get("timed_during"):
         return []
-    return [f"The device was timed again {checked[0]['timed_during']} times during the check (before its first "
-            "prompt, at its middle, after its last) and the same counts priced at the median of those costs: a "
-            "shared machine's steps drift by the minute, and where the two predictions differ, so did the device "
-            "between the timing and the check.", ""]
+    return [f"The device was timed again {checked[0]['timed_during']} times between the check's runs (of: before "
+            "its first prompt, at its middle, after its last) and the same counts priced at the median of those "
+            "costs: a shared machine's steps drift by the minute, and where the two predictions differ, so did the "
+            "device between the timing and the check.", ""]
 
 
 def _shown(settings: list[Setting]) -> list[Setting]:

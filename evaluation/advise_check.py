@@ -50,7 +50,11 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     """The runtime on ``--check`` prompts that are not among the traces, each prompt's runs one after another (a
     paired ratio meets the machine's speed of that minute); measured against predicted. Each run is kept in
     ``check.jsonl`` as it ends, under the settings it was made with: a rerun with the same ones runs only what is
-    missing, one with other settings or other runs to make starts the file again."""
+    missing, one with other settings or other runs to make starts the file again. With a timing of llama.cpp's
+    binaries the device is timed again before the first prompt's runs, at the middle and after the last
+    (``timing_places``), each timing kept beside the runs, and the counts priced at their median as well; a timing
+    file of other lengths starts the file again, and where every run is kept no timing is made (it would not be
+    the check's)."""
     opened = (open_llama if runtime == LLAMA_CPP else open_transformers)(a, run, sampling)
     tok, made_with, run_one, timer, timed_like = opened
     template = bool(run["prompts"].get("chat_template"))
@@ -69,24 +73,25 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
     runs = [("target only", None), *[(c.label, c) for c in chosen]]
     # the runs kept are reused only for the same runs: a pick that moved would pair new runs with target-only runs
     # of another hour, which the report calls side by side
-    made_with = {**made_with, "runs": sorted(label for label, _ in runs)}
+    made_with = {**made_with, "runs": sorted(label for label, _ in runs), "timed_like": timed_like}
     record = folder.claim(folder.root / "check.jsonl")
-    done, timings = read_check(record, made_with)
-    timings = {k: t for k, t in timings.items() if timed_like is not None and layout(t) == timed_like}
-    if not done and not timings:
+    done, kept = read_check(record, made_with)
+    if not done and not kept:
         record.write_text(json.dumps({"made_with": made_with}) + "\n")
-    if (done or timings) and not record.read_text().endswith("\n"):  # a killed run's half line: the next on its own
+    if (done or kept) and not record.read_text().endswith("\n"):  # a killed run's half line: the next on its own
         with record.open("a") as f:
             f.write("\n")
-    marks = {} if timer is None else timing_marks(len(prompts))
     todo = [(i, ids, run_) for i, ids in enumerate(prompts) for run_ in runs
             if (prompt_digest(ids), run_[0]) not in done]
-    bar = tqdm(total=len(todo) + len(set(marks.values()) - set(timings)), desc="advise: --check", disable=a.quiet,
-               file=sys.stderr)
+    places = {} if timer is None else timing_places([prompt_digest(ids) for ids in prompts])
+    timings = {place: t for place, t in kept.items() if place in places.values() and timed_alike(t, timed_like)}
+    # timed only between runs made now: timings made after every run was kept would not be the check's
+    missing = [place for place in places.values() if place not in timings] if todo else []
+    bar = tqdm(total=len(todo) + len(missing), desc="advise: --check", disable=a.quiet, file=sys.stderr)
     for i in range(len(prompts) + 1):
-        if i in marks and marks[i] not in timings:  # the device's costs at this minute, between the prompts' runs
-            timings[marks[i]] = timer()
-            append_line(record, {"device_timing": marks[i], "timing": timings[marks[i]]})
+        if places.get(i) in missing:  # the device's costs at this minute, between the prompts' runs
+            timings[places[i]] = timer()
+            append_line(record, {"device_timing": places[i], "timing": timings[places[i]]})
             bar.update()
         for _, ids, (label, setting) in (t for t in todo if t[0] == i):
             done[prompt_digest(ids), label] = stats = run_one(setting, ids, prompt_seed(0, i))
@@ -101,10 +106,21 @@ def check(a, run: dict, settings: list[Setting], pick: Setting | None, traces, s
              "predicted_rates": c.rates(), "measured_rates": rates(measured[c.label])} for c in chosen]
 
 
-def timing_marks(prompts: int) -> dict[int, int]:
-    """Before which prompt's runs (``prompts``: after the last) the check times the device again, each mark's
-    number: before the first, at the middle and after the last."""
-    return {i: k for k, i in enumerate(sorted({0, prompts // 2, prompts}))}
+def timing_places(digests: list[str]) -> dict[int, str]:
+    """Before which prompt's runs (index ``len(digests)``: after the last prompt's) the check times the device
+    again, and how its ``check.jsonl`` line names that place: before the first prompt, at the middle, after the
+    last, each by a prompt's digest (a check of other prompts times the device again)."""
+    n = len(digests)
+    return {i: f"before {digests[i]}" if i < n else f"after {digests[-1]}" for i in sorted({0, n // 2, n})}
+
+
+def timed_alike(timing, like: tuple | None) -> bool:
+    """Whether a kept timing was made at ``like``'s layout (a hand-edited or foreign line is not: it is made
+    again)."""
+    try:
+        return like is not None and json.loads(json.dumps(layout(timing))) == json.loads(json.dumps(like))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return False
 
 
 def append_line(record: Path, line: dict) -> None:
@@ -182,7 +198,7 @@ def rates(runs: list[dict]) -> tuple[float, float | None]:
 
 
 def read_check(path: Path, made_with: dict) -> tuple[dict, dict]:
-    """((prompt digest, run) → stats, mark → the device's timing at it) of what ``check.jsonl`` holds, when made with
+    """((prompt digest, run) → stats, place → the device's timing there) of what ``check.jsonl`` holds, when made with
     ``made_with``; else none. A line a killed run left half-written is skipped (its run is made again)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     try:
@@ -195,7 +211,7 @@ def read_check(path: Path, made_with: dict) -> tuple[dict, dict]:
         try:
             r = json.loads(line)
             if "device_timing" in r:
-                timings[int(r["device_timing"])] = r["timing"]
+                timings[str(r["device_timing"])] = r["timing"]
             else:
                 done[r["prompt"], r["run"]] = r["stats"]
         except (ValueError, KeyError, TypeError):

@@ -142,8 +142,8 @@ def time_binaries(tools, paths: dict[str, Path], threads: int, prompt_tokens: in
 
 
 def layout(timing: dict) -> tuple:
-    """What ``time_alike`` times again of a timing file: its threads, the target's prompt, cache length, lengths and
-    verification length, and the draft's batch reads."""
+    """What ``time_alike`` times again of a timing file: (threads, the target's prompt tokens, its cache length, its
+    verification lengths, the draft's batch-read lengths, the target's verification length)."""
     target, draft = find_entry(timing, "target"), find_entry(timing, "draft")
     return (int(timing["threads"]), int(target["prefill"]["tokens"]), min(map(int, target["decode"])),
             sorted(verify_table(target) or {}), sorted(set(read_table(draft, 0.0) or {}) - {1}),

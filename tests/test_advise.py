@@ -416,12 +416,15 @@ def test_a_check_times_the_device_again_during_its_runs(llama_labels, tmp_path, 
             others, "--tools", tools]
     code, printed, err = advise(argv, capsys)
     assert code in (0, None), err
-    lines = [json.loads(line) for line in (out / "check.jsonl").read_text().splitlines()[1:]]
+    record = out / "check.jsonl"
+    lines = [json.loads(line) for line in record.read_text().splitlines()[1:]]
     marks = [i for i, line in enumerate(lines) if "device_timing" in line]
     runs = len(lines) - len(marks)
     # before the first prompt's runs, after the first prompt's (3 // 2 = 1), after the last
     assert marks == [0, 1 + runs // 3, len(lines) - 1], marks
-    assert [lines[i]["device_timing"] for i in marks] == [0, 1, 2]
+    prompts = list(dict.fromkeys(line["prompt"] for line in lines if "prompt" in line))
+    assert [lines[i]["device_timing"] for i in marks] == [f"before {prompts[0]}", f"before {prompts[1]}",
+                                                          f"after {prompts[2]}"]
     bench = [json.loads(line) for line in (tools / "llama-bench.calls").read_text().splitlines()]
     assert {call[call.index("-d") + 1] for call in bench if "-d" in call} == {"64"}
     timed = json.loads(timing.read_text())
@@ -435,16 +438,34 @@ def test_a_check_times_the_device_again_during_its_runs(llama_labels, tmp_path, 
     # the stub's costs are not the timing file's: the two predictions differ
     assert any(abs(c["predicted_at_check_costs"] - c["predicted"]) > 1e-3 for c in saved["checked"])
     assert "at the check's costs" in (out / "advice.md").read_text() and "at the check's costs" in printed
-    made = len(bench)
-    assert advise(argv, capsys)[0] in (0, None)
-    assert len((tools / "llama-bench.calls").read_text().splitlines()) == made
-    # a timing file of other lengths: the runs are kept, the device is timed again at its lengths, not mixed
+
+    def bench_calls() -> int:
+        return len((tools / "llama-bench.calls").read_text().splitlines())
+
+    made = bench_calls()
+    assert advise(argv, capsys)[0] in (0, None) and bench_calls() == made  # a rerun makes nothing again
+    # every run kept but the timings lost: none is made after the runs, and none is called the check's
+    record.write_text("\n".join(line for line in record.read_text().splitlines() if "device_timing" not in line))
+    assert advise(argv, capsys)[0] in (0, None) and bench_calls() == made
+    saved = json.loads((out / "advice.json").read_text())
+    assert all(c["device_timed_during_check"] == 0 and c["predicted_at_check_costs"] is None
+               for c in saved["checked"])
+    assert "at the check's costs" not in (out / "advice.md").read_text()
+    # other prompts: their runs, and timings at their own places
+    more = write_prompts(tmp_path / "more.jsonl", n=5, seed=8)
+    argv[argv.index(others)] = more
+    assert advise(argv, capsys)[0] in (0, None) and bench_calls() > made
+    lines = [json.loads(line) for line in record.read_text().splitlines()[1:]]
+    assert len([line for line in lines if "device_timing" in line]) == 3
+    # a timing file of other lengths starts the check again: its costs are not mixed with the others'
     fewer = json.loads(timing.read_text())
     del next(m for m in fewer["models"] if m["name"] == "target")["verify_by_tokens"]["17"]
     timing.write_text(json.dumps(fewer))
+    runs_before = len((tools / "llama-completion.calls").read_text().splitlines())
     assert advise(argv, capsys)[0] in (0, None)
-    assert len((tools / "llama-bench.calls").read_text().splitlines()) == 2 * made
-    assert len((tools / "llama-completion.calls").read_text().splitlines()) == 3 + 2 * 3 * 2
+    lines = [json.loads(line) for line in record.read_text().splitlines()[1:]]
+    assert len([line for line in lines if "device_timing" in line]) == 3
+    assert len((tools / "llama-completion.calls").read_text().splitlines()) > runs_before + 3
 
 
 def test_timings_made_alike_give_each_time_the_median():
