@@ -150,6 +150,7 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
     if hidden:
         lines += ["", f"{hidden} more settings are in `advice.json`."]
     if checked:
+        retimed = bool(checked[0].get("timed_during"))
         lines += ["", "## Measured (`--check`)", "",
                   f"{runtime} itself ({how}) on {checked[0]['prompts']} prompts not among the traces, interleaved; "
                   "tokens/s over its target alone with a 95 % paired bootstrap interval; N_t/N and N_x/N as "
@@ -157,8 +158,8 @@ def markdown(settings: list[Setting], inputs: dict, pick: Setting | None, senten
                   "off, not the replay; transformers does not count the discarded tokens).", "",
                   *during_note(checked),
                   "| setting | predicted | measured | measured / predicted | N_t/N pred., meas. | N_x/N pred., meas. |"
-                  + (" at the check's costs | measured / that |" if checked[0].get("timed_during") else ""),
-                  "|---|---|---|---|---|---|" + ("---|---|" if checked[0].get("timed_during") else "")]
+                  + (" at the check's costs | measured / that |" if retimed else ""),
+                  "|---|---|---|---|---|---|" + ("---|---|" if retimed else "")]
         for c in checked:
             (pt, px), (mt, mx) = c["predicted_rates"], c["measured_rates"]
             shown_mx = "–" if mx is None else f"{mx:.3f}"
