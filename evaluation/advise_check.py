@@ -118,7 +118,7 @@ def timed_alike(timing, like: tuple | None) -> bool:
     """Whether a kept timing was made at ``like``'s layout (a hand-edited or foreign line is not: it is made
     again)."""
     try:
-        return like is not None and json.loads(json.dumps(layout(timing))) == json.loads(json.dumps(like))
+        return like is not None and layout(timing) == like
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         return False
 
